@@ -1,0 +1,49 @@
+//! Gradient utilities over a list of parameters.
+
+use crate::ops;
+use tch::{Kind, TchError, Tensor};
+
+/// Scales the gradients of `parameters` so that their total L2 norm is at
+/// most `max_norm`, as `torch.nn.utils.clip_grad_norm_` (foreach path): the
+/// per-tensor norms come from one `_foreach_norm`, and the scale stays on the
+/// device (no host sync). Returns the total norm before clipping.
+/// Parameters without a gradient are skipped.
+pub fn clip_grad_norm_(parameters: &[Tensor], max_norm: f64) -> Result<Tensor, TchError> {
+    let grads: Vec<Tensor> = parameters
+        .iter()
+        .map(Tensor::grad)
+        .filter(Tensor::defined)
+        .collect();
+    if grads.is_empty() {
+        return Ok(Tensor::from(0.0f32));
+    }
+    let norms = ops::foreach_norm(&grads)?;
+    let total = Tensor::f_stack(&norms, 0)?.f_norm()?;
+    let coef = (max_norm / (&total + 1e-6)).f_clamp_max(1.0)?;
+    ops::foreach_mul_(&grads, &coef.to_kind(grads[0].kind()))?;
+    Ok(total.to_kind(Kind::Float))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clips_to_max_norm_and_returns_the_norm_before() {
+        let p = Tensor::zeros([2], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+        (&p * Tensor::from_slice(&[3.0f32, 4.0])).sum(Kind::Float).backward();
+        let total = clip_grad_norm_(&[p.shallow_clone()], 1.0).unwrap();
+        assert!((f64::try_from(&total).unwrap() - 5.0).abs() < 1e-6);
+        let clipped: Vec<f32> = Vec::try_from(p.grad()).unwrap();
+        assert!((clipped[0] - 0.6).abs() < 1e-5 && (clipped[1] - 0.8).abs() < 1e-5);
+    }
+
+    #[test]
+    fn leaves_small_gradients_alone() {
+        let p = Tensor::zeros([2], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+        (&p * Tensor::from_slice(&[0.3f32, 0.4])).sum(Kind::Float).backward();
+        clip_grad_norm_(&[p.shallow_clone()], 1.0).unwrap();
+        let g: Vec<f32> = Vec::try_from(p.grad()).unwrap();
+        assert!((g[0] - 0.3).abs() < 1e-6 && (g[1] - 0.4).abs() < 1e-6);
+    }
+}

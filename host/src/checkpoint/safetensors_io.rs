@@ -1,0 +1,180 @@
+//! Reading and writing named tensors as safetensors.
+
+use super::write_atomically;
+use safetensors::tensor::{Dtype, SafeTensors, TensorView, View};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use tch::{Device, Kind, Tensor};
+
+/// Why a checkpoint file could not be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// An I/O error on `path`.
+    #[error("failed to access {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid safetensors.
+    #[error("{path} is not a valid safetensors file: {message}")]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What the parser said.
+        message: String,
+    },
+    /// A tensor has a dtype safetensors cannot store.
+    #[error("tensor `{name}` has dtype {kind:?}, which hearth cannot store in safetensors")]
+    Dtype {
+        /// The tensor's name.
+        name: String,
+        /// Its kind.
+        kind: Kind,
+    },
+}
+
+fn dtype_of(kind: Kind) -> Option<Dtype> {
+    Some(match kind {
+        Kind::Float => Dtype::F32,
+        Kind::Double => Dtype::F64,
+        Kind::Half => Dtype::F16,
+        Kind::BFloat16 => Dtype::BF16,
+        Kind::Int64 => Dtype::I64,
+        Kind::Int => Dtype::I32,
+        Kind::Int16 => Dtype::I16,
+        Kind::Int8 => Dtype::I8,
+        Kind::Uint8 => Dtype::U8,
+        Kind::Bool => Dtype::BOOL,
+        _ => return None,
+    })
+}
+
+fn kind_of(dtype: Dtype) -> Option<Kind> {
+    Some(match dtype {
+        Dtype::F32 => Kind::Float,
+        Dtype::F64 => Kind::Double,
+        Dtype::F16 => Kind::Half,
+        Dtype::BF16 => Kind::BFloat16,
+        Dtype::I64 => Kind::Int64,
+        Dtype::I32 => Kind::Int,
+        Dtype::I16 => Kind::Int16,
+        Dtype::I8 => Kind::Int8,
+        Dtype::U8 => Kind::Uint8,
+        Dtype::BOOL => Kind::Bool,
+        _ => return None,
+    })
+}
+
+/// A contiguous CPU copy of a tensor, viewed as bytes.
+struct CpuTensor {
+    tensor: Tensor,
+    dtype: Dtype,
+}
+
+struct ShapedView<'a> {
+    inner: &'a CpuTensor,
+    shape: Vec<usize>,
+    len: usize,
+}
+
+impl View for &ShapedView<'_> {
+    fn dtype(&self) -> Dtype {
+        self.inner.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        if self.len == 0 {
+            return Cow::Borrowed(&[]);
+        }
+        // SAFETY: the tensor is contiguous, on the CPU, and lives as long as
+        // `self`; `len` is numel * element size.
+        Cow::Borrowed(unsafe { std::slice::from_raw_parts(self.inner.tensor.data_ptr() as *const u8, self.len) })
+    }
+    fn data_len(&self) -> usize {
+        self.len
+    }
+}
+
+/// Writes `tensors` to `path` atomically, with `{"format": "pt"}` metadata.
+pub fn save_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), CheckpointError> {
+    let mut cpu = Vec::with_capacity(tensors.len());
+    for (name, t) in tensors {
+        let kind = t.kind();
+        let dtype = dtype_of(kind).ok_or_else(|| CheckpointError::Dtype { name: name.clone(), kind })?;
+        let tensor = t.detach().to_device(Device::Cpu).contiguous();
+        cpu.push((name.clone(), CpuTensor { tensor, dtype }));
+    }
+    let views: Vec<(String, ShapedView)> = cpu
+        .iter()
+        .map(|(name, c)| {
+            let shape: Vec<usize> = c.tensor.size().iter().map(|&d| d as usize).collect();
+            let len = c.tensor.numel() * c.tensor.kind().elt_size_in_bytes();
+            (name.clone(), ShapedView { inner: c, shape, len })
+        })
+        .collect();
+    let metadata = Some(HashMap::from([("format".to_string(), "pt".to_string())]));
+    let refs = views.iter().map(|(n, v)| (n.as_str(), v));
+    let bytes = safetensors::serialize(refs, metadata).map_err(|e| CheckpointError::Format {
+        path: path.into(),
+        message: e.to_string(),
+    })?;
+    write_atomically(path, |f| f.write_all(&bytes)).map_err(|source| CheckpointError::Io { path: path.into(), source })
+}
+
+/// Reads every tensor of a safetensors file (memory-mapped) onto `device`.
+pub fn load_safetensors(path: &Path, device: Device) -> Result<Vec<(String, Tensor)>, CheckpointError> {
+    let io = |source| CheckpointError::Io { path: path.into(), source };
+    let file = std::fs::File::open(path).map_err(io)?;
+    // SAFETY: the mapping is read-only and dropped before this returns.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+    let st = SafeTensors::deserialize(&map)
+        .map_err(|e| CheckpointError::Format { path: path.into(), message: e.to_string() })?;
+    let mut out = Vec::new();
+    for (name, view) in st.tensors() {
+        out.push((name.clone(), tensor_from_view(path, &name, &view)?.to_device(device)));
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+fn tensor_from_view(path: &Path, name: &str, view: &TensorView) -> Result<Tensor, CheckpointError> {
+    let kind = kind_of(view.dtype()).ok_or_else(|| CheckpointError::Format {
+        path: path.into(),
+        message: format!("tensor `{name}` has unsupported dtype {:?}", view.dtype()),
+    })?;
+    let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
+    Ok(Tensor::from_data_size(view.data(), &shape, kind))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_names_dtypes_and_values() {
+        let path = std::env::temp_dir().join(format!("hearth-st-{}.safetensors", std::process::id()));
+        let a = Tensor::from_slice(&[1.5f32, -2.0, 3.25, 4.0]).view([2, 2]);
+        let b = Tensor::from_slice(&[7i64, 8, 9]);
+        let c = Tensor::from_slice(&[1.0f32, 2.0]).to_kind(Kind::BFloat16);
+        save_safetensors(&path, &[("a.weight".into(), a.shallow_clone()), ("b".into(), b.shallow_clone()), ("c".into(), c.shallow_clone())]).unwrap();
+        let back = load_safetensors(&path, Device::Cpu).unwrap();
+        assert_eq!(back.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["a.weight", "b", "c"]);
+        assert!(back[0].1.equal(&a) && back[1].1.equal(&b) && back[2].1.equal(&c));
+        assert_eq!(back[2].1.kind(), Kind::BFloat16);
+    }
+
+    #[test]
+    fn a_corrupt_file_names_itself() {
+        let path = std::env::temp_dir().join(format!("hearth-bad-{}.safetensors", std::process::id()));
+        std::fs::write(&path, b"not a safetensors file").unwrap();
+        let err = load_safetensors(&path, Device::Cpu).unwrap_err().to_string();
+        assert!(err.contains(&path.display().to_string()), "{err}");
+    }
+}

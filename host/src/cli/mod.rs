@@ -1,0 +1,73 @@
+//! The `hearth` command line. `main.rs` only calls [`main`]; each
+//! subcommand has its own file.
+
+mod run;
+
+use clap::{Parser, Subcommand};
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+/// Exit status for a run that started and failed.
+pub const EXIT_FAILURE: u8 = 1;
+/// Exit status for bad input: a config, a path or a flag (as clap uses for usage errors).
+pub const EXIT_BAD_INPUT: u8 = 2;
+
+/// hearth — train libtorch models from Rust on one CPU, many processes or
+/// many GPUs, customised by sandboxed WebAssembly plugins.
+#[derive(Debug, Parser)]
+#[command(name = "hearth", version, about, long_about = None)]
+#[command(after_help = "Exit status: 0 success, 1 the run failed, 2 bad input (config, flags, files).\n\
+Logs: set HEARTH_LOG (e.g. HEARTH_LOG=debug) to change what is logged.")]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Train the model a TOML config describes, evaluate it, and write the
+    /// run folder (model.safetensors, config.toml, summary.json).
+    Run(run::RunArgs),
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("HEARTH_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Parses the command line, runs the command, and maps errors to exit codes.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let result = match cli.command {
+        Command::Run(args) => run::execute(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("error: {:#}", failure.error);
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+/// An error with the exit status it maps to.
+struct Failure {
+    error: anyhow::Error,
+    code: u8,
+}
+
+impl Failure {
+    fn bad_input(error: impl Into<anyhow::Error>) -> Self {
+        Self { error: error.into(), code: EXIT_BAD_INPUT }
+    }
+    fn failed(error: impl Into<anyhow::Error>) -> Self {
+        Self { error: error.into(), code: EXIT_FAILURE }
+    }
+}

@@ -1,0 +1,41 @@
+//! `hearth run CONFIG`.
+
+use super::Failure;
+use crate::train::{self, RunOptions, TrainConfig, TrainError};
+use clap::Args;
+use std::path::PathBuf;
+
+/// Arguments of `hearth run`. Flags win over the config file.
+#[derive(Debug, Args)]
+pub(super) struct RunArgs {
+    /// The training config (TOML); see examples/sort-digits.toml.
+    config: PathBuf,
+    /// Folder for run folders (overrides run.output-dir).
+    #[arg(long)]
+    output_dir: Option<PathBuf>,
+    /// Number of steps (overrides run.steps).
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Train on the CPU even when a GPU is available.
+    #[arg(long)]
+    cpu: bool,
+    /// No progress bar (log lines only).
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+pub(super) fn execute(args: RunArgs) -> Result<(), Failure> {
+    let config = TrainConfig::from_file(&args.config).map_err(Failure::bad_input)?;
+    let options = RunOptions { output_dir: args.output_dir, steps: args.steps, cpu: args.cpu, quiet: args.quiet };
+    let summary = train::run(&config, &options).map_err(|e| match e {
+        TrainError::Data(_) | TrainError::NoCuda(_) => Failure::bad_input(e),
+        _ => Failure::failed(e),
+    })?;
+    println!("final training loss: {:.4}", summary.final_loss);
+    println!("throughput: {:.0} tokens/s", summary.tokens_per_sec);
+    if let Some(eval) = summary.eval {
+        println!("{eval}");
+    }
+    println!("model written to {}", summary.model_path.display());
+    Ok(())
+}

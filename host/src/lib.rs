@@ -1,0 +1,16 @@
+//! hearth — a training host for Rust and libtorch.
+//!
+//! The same training job runs on one CPU, many processes or many GPUs; what a
+//! user customises is a sandboxed WebAssembly plugin. See `DESIGN.md` and the
+//! README for the layout: each module below owns one concern, and
+//! dependencies point one way (`cli` → `train` → `accelerator` → the rest).
+#![warn(missing_docs)]
+
+pub mod accelerator;
+pub mod checkpoint;
+pub mod cli;
+pub mod data;
+pub mod dist;
+pub mod models;
+pub mod ops;
+pub mod train;

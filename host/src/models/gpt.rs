@@ -1,0 +1,214 @@
+//! A GPT, layer for layer the model of `shared/bench/peer_gpt_accelerate.py`:
+//! token + learned position embeddings, pre-LayerNorm blocks with a fused qkv
+//! Linear and causal scaled-dot-product attention, a GELU MLP of width 4d, a
+//! final LayerNorm and a separate head. Parameter names are PyTorch's.
+
+use super::{Model, ModuleTree, Unit};
+use tch::nn::{self, Module};
+use tch::{Device, Kind, Tensor};
+
+/// Sizes of a [`Gpt`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GptConfig {
+    /// Number of distinct tokens.
+    pub vocab_size: i64,
+    /// Longest sequence (number of learned positions).
+    pub block_size: i64,
+    /// Width of the residual stream.
+    pub d_model: i64,
+    /// Number of transformer blocks.
+    pub layers: i64,
+    /// Attention heads per block (must divide `d_model`).
+    pub heads: i64,
+}
+
+struct Embedding {
+    path: String,
+    tok: nn::Embedding,
+    pos: nn::Embedding,
+}
+
+impl Unit for Embedding {
+    fn path(&self) -> &str {
+        &self.path
+    }
+    fn forward_t(&self, tokens: &Tensor, _train: bool) -> Tensor {
+        let t = tokens.size()[1];
+        let positions = Tensor::arange(t, (Kind::Int64, tokens.device()));
+        self.tok.forward(tokens) + self.pos.forward(&positions)
+    }
+}
+
+struct Block {
+    path: String,
+    heads: i64,
+    ln1: nn::LayerNorm,
+    qkv: nn::Linear,
+    proj: nn::Linear,
+    ln2: nn::LayerNorm,
+    fc: nn::Linear,
+    out: nn::Linear,
+}
+
+impl Unit for Block {
+    fn path(&self) -> &str {
+        &self.path
+    }
+    fn forward_t(&self, x: &Tensor, _train: bool) -> Tensor {
+        let (b, t, d) = x.size3().expect("a block takes [batch, time, d_model]");
+        let qkv = self
+            .qkv
+            .forward(&self.ln1.forward(x))
+            .view([b, t, 3, self.heads, d / self.heads])
+            .permute([2, 0, 3, 1, 4]);
+        let (q, k, v) = (qkv.get(0), qkv.get(1), qkv.get(2));
+        let a = Tensor::scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, false)
+            .transpose(1, 2)
+            .reshape([b, t, d]);
+        let x = x + self.proj.forward(&a);
+        let h = self.fc.forward(&self.ln2.forward(&x)).gelu("none");
+        &x + self.out.forward(&h)
+    }
+}
+
+struct Head {
+    path: String,
+    ln: nn::LayerNorm,
+    head: nn::Linear,
+}
+
+impl Unit for Head {
+    fn path(&self) -> &str {
+        &self.path
+    }
+    fn forward_t(&self, x: &Tensor, _train: bool) -> Tensor {
+        self.head.forward(&self.ln.forward(x))
+    }
+}
+
+/// The GPT language model.
+pub struct Gpt {
+    vs: nn::VarStore,
+    config: GptConfig,
+    embedding: Embedding,
+    blocks: Vec<Block>,
+    head: Head,
+    tree: ModuleTree,
+}
+
+impl Gpt {
+    /// Creates a GPT with PyTorch's default initialisation on `device`.
+    ///
+    /// # Panics
+    /// If `heads` does not divide `d_model` (configs are validated before).
+    pub fn new(config: GptConfig, device: Device) -> Self {
+        assert!(config.d_model % config.heads == 0, "heads must divide d_model");
+        let vs = nn::VarStore::new(device);
+        let root = vs.root();
+        let d = config.d_model;
+        let mut declared: Vec<(String, &str)> = vec![("".into(), "GPT")];
+        let mut declare = |path: String, kind: &'static str| {
+            declared.push((path.clone(), kind));
+            path
+        };
+        let ln = |p: nn::Path| nn::layer_norm(p, vec![d], Default::default());
+        let linear = |p: nn::Path, i, o| nn::linear(p, i, o, Default::default());
+
+        let embedding = Embedding {
+            path: String::new(),
+            tok: nn::embedding(&root / declare("tok".into(), "Embedding"), config.vocab_size, d, Default::default()),
+            pos: nn::embedding(&root / declare("pos".into(), "Embedding"), config.block_size, d, Default::default()),
+        };
+        declare("blocks".into(), "Sequential");
+        let blocks = (0..config.layers)
+            .map(|i| {
+                let path = declare(format!("blocks.{i}"), "Block");
+                let p = &root / "blocks" / i;
+                let mut sub = |name: &str, kind| {
+                    declare(format!("{path}.{name}"), kind);
+                    &p / name
+                };
+                Block {
+                    heads: config.heads,
+                    ln1: ln(sub("ln1", "LayerNorm")),
+                    qkv: linear(sub("qkv", "Linear"), d, 3 * d),
+                    proj: linear(sub("proj", "Linear"), d, d),
+                    ln2: ln(sub("ln2", "LayerNorm")),
+                    fc: linear(sub("fc", "Linear"), d, 4 * d),
+                    out: linear(sub("out", "Linear"), 4 * d, d),
+                    path,
+                }
+            })
+            .collect();
+        let head = Head {
+            path: String::new(),
+            ln: ln(&root / declare("ln".into(), "LayerNorm")),
+            head: linear(&root / declare("head".into(), "Linear"), d, config.vocab_size),
+        };
+        let tree = ModuleTree::new(&declared, &vs.variables());
+        Self { vs, config, embedding, blocks, head, tree }
+    }
+
+    /// The sizes this model was built with.
+    pub fn config(&self) -> GptConfig {
+        self.config
+    }
+}
+
+impl Model for Gpt {
+    fn var_store(&self) -> &nn::VarStore {
+        &self.vs
+    }
+    fn module_tree(&self) -> &ModuleTree {
+        &self.tree
+    }
+    fn units(&self) -> Vec<&dyn Unit> {
+        let mut units: Vec<&dyn Unit> = vec![&self.embedding];
+        units.extend(self.blocks.iter().map(|b| b as &dyn Unit));
+        units.push(&self.head);
+        units
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> Gpt {
+        let config = GptConfig { vocab_size: 11, block_size: 8, d_model: 16, layers: 2, heads: 4 };
+        Gpt::new(config, Device::Cpu)
+    }
+
+    #[test]
+    fn parameter_names_are_pytorchs() {
+        let names: Vec<String> = tiny().named_parameters().into_iter().map(|(n, _)| n).collect();
+        for expected in ["tok.weight", "pos.weight", "blocks.1.qkv.weight", "blocks.0.out.bias", "ln.weight", "head.bias"] {
+            assert!(names.iter().any(|n| n == expected), "missing {expected} in {names:?}");
+        }
+        assert_eq!(names.len(), 2 + 2 * 12 + 4);
+    }
+
+    #[test]
+    fn module_tree_counts_every_parameter_once() {
+        let model = tiny();
+        let tree = model.module_tree();
+        assert_eq!(tree.modules()[0].num_params as i64, model.num_parameters());
+        let block = tree.get("blocks.1").unwrap();
+        assert_eq!(block.kind, "Block");
+        assert_eq!(tree.modules()[block.parent.unwrap()].path, "blocks");
+        assert_eq!(tree.get("blocks.1.qkv").unwrap().params, ["blocks.1.qkv.bias", "blocks.1.qkv.weight"]);
+        assert_eq!(tree.get("blocks.1.qkv").unwrap().num_params, 16 * 48 + 48);
+    }
+
+    #[test]
+    fn forward_is_causal() {
+        let model = tiny();
+        let a = Tensor::from_slice(&[1i64, 2, 3, 4]).view([1, 4]);
+        let b = Tensor::from_slice(&[1i64, 2, 3, 9]).view([1, 4]);
+        let (la, lb) = (model.forward_t(&a, false), model.forward_t(&b, false));
+        assert_eq!(la.size(), [1, 4, 11]);
+        // Changing the last token cannot change the logits of earlier positions.
+        assert!(la.narrow(1, 0, 3).allclose(&lb.narrow(1, 0, 3), 1e-6, 1e-6, false));
+        assert!(!la.narrow(1, 3, 1).allclose(&lb.narrow(1, 3, 1), 1e-6, 1e-6, false));
+    }
+}

@@ -1,0 +1,15 @@
+//! Built-in models and the module tree that wrap policies will read.
+//!
+//! A model is a sequence of units (embedding, blocks…, head) that the host
+//! can step through one by one; parameters live in a tch `VarStore` under
+//! PyTorch's names (`blocks.0.qkv.weight`), which become checkpoint keys.
+
+mod gpt;
+mod mlp;
+mod model;
+mod tree;
+
+pub use gpt::{Gpt, GptConfig};
+pub use mlp::{Mlp, MlpConfig};
+pub use model::{Model, Unit};
+pub use tree::{ModuleInfo, ModuleTree};

@@ -1,0 +1,43 @@
+//! The `Model` and `Unit` traits.
+
+use super::ModuleTree;
+use tch::{nn, Tensor};
+
+/// One step of a model's forward pass that the host may run on its own (and,
+/// later, shard): it maps the previous unit's output to its own.
+pub trait Unit {
+    /// The module path of this unit (`"blocks.2"`), a prefix of its parameters' names.
+    fn path(&self) -> &str;
+    /// Runs the unit.
+    fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor;
+}
+
+/// A model over token sequences: `[batch, time]` int64 tokens in,
+/// `[batch, time, vocab]` logits out.
+pub trait Model {
+    /// The variables (parameters) of the model.
+    fn var_store(&self) -> &nn::VarStore;
+    /// The module tree: every module's path, kind and parameters.
+    fn module_tree(&self) -> &ModuleTree;
+    /// The units in forward order.
+    fn units(&self) -> Vec<&dyn Unit>;
+
+    /// Runs every unit in order.
+    fn forward_t(&self, tokens: &Tensor, train: bool) -> Tensor {
+        let mut units = self.units().into_iter();
+        let first = units.next().expect("a model has at least one unit");
+        units.fold(first.forward_t(tokens, train), |xs, unit| unit.forward_t(&xs, train))
+    }
+
+    /// Parameters with their PyTorch names, sorted by name.
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut named: Vec<(String, Tensor)> = self.var_store().variables().into_iter().collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        named
+    }
+
+    /// Number of scalar parameters.
+    fn num_parameters(&self) -> i64 {
+        self.var_store().variables().values().map(Tensor::numel).sum::<usize>() as i64
+    }
+}

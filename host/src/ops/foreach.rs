@@ -1,0 +1,197 @@
+//! Safe wrappers over the shim: each takes tch tensors, checks lengths, and
+//! turns a C++ exception into a [`tch::TchError`].
+
+use super::ffi;
+use std::ffi::CStr;
+use std::os::raw::c_char;
+use tch::{TchError, Tensor};
+use torch_sys::C_tensor;
+
+fn handles(tensors: &[Tensor]) -> Vec<*mut C_tensor> {
+    tensors.iter().map(|t| t.as_ptr() as *mut C_tensor).collect()
+}
+
+fn check(error: *mut c_char) -> Result<(), TchError> {
+    if error.is_null() {
+        return Ok(());
+    }
+    // SAFETY: a non-null return is a NUL-terminated string from strdup.
+    let text = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
+    unsafe { ffi::hearth_free_error(error) };
+    Err(TchError::Torch(text))
+}
+
+fn same_len(what: &str, expected: usize, got: usize) -> Result<(), TchError> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(TchError::Shape(format!("{what}: expected {expected} tensors, got {got}")))
+    }
+}
+
+/// AdamW hyper-parameters for one fused step (decoupled weight decay).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWHyper {
+    /// Learning rate.
+    pub lr: f64,
+    /// Coefficients of the running averages of the gradient and its square.
+    pub betas: (f64, f64),
+    /// Decoupled weight decay (multiplies `lr`).
+    pub weight_decay: f64,
+    /// Term added to the denominator.
+    pub eps: f64,
+}
+
+/// SGD hyper-parameters for one fused step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SgdHyper {
+    /// Learning rate.
+    pub lr: f64,
+    /// Momentum factor (0 disables the momentum buffers).
+    pub momentum: f64,
+    /// Dampening for momentum.
+    pub dampening: f64,
+    /// L2 penalty added to the gradient.
+    pub weight_decay: f64,
+    /// Nesterov momentum.
+    pub nesterov: bool,
+}
+
+/// One AdamW step with libtorch's `_fused_adamw_` (as
+/// `torch.optim.AdamW(fused=True)`): increments each `steps[i]` (a 0-dim
+/// float tensor) and updates `params`, `exp_avgs` and `exp_avg_sqs` in place.
+pub fn fused_adamw(
+    params: &[Tensor],
+    grads: &[Tensor],
+    exp_avgs: &[Tensor],
+    exp_avg_sqs: &[Tensor],
+    steps: &[Tensor],
+    hyper: AdamWHyper,
+) -> Result<(), TchError> {
+    let n = params.len();
+    same_len("grads", n, grads.len())?;
+    same_len("exp_avgs", n, exp_avgs.len())?;
+    same_len("exp_avg_sqs", n, exp_avg_sqs.len())?;
+    same_len("steps", n, steps.len())?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (p, g, m, v, s) = (
+        handles(params),
+        handles(grads),
+        handles(exp_avgs),
+        handles(exp_avg_sqs),
+        handles(steps),
+    );
+    // SAFETY: every handle points at a live at::Tensor borrowed for the call.
+    check(unsafe {
+        ffi::hearth_fused_adamw(
+            p.as_ptr(),
+            g.as_ptr(),
+            m.as_ptr(),
+            v.as_ptr(),
+            s.as_ptr(),
+            n,
+            hyper.lr,
+            hyper.betas.0,
+            hyper.betas.1,
+            hyper.weight_decay,
+            hyper.eps,
+        )
+    })
+}
+
+/// One SGD step with libtorch's `_fused_sgd_`. `momentum_buffers` must hold
+/// one tensor per parameter when `hyper.momentum != 0` (filled from the
+/// gradients when `first_step`), and may be empty otherwise.
+pub fn fused_sgd(
+    params: &[Tensor],
+    grads: &[Tensor],
+    momentum_buffers: &[Tensor],
+    hyper: SgdHyper,
+    first_step: bool,
+) -> Result<(), TchError> {
+    let n = params.len();
+    same_len("grads", n, grads.len())?;
+    if hyper.momentum != 0.0 {
+        same_len("momentum_buffers", n, momentum_buffers.len())?;
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let (p, g, b) = (handles(params), handles(grads), handles(momentum_buffers));
+    // SAFETY: as above; `b` is only read when momentum is non-zero.
+    check(unsafe {
+        ffi::hearth_fused_sgd(
+            p.as_ptr(),
+            g.as_ptr(),
+            b.as_ptr(),
+            n,
+            hyper.lr,
+            hyper.momentum,
+            hyper.dampening,
+            hyper.weight_decay,
+            hyper.nesterov,
+            first_step,
+        )
+    })
+}
+
+/// The L2 norm of each tensor, as 0-dim tensors on the tensors' device.
+pub fn foreach_norm(tensors: &[Tensor]) -> Result<Vec<Tensor>, TchError> {
+    if tensors.is_empty() {
+        return Ok(Vec::new());
+    }
+    let t = handles(tensors);
+    let mut out: Vec<*mut C_tensor> = vec![std::ptr::null_mut(); t.len()];
+    // SAFETY: `out` has room for one handle per input; on success each is a
+    // new at::Tensor whose ownership passes to a tch Tensor below.
+    check(unsafe { ffi::hearth_foreach_norm(t.as_ptr(), t.len(), out.as_mut_ptr()) })?;
+    Ok(out.into_iter().map(|p| unsafe { Tensor::from_ptr(p) }).collect())
+}
+
+/// `tensors[i] *= factor` in place, `factor` a 0-dim tensor (no host sync).
+pub fn foreach_mul_(tensors: &[Tensor], factor: &Tensor) -> Result<(), TchError> {
+    if tensors.is_empty() {
+        return Ok(());
+    }
+    let t = handles(tensors);
+    // SAFETY: live handles borrowed for the call.
+    check(unsafe {
+        ffi::hearth_foreach_mul_(t.as_ptr(), t.len(), factor.as_ptr() as *mut C_tensor)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Device, Kind};
+
+    #[test]
+    fn foreach_norm_matches_per_tensor_norm() {
+        let a = Tensor::from_slice(&[3.0f32, 4.0]);
+        let b = Tensor::from_slice(&[1.0f32, 2.0, 2.0]);
+        let norms = foreach_norm(&[a, b]).unwrap();
+        assert_eq!(f64::try_from(&norms[0]).unwrap(), 5.0);
+        assert_eq!(f64::try_from(&norms[1]).unwrap(), 3.0);
+    }
+
+    #[test]
+    fn foreach_mul_scales_in_place() {
+        let a = Tensor::ones([3], (Kind::Float, Device::Cpu));
+        foreach_mul_(&[a.shallow_clone()], &Tensor::from(0.5f32)).unwrap();
+        assert_eq!(f64::try_from(a.sum(Kind::Float)).unwrap(), 1.5);
+    }
+
+    #[test]
+    fn a_kernel_error_becomes_a_tch_error() {
+        // Mismatched shapes between a parameter and its gradient.
+        let p = Tensor::zeros([2], (Kind::Float, Device::Cpu));
+        let g = Tensor::zeros([3], (Kind::Float, Device::Cpu));
+        let m = Tensor::zeros([2], (Kind::Float, Device::Cpu));
+        let v = Tensor::zeros([2], (Kind::Float, Device::Cpu));
+        let s = Tensor::zeros([], (Kind::Float, Device::Cpu));
+        let hyper = AdamWHyper { lr: 1e-3, betas: (0.9, 0.999), weight_decay: 0.0, eps: 1e-8 };
+        assert!(fused_adamw(&[p], &[g], &[m], &[v], &[s], hyper).is_err());
+    }
+}

@@ -1,0 +1,166 @@
+//! The TOML file behind `hearth run`, one file per section. Keys are
+//! kebab-case; an unknown key, a wrong type or a key that does not apply to
+//! the chosen `kind` is an error that names the file and the key.
+//!
+//! ```toml
+//! [run]
+//! name = "sort-digits"
+//! steps = 1500
+//! [model]
+//! kind = "gpt"
+//! [data]
+//! kind = "sort-digits"
+//! ```
+
+mod data;
+mod error;
+mod eval;
+mod model;
+mod optimizer;
+mod run;
+
+pub use data::{DataKind, DataSection};
+pub use error::ConfigError;
+pub use eval::EvalSection;
+pub use model::{ModelKind, ModelSection};
+pub use optimizer::{OptimizerKind, OptimizerSection};
+pub use run::{DeviceChoice, RunSection};
+
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+/// A whole training config.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct TrainConfig {
+    /// `[run]`: name, steps, seed, device, logging.
+    pub run: RunSection,
+    /// `[model]`: which built-in model and its sizes.
+    pub model: ModelSection,
+    /// `[data]`: which dataset and the batch size.
+    pub data: DataSection,
+    /// `[optimizer]`: AdamW (default) or SGD.
+    #[serde(default)]
+    pub optimizer: OptimizerSection,
+    /// `[eval]`: held-out evaluation.
+    #[serde(default)]
+    pub eval: EvalSection,
+    /// The file this config was read from (paths in it are relative to its folder).
+    #[serde(skip)]
+    pub source: PathBuf,
+}
+
+impl TrainConfig {
+    /// Reads and validates a config file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        Self::from_toml(&text, path)
+    }
+
+    /// Parses and validates config text that came from `path`.
+    pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let mut config: Self =
+            toml::from_str(text).map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })?;
+        config.source = path.into();
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            path: self.source.clone(),
+            key: key.to_string(),
+            message,
+        };
+        self.run.validate(&invalid)?;
+        self.model.validate(&invalid)?;
+        self.data.validate(&invalid)?;
+        self.optimizer.validate(&invalid)?;
+        self.eval.validate(&invalid)?;
+        Ok(())
+    }
+
+    /// Resolves a path written in the config against the config's folder.
+    pub fn resolve(&self, path: &Path) -> PathBuf {
+        match self.source.parent() {
+            Some(dir) if path.is_relative() => dir.join(path),
+            _ => path.to_path_buf(),
+        }
+    }
+}
+
+/// Builds the error for `key` (used by each section's `validate`).
+pub(crate) type Invalid<'a> = dyn Fn(&str, String) -> ConfigError + 'a;
+
+/// Fails when `value` is set for a kind that does not use `key`.
+pub(crate) fn only_for<T>(value: &Option<T>, key: &str, kinds: &str, invalid: &Invalid) -> Result<(), ConfigError> {
+    match value {
+        Some(_) => Err(invalid(key, format!("only applies to kind = {kinds}; remove it or change `kind`"))),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[run]
+name = "t"
+steps = 10
+[model]
+kind = "gpt"
+d-model = 32
+[data]
+kind = "sort-digits"
+[optimizer]
+lr = 0.01
+"#;
+
+    fn parse(text: &str) -> Result<TrainConfig, ConfigError> {
+        TrainConfig::from_toml(text, Path::new("job.toml"))
+    }
+
+    #[test]
+    fn defaults_fill_what_is_not_given() {
+        let c = parse(GOOD).unwrap();
+        assert_eq!(c.model.d_model, 32);
+        assert_eq!(c.model.layers, 2);
+        assert_eq!(c.optimizer.kind, OptimizerKind::Adamw);
+        assert_eq!(c.optimizer.weight_decay(), 0.01);
+        assert_eq!(c.run.output_dir, PathBuf::from("runs"));
+    }
+
+    #[test]
+    fn a_misspelled_key_is_named_with_the_file() {
+        let err = parse(&GOOD.replace("lr = 0.01", "lerning-rate = 0.01")).unwrap_err().to_string();
+        assert!(err.contains("job.toml") && err.contains("lerning-rate"), "{err}");
+    }
+
+    #[test]
+    fn a_wrong_type_is_named() {
+        let err = parse(&GOOD.replace("steps = 10", "steps = \"ten\"")).unwrap_err().to_string();
+        assert!(err.contains("steps") && err.contains("job.toml"), "{err}");
+    }
+
+    #[test]
+    fn a_key_for_another_kind_is_refused() {
+        let err = parse(&GOOD.replace("kind = \"sort-digits\"", "kind = \"sort-digits\"\npath = \"a.txt\""))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("data.path") && err.contains("text-file"), "{err}");
+    }
+
+    #[test]
+    fn heads_must_divide_the_width() {
+        let err = parse(&GOOD.replace("d-model = 32", "d-model = 30")).unwrap_err().to_string();
+        assert!(err.contains("model.heads"), "{err}");
+    }
+
+    #[test]
+    fn paths_resolve_against_the_config_folder() {
+        let c = TrainConfig::from_toml(GOOD, Path::new("/x/y/job.toml")).unwrap();
+        assert_eq!(c.resolve(Path::new("data.txt")), PathBuf::from("/x/y/data.txt"));
+        assert_eq!(c.resolve(Path::new("/abs.txt")), PathBuf::from("/abs.txt"));
+    }
+}

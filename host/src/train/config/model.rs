@@ -1,0 +1,88 @@
+//! `[model]`: a built-in model and its sizes. The vocabulary size and the
+//! longest sequence come from the dataset.
+
+use super::{only_for, ConfigError, Invalid};
+use serde::Deserialize;
+
+/// Which built-in model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModelKind {
+    /// The GPT of the peer benchmark (`models::Gpt`).
+    Gpt,
+    /// A context-window MLP language model (`models::Mlp`).
+    Mlp,
+}
+
+/// The `[model]` section.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ModelSection {
+    /// `gpt` or `mlp`.
+    pub kind: ModelKind,
+    /// Embedding / residual width (default 128).
+    #[serde(default = "default_d_model")]
+    pub d_model: i64,
+    /// GPT: number of blocks (default 2).
+    #[serde(default = "default_layers")]
+    pub layers: i64,
+    /// GPT: attention heads, must divide `d-model` (default 4).
+    #[serde(default = "default_heads")]
+    pub heads: i64,
+    /// MLP: tokens each prediction sees (default 3).
+    pub context: Option<i64>,
+    /// MLP: hidden width (default 4 × d-model).
+    pub hidden: Option<i64>,
+}
+
+fn default_d_model() -> i64 {
+    128
+}
+fn default_layers() -> i64 {
+    2
+}
+fn default_heads() -> i64 {
+    4
+}
+
+impl ModelSection {
+    /// MLP context (default 3).
+    pub fn context(&self) -> i64 {
+        self.context.unwrap_or(3)
+    }
+
+    /// MLP hidden width (default 4 × d-model).
+    pub fn hidden(&self) -> i64 {
+        self.hidden.unwrap_or(4 * self.d_model)
+    }
+
+    pub(super) fn validate(&self, invalid: &Invalid) -> Result<(), ConfigError> {
+        let positive = |key: &str, v: i64| {
+            if v < 1 {
+                Err(invalid(key, format!("must be at least 1, got {v}")))
+            } else {
+                Ok(())
+            }
+        };
+        positive("model.d-model", self.d_model)?;
+        match self.kind {
+            ModelKind::Gpt => {
+                only_for(&self.context, "model.context", "\"mlp\"", invalid)?;
+                only_for(&self.hidden, "model.hidden", "\"mlp\"", invalid)?;
+                positive("model.layers", self.layers)?;
+                positive("model.heads", self.heads)?;
+                if self.d_model % self.heads != 0 {
+                    return Err(invalid(
+                        "model.heads",
+                        format!("({}) must divide model.d-model ({})", self.heads, self.d_model),
+                    ));
+                }
+            }
+            ModelKind::Mlp => {
+                positive("model.context", self.context())?;
+                positive("model.hidden", self.hidden())?;
+            }
+        }
+        Ok(())
+    }
+}

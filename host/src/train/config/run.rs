@@ -1,0 +1,63 @@
+//! `[run]`: what the run is called, how long it trains, where it writes.
+
+use super::{ConfigError, Invalid};
+use serde::Deserialize;
+use std::path::PathBuf;
+
+/// Where to train.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeviceChoice {
+    /// The GPU when one is available, else the CPU (default).
+    #[default]
+    Auto,
+    /// The CPU even when a GPU is available.
+    Cpu,
+    /// A CUDA GPU; an error when none is available.
+    Cuda,
+}
+
+/// The `[run]` section.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RunSection {
+    /// Name of the run; its folder is `output-dir/name`.
+    pub name: String,
+    /// Folder that holds run folders, relative to the current directory (default `runs`).
+    #[serde(default = "default_output_dir")]
+    pub output_dir: PathBuf,
+    /// Number of optimizer steps.
+    pub steps: u64,
+    /// Seed for parameter initialisation and data (default 0).
+    #[serde(default)]
+    pub seed: u64,
+    /// Log the mean loss every this many steps (default 100).
+    #[serde(default = "default_log_every")]
+    pub log_every: u64,
+    /// `auto` (default), `cpu` or `cuda`.
+    #[serde(default)]
+    pub device: DeviceChoice,
+}
+
+fn default_output_dir() -> PathBuf {
+    PathBuf::from("runs")
+}
+
+fn default_log_every() -> u64 {
+    100
+}
+
+impl RunSection {
+    pub(super) fn validate(&self, invalid: &Invalid) -> Result<(), ConfigError> {
+        if self.name.is_empty() || self.name.contains(['/', '\\']) || self.name == ".." || self.name == "." {
+            return Err(invalid("run.name", "must be a plain folder name (no slashes)".into()));
+        }
+        if self.steps == 0 {
+            return Err(invalid("run.steps", "must be at least 1".into()));
+        }
+        if self.log_every == 0 {
+            return Err(invalid("run.log-every", "must be at least 1".into()));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,12 @@
+//! Training: optimizers, the config file, and the config-driven loop behind
+//! `hearth run`.
+
+pub mod config;
+mod eval;
+mod runner;
+pub mod optim;
+mod progress;
+
+pub use config::{ConfigError, TrainConfig};
+pub use eval::Evaluation;
+pub use runner::{run, RunOptions, RunSummary, TrainError};

@@ -1,0 +1,44 @@
+//! What a run shows while it trains: an indicatif bar on a terminal, and a
+//! `tracing` line every `log-every` steps (what CI logs and pipes see).
+
+use indicatif::{ProgressBar, ProgressStyle};
+use std::time::Duration;
+
+pub(crate) struct Progress {
+    bar: ProgressBar,
+}
+
+impl Progress {
+    /// A bar over `steps` steps; hidden when `quiet` or not on a terminal.
+    pub(crate) fn new(steps: u64, quiet: bool) -> Self {
+        let bar = if quiet { ProgressBar::hidden() } else { ProgressBar::new(steps) };
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}")
+                .expect("static template")
+                .progress_chars("=> "),
+        );
+        bar.enable_steady_tick(Duration::from_millis(200));
+        Self { bar }
+    }
+
+    pub(crate) fn advance(&self) {
+        self.bar.inc(1);
+    }
+
+    /// Shows the latest numbers on the bar and logs them.
+    pub(crate) fn report(&self, step: u64, steps: u64, loss: f64, lr: f64, tokens_per_sec: f64) {
+        self.bar.set_message(format!("loss {loss:.4} lr {lr:.2e} {tokens_per_sec:.0} tok/s"));
+        self.bar.suspend(|| {
+            tracing::info!("step {step}/{steps} loss {loss:.4} lr {lr:.2e} tokens/s {tokens_per_sec:.0}");
+        });
+    }
+
+    /// Logs a line without tearing the bar.
+    pub(crate) fn log(&self, line: impl std::fmt::Display) {
+        self.bar.suspend(|| tracing::info!("{line}"));
+    }
+
+    pub(crate) fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}

@@ -1,0 +1,250 @@
+//! The config-driven training loop behind `hearth run`.
+
+use super::config::{DataKind, DeviceChoice, ModelKind, OptimizerKind, TrainConfig};
+use super::eval::{evaluate, Evaluation};
+use super::optim::{AdamW, Optimizer, Sgd};
+use super::progress::Progress;
+use crate::accelerator::Accelerator;
+use crate::checkpoint::{save_safetensors, CheckpointError};
+use crate::data::{RandomTokens, SortDigits, TextFile, TextFileError, TokenDataset, IGNORE_INDEX};
+use crate::models::{Gpt, GptConfig, Mlp, MlpConfig, Model};
+use crate::ops::{AdamWHyper, SgdHyper};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use tch::{Kind, Reduction, TchError, Tensor};
+
+/// Overrides given on the command line (they win over the config file).
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Replaces `run.output-dir`.
+    pub output_dir: Option<PathBuf>,
+    /// Replaces `run.steps`.
+    pub steps: Option<u64>,
+    /// Forces the CPU (replaces `run.device`).
+    pub cpu: bool,
+    /// No progress bar.
+    pub quiet: bool,
+}
+
+/// What a finished run reports (also written as `summary.json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSummary {
+    /// The run folder.
+    pub run_dir: PathBuf,
+    /// The trained model's weights.
+    pub model_path: PathBuf,
+    /// Device trained on (`cpu`, `cuda:0`).
+    pub device: String,
+    /// Scalar parameters of the model.
+    pub num_parameters: i64,
+    /// Optimizer steps taken.
+    pub steps: u64,
+    /// Mean training loss over the last logging window.
+    pub final_loss: f64,
+    /// Training throughput in input tokens per second, measured after warm-up steps.
+    pub tokens_per_sec: f64,
+    /// The final held-out evaluation, when the dataset has one.
+    pub eval: Option<Evaluation>,
+}
+
+/// Why a run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// The dataset could not be opened.
+    #[error(transparent)]
+    Data(#[from] TextFileError),
+    /// Writing the model failed.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// A libtorch operation failed.
+    #[error("libtorch error: {0}")]
+    Torch(#[from] TchError),
+    /// The run folder could not be written.
+    #[error("failed to write {path}: {source}")]
+    Io {
+        /// The file or folder.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `run.device = "cuda"` on a machine without a usable GPU.
+    #[error("config {0}: run.device = \"cuda\" but no CUDA device is available; use \"auto\" or \"cpu\"")]
+    NoCuda(PathBuf),
+    /// The loss became NaN or infinite.
+    #[error("training diverged at step {step}: the loss is {loss}; lower optimizer.lr or set optimizer.max-grad-norm")]
+    Diverged {
+        /// Step at which it was seen.
+        step: u64,
+        /// The loss value.
+        loss: f64,
+    },
+}
+
+/// Mean next-token cross-entropy, ignoring [`IGNORE_INDEX`] targets.
+pub(crate) fn loss(logits: &Tensor, targets: &Tensor) -> Tensor {
+    let vocab = logits.size()[2];
+    logits
+        .view([-1, vocab])
+        .cross_entropy_loss::<Tensor>(&targets.view([-1]), None, Reduction::Mean, IGNORE_INDEX, 0.0)
+}
+
+fn dataset(config: &TrainConfig) -> Result<Box<dyn TokenDataset>, TrainError> {
+    let d = &config.data;
+    Ok(match d.kind {
+        DataKind::SortDigits => Box::new(SortDigits::new(d.digits())),
+        DataKind::RandomTokens => Box::new(RandomTokens::new(d.vocab_size(), d.seq_len())),
+        DataKind::TextFile => {
+            let path = config.resolve(d.path.as_deref().expect("validated: text-file has a path"));
+            Box::new(TextFile::open(&path, d.seq_len())?)
+        }
+    })
+}
+
+fn model(config: &TrainConfig, data: &dyn TokenDataset, device: tch::Device) -> Box<dyn Model> {
+    let m = &config.model;
+    match m.kind {
+        ModelKind::Gpt => Box::new(Gpt::new(
+            GptConfig {
+                vocab_size: data.vocab_size(),
+                block_size: data.seq_len(),
+                d_model: m.d_model,
+                layers: m.layers,
+                heads: m.heads,
+            },
+            device,
+        )),
+        ModelKind::Mlp => Box::new(Mlp::new(
+            MlpConfig { vocab_size: data.vocab_size(), context: m.context(), d_model: m.d_model, hidden: m.hidden() },
+            device,
+        )),
+    }
+}
+
+fn optimizer(config: &TrainConfig, params: Vec<Tensor>) -> Box<dyn Optimizer> {
+    let o = &config.optimizer;
+    match o.kind {
+        OptimizerKind::Adamw => Box::new(AdamW::new(
+            params,
+            AdamWHyper { lr: o.lr(), betas: o.betas(), weight_decay: o.weight_decay(), eps: o.eps() },
+        )),
+        OptimizerKind::Sgd => Box::new(Sgd::new(
+            params,
+            SgdHyper {
+                lr: o.lr(),
+                momentum: o.momentum.unwrap_or(0.0),
+                dampening: o.dampening.unwrap_or(0.0),
+                weight_decay: o.weight_decay(),
+                nesterov: o.nesterov.unwrap_or(false),
+            },
+        )),
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
+    move |source| TrainError::Io { path: path.into(), source }
+}
+
+/// Trains the model a config describes, evaluates it, and writes
+/// `model.safetensors`, `config.toml` and `summary.json` to the run folder.
+pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, TrainError> {
+    let device_choice = if options.cpu { DeviceChoice::Cpu } else { config.run.device };
+    if device_choice == DeviceChoice::Cuda && !tch::Cuda::is_available() {
+        return Err(TrainError::NoCuda(config.source.clone()));
+    }
+    let acc = Accelerator::builder().cpu(device_choice == DeviceChoice::Cpu).build();
+    let device = acc.device();
+    let steps = options.steps.unwrap_or(config.run.steps);
+    let seed = config.run.seed;
+    let run_dir = options.output_dir.clone().unwrap_or_else(|| config.run.output_dir.clone()).join(&config.run.name);
+
+    acc.set_seed(seed, false);
+    let data = dataset(config)?;
+    let model = model(config, data.as_ref(), device);
+    let params: Vec<Tensor> = model.named_parameters().into_iter().map(|(_, t)| t).collect();
+    let mut opt = optimizer(config, params);
+    let batch_size = config.data.batch_size;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+
+    acc.print(format!(
+        "hearth run {}: {:?} with {} parameters on {device:?}, {steps} steps of {batch_size} × {} tokens",
+        config.run.name,
+        config.model.kind,
+        model.num_parameters(),
+        data.seq_len()
+    ));
+    let progress = Progress::new(steps, options.quiet || !acc.is_main_process());
+    let tokens_per_step = (batch_size * data.seq_len()) as f64;
+    // Throughput leaves out the first steps (allocator and kernel warm-up).
+    let warmup = (steps / 5).min(10);
+    let (mut timer, mut window_start) = (Instant::now(), Instant::now());
+    let (mut window_loss, mut window_steps) = (Tensor::zeros([], (Kind::Float, device)), 0u64);
+    let mut final_loss = f64::NAN;
+    for step in 1..=steps {
+        if step == warmup + 1 {
+            timer = Instant::now();
+        }
+        let batch = data.sample_batch(batch_size, &mut rng);
+        let (inputs, targets) = (batch.inputs.to_device(device), batch.targets.to_device(device));
+        let loss = loss(&model.forward_t(&inputs, true), &targets);
+        acc.backward(&loss);
+        if let Some(max_norm) = config.optimizer.max_grad_norm {
+            let _norm = acc.clip_grad_norm_(opt.parameters(), max_norm)?;
+        }
+        opt.step()?;
+        opt.zero_grad();
+        window_loss += loss.detach();
+        window_steps += 1;
+        progress.advance();
+        if step % config.run.log_every == 0 || step == steps {
+            final_loss = f64::try_from(&window_loss)? / window_steps as f64;
+            if !final_loss.is_finite() {
+                progress.finish();
+                return Err(TrainError::Diverged { step, loss: final_loss });
+            }
+            let rate = window_steps as f64 * tokens_per_step / window_start.elapsed().as_secs_f64();
+            progress.report(step, steps, final_loss, opt.lr(), rate);
+            window_loss = Tensor::zeros([], (Kind::Float, device));
+            window_steps = 0;
+            window_start = Instant::now();
+        }
+        if let Some(every) = config.eval.every {
+            if step % every == 0 && step != steps {
+                if let Some(e) = evaluate(model.as_ref(), data.as_ref(), seed, config.eval.samples, config.eval.batch_size, device) {
+                    progress.log(format!("step {step}: {e}"));
+                }
+            }
+        }
+    }
+    let timed_steps = steps - warmup;
+    let tokens_per_sec = timed_steps as f64 * tokens_per_step / timer.elapsed().as_secs_f64();
+    progress.finish();
+
+    let eval = evaluate(model.as_ref(), data.as_ref(), seed, config.eval.samples, config.eval.batch_size, device);
+    let model_path = run_dir.join("model.safetensors");
+    let summary = RunSummary {
+        run_dir: run_dir.clone(),
+        model_path: model_path.clone(),
+        device: format!("{device:?}").to_lowercase(),
+        num_parameters: model.num_parameters(),
+        steps,
+        final_loss,
+        tokens_per_sec,
+        eval,
+    };
+    if acc.is_main_process() {
+        std::fs::create_dir_all(&run_dir).map_err(io_err(&run_dir))?;
+        save_safetensors(&model_path, &model.named_parameters())?;
+        let config_copy = run_dir.join("config.toml");
+        if let Ok(text) = std::fs::read_to_string(&config.source) {
+            std::fs::write(&config_copy, text).map_err(io_err(&config_copy))?;
+        }
+        let summary_path = run_dir.join("summary.json");
+        let json = serde_json::to_string_pretty(&summary).expect("summary serialises");
+        std::fs::write(&summary_path, json).map_err(io_err(&summary_path))?;
+    }
+    Ok(summary)
+}
