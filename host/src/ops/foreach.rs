@@ -29,6 +29,26 @@ fn same_len(what: &str, expected: usize, got: usize) -> Result<(), TchError> {
     }
 }
 
+/// Every tensor of `others` must have the shape, dtype and device of the
+/// parameter at the same index: libtorch's fused CPU kernels do not check,
+/// and a mismatch would read or write out of bounds.
+fn same_layout(what: &str, params: &[Tensor], others: &[Tensor]) -> Result<(), TchError> {
+    for (i, (p, o)) in params.iter().zip(others).enumerate() {
+        if p.size() != o.size() || p.kind() != o.kind() || p.device() != o.device() {
+            return Err(TchError::Shape(format!(
+                "{what}[{i}] is {:?} {:?} on {:?} but its parameter is {:?} {:?} on {:?}",
+                o.size(),
+                o.kind(),
+                o.device(),
+                p.size(),
+                p.kind(),
+                p.device()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// AdamW hyper-parameters for one fused step (decoupled weight decay).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamWHyper {
@@ -73,6 +93,9 @@ pub fn fused_adamw(
     same_len("exp_avgs", n, exp_avgs.len())?;
     same_len("exp_avg_sqs", n, exp_avg_sqs.len())?;
     same_len("steps", n, steps.len())?;
+    same_layout("grads", params, grads)?;
+    same_layout("exp_avgs", params, exp_avgs)?;
+    same_layout("exp_avg_sqs", params, exp_avg_sqs)?;
     if n == 0 {
         return Ok(());
     }
@@ -115,7 +138,9 @@ pub fn fused_sgd(
     same_len("grads", n, grads.len())?;
     if hyper.momentum != 0.0 {
         same_len("momentum_buffers", n, momentum_buffers.len())?;
+        same_layout("momentum_buffers", params, momentum_buffers)?;
     }
+    same_layout("grads", params, grads)?;
     if n == 0 {
         return Ok(());
     }
@@ -184,14 +209,23 @@ mod tests {
     }
 
     #[test]
-    fn a_kernel_error_becomes_a_tch_error() {
-        // Mismatched shapes between a parameter and its gradient.
+    fn a_gradient_of_the_wrong_shape_is_refused_before_the_kernel() {
         let p = Tensor::zeros([2], (Kind::Float, Device::Cpu));
         let g = Tensor::zeros([3], (Kind::Float, Device::Cpu));
         let m = Tensor::zeros([2], (Kind::Float, Device::Cpu));
         let v = Tensor::zeros([2], (Kind::Float, Device::Cpu));
         let s = Tensor::zeros([], (Kind::Float, Device::Cpu));
         let hyper = AdamWHyper { lr: 1e-3, betas: (0.9, 0.999), weight_decay: 0.0, eps: 1e-8 };
-        assert!(fused_adamw(&[p], &[g], &[m], &[v], &[s], hyper).is_err());
+        let err = fused_adamw(&[p], &[g], &[m], &[v], &[s], hyper).unwrap_err().to_string();
+        assert!(err.contains("grads[0]"), "{err}");
+    }
+
+    #[test]
+    fn a_kernel_error_becomes_a_tch_error() {
+        // Integer parameters: the fused kernel throws, the wrapper reports it.
+        let t = || Tensor::zeros([2], (Kind::Int64, Device::Cpu));
+        let s = Tensor::zeros([], (Kind::Float, Device::Cpu));
+        let hyper = AdamWHyper { lr: 1e-3, betas: (0.9, 0.999), weight_decay: 0.0, eps: 1e-8 };
+        assert!(matches!(fused_adamw(&[t()], &[t()], &[t()], &[t()], &[s], hyper), Err(TchError::Torch(_))));
     }
 }

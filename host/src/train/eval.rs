@@ -65,7 +65,7 @@ pub(crate) fn evaluate(
             let targets = batch.targets.to_device(device);
             let logits = model.forward_t(&batch.inputs.to_device(device), false);
             let n = targets.numel() as i64;
-            total += super::runner::loss(&logits, &targets).to_kind(Kind::Double) * n as f64;
+            total += super::lm_loss(&logits, &targets).to_kind(Kind::Double) * n as f64;
             tokens += n;
         }
         Some(Evaluation::ValidationLoss { loss: f64::try_from(total).unwrap_or(f64::NAN) / tokens as f64, tokens })

@@ -3,10 +3,12 @@
 
 pub mod config;
 mod eval;
+mod loss;
 mod runner;
 pub mod optim;
 mod progress;
 
 pub use config::{ConfigError, TrainConfig};
 pub use eval::Evaluation;
+pub use loss::lm_loss;
 pub use runner::{run, RunOptions, RunSummary, TrainError};

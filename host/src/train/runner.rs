@@ -2,11 +2,12 @@
 
 use super::config::{DataKind, DeviceChoice, ModelKind, OptimizerKind, TrainConfig};
 use super::eval::{evaluate, Evaluation};
+use super::loss::lm_loss;
 use super::optim::{AdamW, Optimizer, Sgd};
 use super::progress::Progress;
 use crate::accelerator::Accelerator;
 use crate::checkpoint::{save_safetensors, CheckpointError};
-use crate::data::{RandomTokens, SortDigits, TextFile, TextFileError, TokenDataset, IGNORE_INDEX};
+use crate::data::{RandomTokens, SortDigits, TextFile, TextFileError, TokenDataset};
 use crate::models::{Gpt, GptConfig, Mlp, MlpConfig, Model};
 use crate::ops::{AdamWHyper, SgdHyper};
 use rand::SeedableRng;
@@ -14,7 +15,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use tch::{Kind, Reduction, TchError, Tensor};
+use tch::{Kind, TchError, Tensor};
 
 /// Overrides given on the command line (they win over the config file).
 #[derive(Debug, Clone, Default)]
@@ -82,14 +83,6 @@ pub enum TrainError {
         /// The loss value.
         loss: f64,
     },
-}
-
-/// Mean next-token cross-entropy, ignoring [`IGNORE_INDEX`] targets.
-pub(crate) fn loss(logits: &Tensor, targets: &Tensor) -> Tensor {
-    let vocab = logits.size()[2];
-    logits
-        .view([-1, vocab])
-        .cross_entropy_loss::<Tensor>(&targets.view([-1]), None, Reduction::Mean, IGNORE_INDEX, 0.0)
 }
 
 fn dataset(config: &TrainConfig) -> Result<Box<dyn TokenDataset>, TrainError> {
@@ -189,7 +182,7 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
         }
         let batch = data.sample_batch(batch_size, &mut rng);
         let (inputs, targets) = (batch.inputs.to_device(device), batch.targets.to_device(device));
-        let loss = loss(&model.forward_t(&inputs, true), &targets);
+        let loss = lm_loss(&model.forward_t(&inputs, true), &targets);
         acc.backward(&loss);
         if let Some(max_norm) = config.optimizer.max_grad_norm {
             let _norm = acc.clip_grad_norm_(opt.parameters(), max_norm)?;

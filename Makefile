@@ -1,0 +1,57 @@
+# hearth — two commands for a newcomer:
+#   make run    set up whatever is missing, then train the default job
+#   make test   set up whatever is missing, then run every test
+# Setup is idempotent: a second run installs nothing.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+VENV := .venv
+PY := $(VENV)/bin/python
+REQS := tests/requirements.txt
+PY_STAMP := $(VENV)/.installed-$(shell sha256sum $(REQS) | cut -c1-16)
+APT_PACKAGES := libopenmpi-dev openmpi-bin libclang-dev
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+HEARTH := target/debug/hearth
+
+.PHONY: run test setup system-packages wasm-target python-env build bench lint
+
+run: build
+	$(HEARTH) run examples/sort-digits.toml
+
+test: build
+	cargo test --workspace
+	$(PY) -m pytest tests -q
+
+setup: system-packages wasm-target python-env
+
+# Open MPI (the CPU collectives) and libclang (for the mpi crate's bindings).
+system-packages:
+	@if ! dpkg -s $(APT_PACKAGES) >/dev/null 2>&1; then \
+		echo "setup: installing $(APT_PACKAGES)"; \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); \
+	fi
+
+wasm-target:
+	@rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
+
+# The venv with torch (whose libtorch hearth links) and the test oracles;
+# .venv/libtorch points at the wheel's torch/ folder (see .cargo/config.toml).
+python-env: $(PY_STAMP)
+$(PY_STAMP): $(REQS)
+	@echo "setup: installing Python packages into $(VENV)"
+	[ -x $(PY) ] || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r $(REQS)
+	ln -sfn "$$($(PY) -c 'import os, torch; print(os.path.dirname(torch.__file__))')" $(VENV)/libtorch
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+build: setup
+	cargo build --workspace
+
+# hearth vs Accelerate on the peer's tiny GPT, in one run (not a test).
+bench: build
+	cargo bench -p hearth --bench gpt_vs_accelerate
+
+lint: setup
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings

@@ -1,0 +1,117 @@
+//! hearth's GPT, loss, gradient clipping and optimizers against PyTorch: the
+//! oracle (`tests/oracles/gpt_train_steps.py`) builds the peer benchmark's
+//! own GPT class, loads hearth's initial weights, and replays the same
+//! training steps with `torch.optim`; logits, losses and final weights must
+//! agree to fp32 tolerance.
+
+use hearth::checkpoint::save_safetensors;
+use hearth::data::{SortDigits, TokenDataset};
+use hearth::models::{Gpt, GptConfig, Model};
+use hearth::ops::{AdamWHyper, SgdHyper};
+use hearth::train::lm_loss;
+use hearth::train::optim::{AdamW, Optimizer, Sgd};
+use rand::SeedableRng;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use tch::{Device, Kind, Tensor};
+
+const STEPS: usize = 3;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn python() -> PathBuf {
+    std::env::var_os("HEARTH_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".venv/bin/python"))
+}
+
+/// Trains a tiny GPT for a few steps with `make_opt`, writes everything the
+/// oracle needs to `dir`, and runs the oracle with `optimizer_json`.
+fn check_against_pytorch(name: &str, optimizer_json: &str, max_grad_norm: Option<f64>, make_opt: impl Fn(Vec<Tensor>) -> Box<dyn Optimizer>) {
+    let dir = std::env::temp_dir().join(format!("hearth-parity-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    tch::manual_seed(7);
+    let config = GptConfig { vocab_size: 11, block_size: 16, d_model: 32, layers: 2, heads: 4 };
+    let model = Gpt::new(config, Device::Cpu);
+    save_safetensors(&dir.join("init.safetensors"), &model.named_parameters()).unwrap();
+
+    let batch = SortDigits::new(8).sample_batch(6, &mut rand_chacha::ChaCha8Rng::seed_from_u64(3));
+    let logits = tch::no_grad(|| model.forward_t(&batch.inputs, false));
+
+    let params: Vec<Tensor> = model.named_parameters().into_iter().map(|(_, t)| t).collect();
+    let mut opt = make_opt(params);
+    let mut losses = Vec::new();
+    let mut norms = Vec::new();
+    for _ in 0..STEPS {
+        let loss = lm_loss(&model.forward_t(&batch.inputs, true), &batch.targets);
+        loss.backward();
+        if let Some(max) = max_grad_norm {
+            norms.push(f64::try_from(hearth::accelerator::clip_grad_norm_(opt.parameters(), max).unwrap()).unwrap());
+        }
+        opt.step().unwrap();
+        opt.zero_grad();
+        losses.push(f64::try_from(&loss).unwrap());
+    }
+    save_safetensors(&dir.join("after.safetensors"), &model.named_parameters()).unwrap();
+    save_safetensors(
+        &dir.join("io.safetensors"),
+        &[
+            ("inputs".into(), batch.inputs),
+            ("targets".into(), batch.targets),
+            ("logits".into(), logits),
+            ("losses".into(), Tensor::from_slice(&losses)),
+            ("norms".into(), Tensor::from_slice(&norms).to_kind(Kind::Double)),
+        ],
+    )
+    .unwrap();
+    let spec = format!(
+        r#"{{"vocab_size": 11, "block_size": 16, "d_model": 32, "layers": 2, "heads": 4, "steps": {STEPS}, "max_grad_norm": {}, "optimizer": {optimizer_json}}}"#,
+        max_grad_norm.map_or("null".to_string(), |m| m.to_string())
+    );
+    std::fs::write(dir.join("spec.json"), spec).unwrap();
+
+    let out = Command::new(python())
+        .arg(repo_root().join("tests/oracles/gpt_train_steps.py"))
+        .arg(&dir)
+        .output()
+        .expect("the project's Python (.venv) runs; run `make setup`");
+    let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "PyTorch disagrees with hearth ({name}):\n{report}");
+    assert!(report.contains("agree"), "the oracle did not report agreement:\n{report}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn gpt_with_adamw_and_clipping_matches_pytorch() {
+    let hyper = AdamWHyper { lr: 1e-2, betas: (0.9, 0.95), weight_decay: 0.1, eps: 1e-8 };
+    check_against_pytorch(
+        "adamw",
+        r#"{"kind": "adamw", "lr": 0.01, "betas": [0.9, 0.95], "weight_decay": 0.1, "eps": 1e-8}"#,
+        Some(0.5),
+        |p| Box::new(AdamW::new(p, hyper)),
+    );
+}
+
+#[test]
+fn gpt_with_nesterov_sgd_matches_pytorch() {
+    let hyper = SgdHyper { lr: 0.1, momentum: 0.9, dampening: 0.0, weight_decay: 1e-3, nesterov: true };
+    check_against_pytorch(
+        "sgd-nesterov",
+        r#"{"kind": "sgd", "lr": 0.1, "momentum": 0.9, "dampening": 0.0, "weight_decay": 0.001, "nesterov": true}"#,
+        None,
+        |p| Box::new(Sgd::new(p, hyper)),
+    );
+}
+
+#[test]
+fn gpt_with_plain_sgd_matches_pytorch() {
+    let hyper = SgdHyper { lr: 0.05, momentum: 0.0, dampening: 0.0, weight_decay: 0.0, nesterov: false };
+    check_against_pytorch(
+        "sgd",
+        r#"{"kind": "sgd", "lr": 0.05, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": false}"#,
+        Some(1.0),
+        |p| Box::new(Sgd::new(p, hyper)),
+    );
+}
