@@ -9,6 +9,6 @@ use tch::{Reduction, Tensor};
 pub fn lm_loss(logits: &Tensor, targets: &Tensor) -> Tensor {
     let vocab = logits.size()[2];
     logits
-        .view([-1, vocab])
-        .cross_entropy_loss::<Tensor>(&targets.view([-1]), None, Reduction::Mean, IGNORE_INDEX, 0.0)
+        .reshape([-1, vocab])
+        .cross_entropy_loss::<Tensor>(&targets.reshape([-1]), None, Reduction::Mean, IGNORE_INDEX, 0.0)
 }
