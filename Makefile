@@ -50,7 +50,7 @@ build: setup
 
 # hearth vs Accelerate on the peer's tiny GPT, in one run (not a test).
 bench: build
-	cargo bench -p hearth --bench gpt_vs_accelerate
+	$(PY) examples/bench/gpt_vs_accelerate.py
 
 lint: setup
 	cargo fmt --all --check

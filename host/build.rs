@@ -12,7 +12,10 @@ fn main() {
             .expect("torch-sys did not report its libtorch folder; run `make setup` first"),
     );
     let lib = lib.canonicalize().unwrap_or(lib);
-    let root = lib.parent().expect("libtorch lib folder has a parent").to_path_buf();
+    let root = lib
+        .parent()
+        .expect("libtorch lib folder has a parent")
+        .to_path_buf();
 
     // An rpath on every binary, test and bench of this crate.
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());

@@ -18,7 +18,10 @@ use tch::{Device, Kind, Tensor};
 const STEPS: usize = 3;
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn python() -> PathBuf {
@@ -29,18 +32,33 @@ fn python() -> PathBuf {
 
 /// Trains a tiny GPT for a few steps with `make_opt`, writes everything the
 /// oracle needs to `dir`, and runs the oracle with `optimizer_json`.
-fn check_against_pytorch(name: &str, optimizer_json: &str, max_grad_norm: Option<f64>, make_opt: impl Fn(Vec<Tensor>) -> Box<dyn Optimizer>) {
+fn check_against_pytorch(
+    name: &str,
+    optimizer_json: &str,
+    max_grad_norm: Option<f64>,
+    make_opt: impl Fn(Vec<Tensor>) -> Box<dyn Optimizer>,
+) {
     let dir = std::env::temp_dir().join(format!("hearth-parity-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     tch::manual_seed(7);
-    let config = GptConfig { vocab_size: 11, block_size: 16, d_model: 32, layers: 2, heads: 4 };
+    let config = GptConfig {
+        vocab_size: 11,
+        block_size: 16,
+        d_model: 32,
+        layers: 2,
+        heads: 4,
+    };
     let model = Gpt::new(config, Device::Cpu);
     save_safetensors(&dir.join("init.safetensors"), &model.named_parameters()).unwrap();
 
     let batch = SortDigits::new(8).sample_batch(6, &mut rand_chacha::ChaCha8Rng::seed_from_u64(3));
     let logits = tch::no_grad(|| model.forward_t(&batch.inputs, false));
 
-    let params: Vec<Tensor> = model.named_parameters().into_iter().map(|(_, t)| t).collect();
+    let params: Vec<Tensor> = model
+        .named_parameters()
+        .into_iter()
+        .map(|(_, t)| t)
+        .collect();
     let mut opt = make_opt(params);
     let mut losses = Vec::new();
     let mut norms = Vec::new();
@@ -48,7 +66,10 @@ fn check_against_pytorch(name: &str, optimizer_json: &str, max_grad_norm: Option
         let loss = lm_loss(&model.forward_t(&batch.inputs, true), &batch.targets);
         loss.backward();
         if let Some(max) = max_grad_norm {
-            norms.push(f64::try_from(hearth::accelerator::clip_grad_norm_(opt.parameters(), max).unwrap()).unwrap());
+            norms.push(
+                f64::try_from(hearth::accelerator::clip_grad_norm_(opt.parameters(), max).unwrap())
+                    .unwrap(),
+            );
         }
         opt.step().unwrap();
         opt.zero_grad();
@@ -62,7 +83,10 @@ fn check_against_pytorch(name: &str, optimizer_json: &str, max_grad_norm: Option
             ("targets".into(), batch.targets),
             ("logits".into(), logits),
             ("losses".into(), Tensor::from_slice(&losses)),
-            ("norms".into(), Tensor::from_slice(&norms).to_kind(Kind::Double)),
+            (
+                "norms".into(),
+                Tensor::from_slice(&norms).to_kind(Kind::Double),
+            ),
         ],
     )
     .unwrap();
@@ -77,15 +101,30 @@ fn check_against_pytorch(name: &str, optimizer_json: &str, max_grad_norm: Option
         .arg(&dir)
         .output()
         .expect("the project's Python (.venv) runs; run `make setup`");
-    let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "PyTorch disagrees with hearth ({name}):\n{report}");
-    assert!(report.contains("agree"), "the oracle did not report agreement:\n{report}");
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "PyTorch disagrees with hearth ({name}):\n{report}"
+    );
+    assert!(
+        report.contains("agree"),
+        "the oracle did not report agreement:\n{report}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
 fn gpt_with_adamw_and_clipping_matches_pytorch() {
-    let hyper = AdamWHyper { lr: 1e-2, betas: (0.9, 0.95), weight_decay: 0.1, eps: 1e-8 };
+    let hyper = AdamWHyper {
+        lr: 1e-2,
+        betas: (0.9, 0.95),
+        weight_decay: 0.1,
+        eps: 1e-8,
+    };
     check_against_pytorch(
         "adamw",
         r#"{"kind": "adamw", "lr": 0.01, "betas": [0.9, 0.95], "weight_decay": 0.1, "eps": 1e-8}"#,
@@ -96,7 +135,13 @@ fn gpt_with_adamw_and_clipping_matches_pytorch() {
 
 #[test]
 fn gpt_with_nesterov_sgd_matches_pytorch() {
-    let hyper = SgdHyper { lr: 0.1, momentum: 0.9, dampening: 0.0, weight_decay: 1e-3, nesterov: true };
+    let hyper = SgdHyper {
+        lr: 0.1,
+        momentum: 0.9,
+        dampening: 0.0,
+        weight_decay: 1e-3,
+        nesterov: true,
+    };
     check_against_pytorch(
         "sgd-nesterov",
         r#"{"kind": "sgd", "lr": 0.1, "momentum": 0.9, "dampening": 0.0, "weight_decay": 0.001, "nesterov": true}"#,
@@ -107,7 +152,13 @@ fn gpt_with_nesterov_sgd_matches_pytorch() {
 
 #[test]
 fn gpt_with_plain_sgd_matches_pytorch() {
-    let hyper = SgdHyper { lr: 0.05, momentum: 0.0, dampening: 0.0, weight_decay: 0.0, nesterov: false };
+    let hyper = SgdHyper {
+        lr: 0.05,
+        momentum: 0.0,
+        dampening: 0.0,
+        weight_decay: 0.0,
+        nesterov: false,
+    };
     check_against_pytorch(
         "sgd",
         r#"{"kind": "sgd", "lr": 0.05, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": false}"#,

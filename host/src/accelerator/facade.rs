@@ -66,7 +66,11 @@ impl Accelerator {
     /// Seeds libtorch's generators (CPU and every CUDA device); with
     /// `device_specific` each process adds its index so ranks differ.
     pub fn set_seed(&self, seed: u64, device_specific: bool) {
-        let seed = if device_specific { seed + self.process_index() as u64 } else { seed };
+        let seed = if device_specific {
+            seed + self.process_index() as u64
+        } else {
+            seed
+        };
         tch::manual_seed(seed as i64);
         if tch::Cuda::is_available() {
             tch::Cuda::manual_seed_all(seed);
@@ -80,7 +84,11 @@ impl Accelerator {
 
     /// Clips the total L2 norm of the parameters' gradients to `max_norm` and
     /// returns the norm before clipping; see [`super::clip_grad_norm_`].
-    pub fn clip_grad_norm_(&self, parameters: &[Tensor], max_norm: f64) -> Result<Tensor, tch::TchError> {
+    pub fn clip_grad_norm_(
+        &self,
+        parameters: &[Tensor],
+        max_norm: f64,
+    ) -> Result<Tensor, tch::TchError> {
         super::clip_grad_norm_(parameters, max_norm)
     }
 }

@@ -31,7 +31,9 @@ mod tests {
     #[test]
     fn clips_to_max_norm_and_returns_the_norm_before() {
         let p = Tensor::zeros([2], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
-        (&p * Tensor::from_slice(&[3.0f32, 4.0])).sum(Kind::Float).backward();
+        (&p * Tensor::from_slice(&[3.0f32, 4.0]))
+            .sum(Kind::Float)
+            .backward();
         let total = clip_grad_norm_(&[p.shallow_clone()], 1.0).unwrap();
         assert!((f64::try_from(&total).unwrap() - 5.0).abs() < 1e-6);
         let clipped: Vec<f32> = Vec::try_from(p.grad()).unwrap();
@@ -41,8 +43,10 @@ mod tests {
     #[test]
     fn leaves_small_gradients_alone() {
         let p = Tensor::zeros([2], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
-        (&p * Tensor::from_slice(&[0.3f32, 0.4])).sum(Kind::Float).backward();
-        clip_grad_norm_(&[p.shallow_clone()], 1.0).unwrap();
+        (&p * Tensor::from_slice(&[0.3f32, 0.4]))
+            .sum(Kind::Float)
+            .backward();
+        let _norm = clip_grad_norm_(&[p.shallow_clone()], 1.0).unwrap();
         let g: Vec<f32> = Vec::try_from(p.grad()).unwrap();
         assert!((g[0] - 0.3).abs() < 1e-6 && (g[1] - 0.4).abs() < 1e-6);
     }

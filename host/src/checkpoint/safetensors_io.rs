@@ -95,7 +95,9 @@ impl View for &ShapedView<'_> {
         }
         // SAFETY: the tensor is contiguous, on the CPU, and lives as long as
         // `self`; `len` is numel * element size.
-        Cow::Borrowed(unsafe { std::slice::from_raw_parts(self.inner.tensor.data_ptr() as *const u8, self.len) })
+        Cow::Borrowed(unsafe {
+            std::slice::from_raw_parts(self.inner.tensor.data_ptr() as *const u8, self.len)
+        })
     }
     fn data_len(&self) -> usize {
         self.len
@@ -107,7 +109,10 @@ pub fn save_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(),
     let mut cpu = Vec::with_capacity(tensors.len());
     for (name, t) in tensors {
         let kind = t.kind();
-        let dtype = dtype_of(kind).ok_or_else(|| CheckpointError::Dtype { name: name.clone(), kind })?;
+        let dtype = dtype_of(kind).ok_or_else(|| CheckpointError::Dtype {
+            name: name.clone(),
+            kind,
+        })?;
         let tensor = t.detach().to_device(Device::Cpu).contiguous();
         cpu.push((name.clone(), CpuTensor { tensor, dtype }));
     }
@@ -116,7 +121,14 @@ pub fn save_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(),
         .map(|(name, c)| {
             let shape: Vec<usize> = c.tensor.size().iter().map(|&d| d as usize).collect();
             let len = c.tensor.numel() * c.tensor.kind().elt_size_in_bytes();
-            (name.clone(), ShapedView { inner: c, shape, len })
+            (
+                name.clone(),
+                ShapedView {
+                    inner: c,
+                    shape,
+                    len,
+                },
+            )
         })
         .collect();
     let metadata = Some(HashMap::from([("format".to_string(), "pt".to_string())]));
@@ -125,20 +137,34 @@ pub fn save_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(),
         path: path.into(),
         message: e.to_string(),
     })?;
-    write_atomically(path, |f| f.write_all(&bytes)).map_err(|source| CheckpointError::Io { path: path.into(), source })
+    write_atomically(path, |f| f.write_all(&bytes)).map_err(|source| CheckpointError::Io {
+        path: path.into(),
+        source,
+    })
 }
 
 /// Reads every tensor of a safetensors file (memory-mapped) onto `device`.
-pub fn load_safetensors(path: &Path, device: Device) -> Result<Vec<(String, Tensor)>, CheckpointError> {
-    let io = |source| CheckpointError::Io { path: path.into(), source };
+pub fn load_safetensors(
+    path: &Path,
+    device: Device,
+) -> Result<Vec<(String, Tensor)>, CheckpointError> {
+    let io = |source| CheckpointError::Io {
+        path: path.into(),
+        source,
+    };
     let file = std::fs::File::open(path).map_err(io)?;
     // SAFETY: the mapping is read-only and dropped before this returns.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-    let st = SafeTensors::deserialize(&map)
-        .map_err(|e| CheckpointError::Format { path: path.into(), message: e.to_string() })?;
+    let st = SafeTensors::deserialize(&map).map_err(|e| CheckpointError::Format {
+        path: path.into(),
+        message: e.to_string(),
+    })?;
     let mut out = Vec::new();
     for (name, view) in st.tensors() {
-        out.push((name.clone(), tensor_from_view(path, &name, &view)?.to_device(device)));
+        out.push((
+            name.clone(),
+            tensor_from_view(path, &name, &view)?.to_device(device),
+        ));
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(out)
@@ -159,22 +185,37 @@ mod tests {
 
     #[test]
     fn round_trips_names_dtypes_and_values() {
-        let path = std::env::temp_dir().join(format!("hearth-st-{}.safetensors", std::process::id()));
+        let path =
+            std::env::temp_dir().join(format!("hearth-st-{}.safetensors", std::process::id()));
         let a = Tensor::from_slice(&[1.5f32, -2.0, 3.25, 4.0]).view([2, 2]);
         let b = Tensor::from_slice(&[7i64, 8, 9]);
         let c = Tensor::from_slice(&[1.0f32, 2.0]).to_kind(Kind::BFloat16);
-        save_safetensors(&path, &[("a.weight".into(), a.shallow_clone()), ("b".into(), b.shallow_clone()), ("c".into(), c.shallow_clone())]).unwrap();
+        save_safetensors(
+            &path,
+            &[
+                ("a.weight".into(), a.shallow_clone()),
+                ("b".into(), b.shallow_clone()),
+                ("c".into(), c.shallow_clone()),
+            ],
+        )
+        .unwrap();
         let back = load_safetensors(&path, Device::Cpu).unwrap();
-        assert_eq!(back.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["a.weight", "b", "c"]);
+        assert_eq!(
+            back.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+            ["a.weight", "b", "c"]
+        );
         assert!(back[0].1.equal(&a) && back[1].1.equal(&b) && back[2].1.equal(&c));
         assert_eq!(back[2].1.kind(), Kind::BFloat16);
     }
 
     #[test]
     fn a_corrupt_file_names_itself() {
-        let path = std::env::temp_dir().join(format!("hearth-bad-{}.safetensors", std::process::id()));
+        let path =
+            std::env::temp_dir().join(format!("hearth-bad-{}.safetensors", std::process::id()));
         std::fs::write(&path, b"not a safetensors file").unwrap();
-        let err = load_safetensors(&path, Device::Cpu).unwrap_err().to_string();
+        let err = load_safetensors(&path, Device::Cpu)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(&path.display().to_string()), "{err}");
     }
 }

@@ -16,8 +16,10 @@ pub const EXIT_BAD_INPUT: u8 = 2;
 /// many GPUs, customised by sandboxed WebAssembly plugins.
 #[derive(Debug, Parser)]
 #[command(name = "hearth", version, about, long_about = None)]
-#[command(after_help = "Exit status: 0 success, 1 the run failed, 2 bad input (config, flags, files).\n\
-Logs: set HEARTH_LOG (e.g. HEARTH_LOG=debug) to change what is logged.")]
+#[command(
+    after_help = "Exit status: 0 success, 1 the run failed, 2 bad input (config, flags, files).\n\
+Logs: set HEARTH_LOG (e.g. HEARTH_LOG=debug) to change what is logged."
+)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -65,9 +67,15 @@ struct Failure {
 
 impl Failure {
     fn bad_input(error: impl Into<anyhow::Error>) -> Self {
-        Self { error: error.into(), code: EXIT_BAD_INPUT }
+        Self {
+            error: error.into(),
+            code: EXIT_BAD_INPUT,
+        }
     }
     fn failed(error: impl Into<anyhow::Error>) -> Self {
-        Self { error: error.into(), code: EXIT_FAILURE }
+        Self {
+            error: error.into(),
+            code: EXIT_FAILURE,
+        }
     }
 }

@@ -26,7 +26,12 @@ pub(super) struct RunArgs {
 
 pub(super) fn execute(args: RunArgs) -> Result<(), Failure> {
     let config = TrainConfig::from_file(&args.config).map_err(Failure::bad_input)?;
-    let options = RunOptions { output_dir: args.output_dir, steps: args.steps, cpu: args.cpu, quiet: args.quiet };
+    let options = RunOptions {
+        output_dir: args.output_dir,
+        steps: args.steps,
+        cpu: args.cpu,
+        quiet: args.quiet,
+    };
     let summary = train::run(&config, &options).map_err(|e| match e {
         TrainError::Data(_) | TrainError::NoCuda(_) => Failure::bad_input(e),
         _ => Failure::failed(e),

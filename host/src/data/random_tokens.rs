@@ -16,7 +16,10 @@ pub struct RandomTokens {
 impl RandomTokens {
     /// A dataset of random tokens.
     pub fn new(vocab_size: i64, seq_len: i64) -> Self {
-        Self { vocab_size, seq_len }
+        Self {
+            vocab_size,
+            seq_len,
+        }
     }
 }
 
@@ -29,8 +32,13 @@ impl TokenDataset for RandomTokens {
     }
     fn sample_batch(&self, batch_size: i64, rng: &mut ChaCha8Rng) -> Batch {
         let t = self.seq_len + 1;
-        let data: Vec<i64> = (0..batch_size * t).map(|_| rng.random_range(0..self.vocab_size)).collect();
+        let data: Vec<i64> = (0..batch_size * t)
+            .map(|_| rng.random_range(0..self.vocab_size))
+            .collect();
         let data = Tensor::from_slice(&data).view([batch_size, t]);
-        Batch { inputs: data.narrow(1, 0, self.seq_len), targets: data.narrow(1, 1, self.seq_len) }
+        Batch {
+            inputs: data.narrow(1, 0, self.seq_len),
+            targets: data.narrow(1, 1, self.seq_len),
+        }
     }
 }

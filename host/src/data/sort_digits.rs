@@ -51,7 +51,10 @@ impl TokenDataset for SortDigits {
             targets.extend((0..2 * n).map(|i| if i + 1 > n { seq[i + 1] } else { IGNORE_INDEX }));
         }
         let shape = [batch_size, 2 * self.digits];
-        Batch { inputs: Tensor::from_slice(&inputs).view(shape), targets: Tensor::from_slice(&targets).view(shape) }
+        Batch {
+            inputs: Tensor::from_slice(&inputs).view(shape),
+            targets: Tensor::from_slice(&targets).view(shape),
+        }
     }
     fn generation_set(&self, n: i64, rng: &mut ChaCha8Rng) -> Option<GenerationSet> {
         let (mut prompts, mut answers) = (Vec::new(), Vec::new());

@@ -45,14 +45,26 @@ pub struct TextFile {
 impl TextFile {
     /// Reads `path` and checks it holds enough bytes for `seq_len`.
     pub fn open(path: &Path, seq_len: i64) -> Result<Self, TextFileError> {
-        let bytes = std::fs::read(path).map_err(|source| TextFileError::Read { path: path.into(), source })?;
+        let bytes = std::fs::read(path).map_err(|source| TextFileError::Read {
+            path: path.into(),
+            source,
+        })?;
         let window = seq_len as usize + 1;
         let needed = 10 * window;
         if bytes.len() < needed {
-            return Err(TextFileError::TooShort { path: path.into(), len: bytes.len(), seq_len, needed });
+            return Err(TextFileError::TooShort {
+                path: path.into(),
+                len: bytes.len(),
+                seq_len,
+                needed,
+            });
         }
         let split = bytes.len() * 9 / 10;
-        Ok(Self { bytes, split, seq_len })
+        Ok(Self {
+            bytes,
+            split,
+            seq_len,
+        })
     }
 
     fn window_batch(&self, starts: &[usize]) -> Batch {
@@ -62,7 +74,10 @@ impl TextFile {
             data.extend(self.bytes[s..s + t + 1].iter().map(|&b| b as i64));
         }
         let data = Tensor::from_slice(&data).view([starts.len() as i64, t as i64 + 1]);
-        Batch { inputs: data.narrow(1, 0, self.seq_len), targets: data.narrow(1, 1, self.seq_len) }
+        Batch {
+            inputs: data.narrow(1, 0, self.seq_len),
+            targets: data.narrow(1, 1, self.seq_len),
+        }
     }
 }
 
@@ -75,13 +90,20 @@ impl TokenDataset for TextFile {
     }
     fn sample_batch(&self, batch_size: i64, rng: &mut ChaCha8Rng) -> Batch {
         let last_start = self.split - self.seq_len as usize - 1;
-        let starts: Vec<usize> = (0..batch_size).map(|_| rng.random_range(0..=last_start)).collect();
+        let starts: Vec<usize> = (0..batch_size)
+            .map(|_| rng.random_range(0..=last_start))
+            .collect();
         self.window_batch(&starts)
     }
     fn validation_batches(&self, batch_size: i64) -> Vec<Batch> {
         let window = self.seq_len as usize + 1;
-        let starts: Vec<usize> = (self.split..=self.bytes.len() - window).step_by(window).collect();
-        starts.chunks(batch_size.max(1) as usize).map(|c| self.window_batch(c)).collect()
+        let starts: Vec<usize> = (self.split..=self.bytes.len() - window)
+            .step_by(window)
+            .collect();
+        starts
+            .chunks(batch_size.max(1) as usize)
+            .map(|c| self.window_batch(c))
+            .collect()
     }
 }
 
@@ -102,7 +124,10 @@ mod tests {
         let x: Vec<i64> = Vec::try_from(batch.inputs.get(0)).unwrap();
         let y: Vec<i64> = Vec::try_from(batch.targets.get(0)).unwrap();
         assert_eq!(&x[1..], &y[..7]);
-        assert!(x.iter().all(|&b| b < 180), "training windows stay in the first 90 %");
+        assert!(
+            x.iter().all(|&b| b < 180),
+            "training windows stay in the first 90 %"
+        );
         let val = ds.validation_batches(64);
         let first: Vec<i64> = Vec::try_from(val[0].inputs.get(0)).unwrap();
         assert_eq!(first[0], 180);
@@ -113,6 +138,9 @@ mod tests {
         let path = std::env::temp_dir().join(format!("hearth-short-{}.txt", std::process::id()));
         std::fs::write(&path, b"tiny").unwrap();
         let err = TextFile::open(&path, 8).unwrap_err().to_string();
-        assert!(err.contains(&path.display().to_string()) && err.contains("4 bytes"), "{err}");
+        assert!(
+            err.contains(&path.display().to_string()) && err.contains("4 bytes"),
+            "{err}"
+        );
     }
 }

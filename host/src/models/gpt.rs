@@ -62,9 +62,18 @@ impl Unit for Block {
             .view([b, t, 3, self.heads, d / self.heads])
             .permute([2, 0, 3, 1, 4]);
         let (q, k, v) = (qkv.get(0), qkv.get(1), qkv.get(2));
-        let a = Tensor::scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, false)
-            .transpose(1, 2)
-            .reshape([b, t, d]);
+        let a = Tensor::scaled_dot_product_attention(
+            &q,
+            &k,
+            &v,
+            None::<Tensor>,
+            0.0,
+            true,
+            None,
+            false,
+        )
+        .transpose(1, 2)
+        .reshape([b, t, d]);
         let x = x + self.proj.forward(&a);
         let h = self.fc.forward(&self.ln2.forward(&x)).gelu("none");
         &x + self.out.forward(&h)
@@ -102,7 +111,10 @@ impl Gpt {
     /// # Panics
     /// If `heads` does not divide `d_model` (configs are validated before).
     pub fn new(config: GptConfig, device: Device) -> Self {
-        assert!(config.d_model % config.heads == 0, "heads must divide d_model");
+        assert!(
+            config.d_model % config.heads == 0,
+            "heads must divide d_model"
+        );
         let vs = nn::VarStore::new(device);
         let root = vs.root();
         let d = config.d_model;
@@ -116,8 +128,18 @@ impl Gpt {
 
         let embedding = Embedding {
             path: String::new(),
-            tok: nn::embedding(&root / declare("tok".into(), "Embedding"), config.vocab_size, d, Default::default()),
-            pos: nn::embedding(&root / declare("pos".into(), "Embedding"), config.block_size, d, Default::default()),
+            tok: nn::embedding(
+                &root / declare("tok".into(), "Embedding"),
+                config.vocab_size,
+                d,
+                Default::default(),
+            ),
+            pos: nn::embedding(
+                &root / declare("pos".into(), "Embedding"),
+                config.block_size,
+                d,
+                Default::default(),
+            ),
         };
         declare("blocks".into(), "Sequential");
         let blocks = (0..config.layers)
@@ -143,10 +165,21 @@ impl Gpt {
         let head = Head {
             path: String::new(),
             ln: ln(&root / declare("ln".into(), "LayerNorm")),
-            head: linear(&root / declare("head".into(), "Linear"), d, config.vocab_size),
+            head: linear(
+                &root / declare("head".into(), "Linear"),
+                d,
+                config.vocab_size,
+            ),
         };
         let tree = ModuleTree::new(&declared, &vs.variables());
-        Self { vs, config, embedding, blocks, head, tree }
+        Self {
+            vs,
+            config,
+            embedding,
+            blocks,
+            head,
+            tree,
+        }
     }
 
     /// The sizes this model was built with.
@@ -175,15 +208,35 @@ mod tests {
     use super::*;
 
     fn tiny() -> Gpt {
-        let config = GptConfig { vocab_size: 11, block_size: 8, d_model: 16, layers: 2, heads: 4 };
+        let config = GptConfig {
+            vocab_size: 11,
+            block_size: 8,
+            d_model: 16,
+            layers: 2,
+            heads: 4,
+        };
         Gpt::new(config, Device::Cpu)
     }
 
     #[test]
     fn parameter_names_are_pytorchs() {
-        let names: Vec<String> = tiny().named_parameters().into_iter().map(|(n, _)| n).collect();
-        for expected in ["tok.weight", "pos.weight", "blocks.1.qkv.weight", "blocks.0.out.bias", "ln.weight", "head.bias"] {
-            assert!(names.iter().any(|n| n == expected), "missing {expected} in {names:?}");
+        let names: Vec<String> = tiny()
+            .named_parameters()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        for expected in [
+            "tok.weight",
+            "pos.weight",
+            "blocks.1.qkv.weight",
+            "blocks.0.out.bias",
+            "ln.weight",
+            "head.bias",
+        ] {
+            assert!(
+                names.iter().any(|n| n == expected),
+                "missing {expected} in {names:?}"
+            );
         }
         assert_eq!(names.len(), 2 + 2 * 12 + 4);
     }
@@ -196,7 +249,10 @@ mod tests {
         let block = tree.get("blocks.1").unwrap();
         assert_eq!(block.kind, "Block");
         assert_eq!(tree.modules()[block.parent.unwrap()].path, "blocks");
-        assert_eq!(tree.get("blocks.1.qkv").unwrap().params, ["blocks.1.qkv.bias", "blocks.1.qkv.weight"]);
+        assert_eq!(
+            tree.get("blocks.1.qkv").unwrap().params,
+            ["blocks.1.qkv.bias", "blocks.1.qkv.weight"]
+        );
         assert_eq!(tree.get("blocks.1.qkv").unwrap().num_params, 16 * 48 + 48);
     }
 
@@ -208,7 +264,11 @@ mod tests {
         let (la, lb) = (model.forward_t(&a, false), model.forward_t(&b, false));
         assert_eq!(la.size(), [1, 4, 11]);
         // Changing the last token cannot change the logits of earlier positions.
-        assert!(la.narrow(1, 0, 3).allclose(&lb.narrow(1, 0, 3), 1e-6, 1e-6, false));
-        assert!(!la.narrow(1, 3, 1).allclose(&lb.narrow(1, 3, 1), 1e-6, 1e-6, false));
+        assert!(la
+            .narrow(1, 0, 3)
+            .allclose(&lb.narrow(1, 0, 3), 1e-6, 1e-6, false));
+        assert!(!la
+            .narrow(1, 3, 1)
+            .allclose(&lb.narrow(1, 3, 1), 1e-6, 1e-6, false));
     }
 }

@@ -83,20 +83,41 @@ impl Mlp {
         let context = Context {
             path: "tok".into(),
             context: config.context,
-            tok: nn::embedding(&root / "tok", config.vocab_size, config.d_model, Default::default()),
+            tok: nn::embedding(
+                &root / "tok",
+                config.vocab_size,
+                config.d_model,
+                Default::default(),
+            ),
         };
         let fc = Layer {
             path: "fc".into(),
-            linear: nn::linear(&root / "fc", config.context * config.d_model, config.hidden, Default::default()),
+            linear: nn::linear(
+                &root / "fc",
+                config.context * config.d_model,
+                config.hidden,
+                Default::default(),
+            ),
             gelu: true,
         };
         let head = Layer {
             path: "head".into(),
-            linear: nn::linear(&root / "head", config.hidden, config.vocab_size, Default::default()),
+            linear: nn::linear(
+                &root / "head",
+                config.hidden,
+                config.vocab_size,
+                Default::default(),
+            ),
             gelu: false,
         };
         let tree = ModuleTree::new(&declared, &vs.variables());
-        Self { vs, context, fc, head, tree }
+        Self {
+            vs,
+            context,
+            fc,
+            head,
+            tree,
+        }
     }
 }
 
@@ -118,14 +139,23 @@ mod tests {
 
     #[test]
     fn sees_only_its_context_window() {
-        let config = MlpConfig { vocab_size: 10, context: 2, d_model: 4, hidden: 8 };
+        let config = MlpConfig {
+            vocab_size: 10,
+            context: 2,
+            d_model: 4,
+            hidden: 8,
+        };
         let model = Mlp::new(config, Device::Cpu);
         let a = Tensor::from_slice(&[1i64, 2, 3, 4]).view([1, 4]);
         let b = Tensor::from_slice(&[7i64, 2, 3, 4]).view([1, 4]);
         let (la, lb) = (model.forward_t(&a, false), model.forward_t(&b, false));
         assert_eq!(la.size(), [1, 4, 10]);
         // Position 2 sees tokens 1..=2 only, so the first token does not matter.
-        assert!(la.narrow(1, 2, 2).allclose(&lb.narrow(1, 2, 2), 1e-6, 1e-6, false));
-        assert!(!la.narrow(1, 0, 1).allclose(&lb.narrow(1, 0, 1), 1e-6, 1e-6, false));
+        assert!(la
+            .narrow(1, 2, 2)
+            .allclose(&lb.narrow(1, 2, 2), 1e-6, 1e-6, false));
+        assert!(!la
+            .narrow(1, 0, 1)
+            .allclose(&lb.narrow(1, 0, 1), 1e-6, 1e-6, false));
     }
 }

@@ -26,7 +26,9 @@ pub trait Model {
     fn forward_t(&self, tokens: &Tensor, train: bool) -> Tensor {
         let mut units = self.units().into_iter();
         let first = units.next().expect("a model has at least one unit");
-        units.fold(first.forward_t(tokens, train), |xs, unit| unit.forward_t(&xs, train))
+        units.fold(first.forward_t(tokens, train), |xs, unit| {
+            unit.forward_t(&xs, train)
+        })
     }
 
     /// Parameters with their PyTorch names, sorted by name.
@@ -38,6 +40,10 @@ pub trait Model {
 
     /// Number of scalar parameters.
     fn num_parameters(&self) -> i64 {
-        self.var_store().variables().values().map(Tensor::numel).sum::<usize>() as i64
+        self.var_store()
+            .variables()
+            .values()
+            .map(Tensor::numel)
+            .sum::<usize>() as i64
     }
 }

@@ -28,8 +28,11 @@ impl ModuleTree {
     /// Builds the tree from `(path, kind)` pairs (in declaration order, the
     /// root `""` first) and the model's named variables.
     pub fn new(declared: &[(String, &str)], variables: &HashMap<String, Tensor>) -> Self {
-        let index: HashMap<&str, usize> =
-            declared.iter().enumerate().map(|(i, (p, _))| (p.as_str(), i)).collect();
+        let index: HashMap<&str, usize> = declared
+            .iter()
+            .enumerate()
+            .map(|(i, (p, _))| (p.as_str(), i))
+            .collect();
         let parent_of = |path: &str| -> Option<usize> {
             let mut p = path;
             while !p.is_empty() {
@@ -47,7 +50,11 @@ impl ModuleTree {
                 kind: kind.to_string(),
                 params: Vec::new(),
                 num_params: 0,
-                parent: if path.is_empty() { None } else { parent_of(path) },
+                parent: if path.is_empty() {
+                    None
+                } else {
+                    parent_of(path)
+                },
             })
             .collect();
         let mut names: Vec<&String> = variables.keys().collect();

@@ -8,7 +8,10 @@ use tch::{TchError, Tensor};
 use torch_sys::C_tensor;
 
 fn handles(tensors: &[Tensor]) -> Vec<*mut C_tensor> {
-    tensors.iter().map(|t| t.as_ptr() as *mut C_tensor).collect()
+    tensors
+        .iter()
+        .map(|t| t.as_ptr() as *mut C_tensor)
+        .collect()
 }
 
 fn check(error: *mut c_char) -> Result<(), TchError> {
@@ -16,7 +19,9 @@ fn check(error: *mut c_char) -> Result<(), TchError> {
         return Ok(());
     }
     // SAFETY: a non-null return is a NUL-terminated string from strdup.
-    let text = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
+    let text = unsafe { CStr::from_ptr(error) }
+        .to_string_lossy()
+        .into_owned();
     unsafe { ffi::hearth_free_error(error) };
     Err(TchError::Torch(text))
 }
@@ -25,7 +30,9 @@ fn same_len(what: &str, expected: usize, got: usize) -> Result<(), TchError> {
     if expected == got {
         Ok(())
     } else {
-        Err(TchError::Shape(format!("{what}: expected {expected} tensors, got {got}")))
+        Err(TchError::Shape(format!(
+            "{what}: expected {expected} tensors, got {got}"
+        )))
     }
 }
 
@@ -172,7 +179,10 @@ pub fn foreach_norm(tensors: &[Tensor]) -> Result<Vec<Tensor>, TchError> {
     // SAFETY: `out` has room for one handle per input; on success each is a
     // new at::Tensor whose ownership passes to a tch Tensor below.
     check(unsafe { ffi::hearth_foreach_norm(t.as_ptr(), t.len(), out.as_mut_ptr()) })?;
-    Ok(out.into_iter().map(|p| unsafe { Tensor::from_ptr(p) }).collect())
+    Ok(out
+        .into_iter()
+        .map(|p| unsafe { Tensor::from_ptr(p) })
+        .collect())
 }
 
 /// `tensors[i] *= factor` in place, `factor` a 0-dim tensor (no host sync).
@@ -215,8 +225,15 @@ mod tests {
         let m = Tensor::zeros([2], (Kind::Float, Device::Cpu));
         let v = Tensor::zeros([2], (Kind::Float, Device::Cpu));
         let s = Tensor::zeros([], (Kind::Float, Device::Cpu));
-        let hyper = AdamWHyper { lr: 1e-3, betas: (0.9, 0.999), weight_decay: 0.0, eps: 1e-8 };
-        let err = fused_adamw(&[p], &[g], &[m], &[v], &[s], hyper).unwrap_err().to_string();
+        let hyper = AdamWHyper {
+            lr: 1e-3,
+            betas: (0.9, 0.999),
+            weight_decay: 0.0,
+            eps: 1e-8,
+        };
+        let err = fused_adamw(&[p], &[g], &[m], &[v], &[s], hyper)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("grads[0]"), "{err}");
     }
 
@@ -225,7 +242,15 @@ mod tests {
         // Integer parameters: the fused kernel throws, the wrapper reports it.
         let t = || Tensor::zeros([2], (Kind::Int64, Device::Cpu));
         let s = Tensor::zeros([], (Kind::Float, Device::Cpu));
-        let hyper = AdamWHyper { lr: 1e-3, betas: (0.9, 0.999), weight_decay: 0.0, eps: 1e-8 };
-        assert!(matches!(fused_adamw(&[t()], &[t()], &[t()], &[t()], &[s], hyper), Err(TchError::Torch(_))));
+        let hyper = AdamWHyper {
+            lr: 1e-3,
+            betas: (0.9, 0.999),
+            weight_decay: 0.0,
+            eps: 1e-8,
+        };
+        assert!(matches!(
+            fused_adamw(&[t()], &[t()], &[t()], &[t()], &[s], hyper),
+            Err(TchError::Torch(_))
+        ));
     }
 }

@@ -32,9 +32,15 @@ impl std::fmt::Display for Evaluation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::ExactMatch { accuracy, samples } => {
-                write!(f, "eval exact-match accuracy: {accuracy:.4} ({samples} held-out samples)")
+                write!(
+                    f,
+                    "eval exact-match accuracy: {accuracy:.4} ({samples} held-out samples)"
+                )
             }
-            Self::ValidationLoss { loss, tokens } => write!(f, "eval validation loss: {loss:.4} ({tokens} held-out tokens)"),
+            Self::ValidationLoss { loss, tokens } => write!(
+                f,
+                "eval validation loss: {loss:.4} ({tokens} held-out tokens)"
+            ),
         }
     }
 }
@@ -68,11 +74,19 @@ pub(crate) fn evaluate(
             total += super::lm_loss(&logits, &targets).to_kind(Kind::Double) * n as f64;
             tokens += n;
         }
-        Some(Evaluation::ValidationLoss { loss: f64::try_from(total).unwrap_or(f64::NAN) / tokens as f64, tokens })
+        Some(Evaluation::ValidationLoss {
+            loss: f64::try_from(total).unwrap_or(f64::NAN) / tokens as f64,
+            tokens,
+        })
     })
 }
 
-fn exact_match(model: &dyn Model, set: &GenerationSet, batch_size: i64, device: Device) -> Evaluation {
+fn exact_match(
+    model: &dyn Model,
+    set: &GenerationSet,
+    batch_size: i64,
+    device: Device,
+) -> Evaluation {
     let n = set.prompts.size()[0];
     let answer_len = set.answers.size()[1];
     let mut correct = Tensor::zeros([], (Kind::Int64, device));
@@ -86,8 +100,14 @@ fn exact_match(model: &dyn Model, set: &GenerationSet, batch_size: i64, device: 
         }
         let generated = seq.narrow(1, seq.size()[1] - answer_len, answer_len);
         let answers = set.answers.narrow(0, start, len).to_device(device);
-        correct += generated.eq_tensor(&answers).all_dim(1, false).sum(Kind::Int64);
+        correct += generated
+            .eq_tensor(&answers)
+            .all_dim(1, false)
+            .sum(Kind::Int64);
     }
     let correct = i64::try_from(correct).unwrap_or(0);
-    Evaluation::ExactMatch { accuracy: correct as f64 / n as f64, samples: n }
+    Evaluation::ExactMatch {
+        accuracy: correct as f64 / n as f64,
+        samples: n,
+    }
 }

@@ -8,7 +8,11 @@ use tch::{Reduction, Tensor};
 /// `F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))`).
 pub fn lm_loss(logits: &Tensor, targets: &Tensor) -> Tensor {
     let vocab = logits.size()[2];
-    logits
-        .reshape([-1, vocab])
-        .cross_entropy_loss::<Tensor>(&targets.reshape([-1]), None, Reduction::Mean, IGNORE_INDEX, 0.0)
+    logits.reshape([-1, vocab]).cross_entropy_loss::<Tensor>(
+        &targets.reshape([-1]),
+        None,
+        Reduction::Mean,
+        IGNORE_INDEX,
+        0.0,
+    )
 }

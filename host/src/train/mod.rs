@@ -4,9 +4,9 @@
 pub mod config;
 mod eval;
 mod loss;
-mod runner;
 pub mod optim;
 mod progress;
+mod runner;
 
 pub use config::{ConfigError, TrainConfig};
 pub use eval::Evaluation;

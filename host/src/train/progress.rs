@@ -11,11 +11,17 @@ pub(crate) struct Progress {
 impl Progress {
     /// A bar over `steps` steps; hidden when `quiet` or not on a terminal.
     pub(crate) fn new(steps: u64, quiet: bool) -> Self {
-        let bar = if quiet { ProgressBar::hidden() } else { ProgressBar::new(steps) };
+        let bar = if quiet {
+            ProgressBar::hidden()
+        } else {
+            ProgressBar::new(steps)
+        };
         bar.set_style(
-            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}")
-                .expect("static template")
-                .progress_chars("=> "),
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}",
+            )
+            .expect("static template")
+            .progress_chars("=> "),
         );
         bar.enable_steady_tick(Duration::from_millis(200));
         Self { bar }
@@ -27,9 +33,13 @@ impl Progress {
 
     /// Shows the latest numbers on the bar and logs them.
     pub(crate) fn report(&self, step: u64, steps: u64, loss: f64, lr: f64, tokens_per_sec: f64) {
-        self.bar.set_message(format!("loss {loss:.4} lr {lr:.2e} {tokens_per_sec:.0} tok/s"));
+        self.bar.set_message(format!(
+            "loss {loss:.4} lr {lr:.2e} {tokens_per_sec:.0} tok/s"
+        ));
         self.bar.suspend(|| {
-            tracing::info!("step {step}/{steps} loss {loss:.4} lr {lr:.2e} tokens/s {tokens_per_sec:.0}");
+            tracing::info!(
+                "step {step}/{steps} loss {loss:.4} lr {lr:.2e} tokens/s {tokens_per_sec:.0}"
+            );
         });
     }
 

@@ -111,7 +111,12 @@ fn model(config: &TrainConfig, data: &dyn TokenDataset, device: tch::Device) -> 
             device,
         )),
         ModelKind::Mlp => Box::new(Mlp::new(
-            MlpConfig { vocab_size: data.vocab_size(), context: m.context(), d_model: m.d_model, hidden: m.hidden() },
+            MlpConfig {
+                vocab_size: data.vocab_size(),
+                context: m.context(),
+                d_model: m.d_model,
+                hidden: m.hidden(),
+            },
             device,
         )),
     }
@@ -122,7 +127,12 @@ fn optimizer(config: &TrainConfig, params: Vec<Tensor>) -> Box<dyn Optimizer> {
     match o.kind {
         OptimizerKind::Adamw => Box::new(AdamW::new(
             params,
-            AdamWHyper { lr: o.lr(), betas: o.betas(), weight_decay: o.weight_decay(), eps: o.eps() },
+            AdamWHyper {
+                lr: o.lr(),
+                betas: o.betas(),
+                weight_decay: o.weight_decay(),
+                eps: o.eps(),
+            },
         )),
         OptimizerKind::Sgd => Box::new(Sgd::new(
             params,
@@ -138,26 +148,43 @@ fn optimizer(config: &TrainConfig, params: Vec<Tensor>) -> Box<dyn Optimizer> {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
-    move |source| TrainError::Io { path: path.into(), source }
+    move |source| TrainError::Io {
+        path: path.into(),
+        source,
+    }
 }
 
 /// Trains the model a config describes, evaluates it, and writes
 /// `model.safetensors`, `config.toml` and `summary.json` to the run folder.
 pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, TrainError> {
-    let device_choice = if options.cpu { DeviceChoice::Cpu } else { config.run.device };
+    let device_choice = if options.cpu {
+        DeviceChoice::Cpu
+    } else {
+        config.run.device
+    };
     if device_choice == DeviceChoice::Cuda && !tch::Cuda::is_available() {
         return Err(TrainError::NoCuda(config.source.clone()));
     }
-    let acc = Accelerator::builder().cpu(device_choice == DeviceChoice::Cpu).build();
+    let acc = Accelerator::builder()
+        .cpu(device_choice == DeviceChoice::Cpu)
+        .build();
     let device = acc.device();
     let steps = options.steps.unwrap_or(config.run.steps);
     let seed = config.run.seed;
-    let run_dir = options.output_dir.clone().unwrap_or_else(|| config.run.output_dir.clone()).join(&config.run.name);
+    let run_dir = options
+        .output_dir
+        .clone()
+        .unwrap_or_else(|| config.run.output_dir.clone())
+        .join(&config.run.name);
 
     acc.set_seed(seed, false);
     let data = dataset(config)?;
     let model = model(config, data.as_ref(), device);
-    let params: Vec<Tensor> = model.named_parameters().into_iter().map(|(_, t)| t).collect();
+    let params: Vec<Tensor> = model
+        .named_parameters()
+        .into_iter()
+        .map(|(_, t)| t)
+        .collect();
     let mut opt = optimizer(config, params);
     let batch_size = config.data.batch_size;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -181,7 +208,10 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
             timer = Instant::now();
         }
         let batch = data.sample_batch(batch_size, &mut rng);
-        let (inputs, targets) = (batch.inputs.to_device(device), batch.targets.to_device(device));
+        let (inputs, targets) = (
+            batch.inputs.to_device(device),
+            batch.targets.to_device(device),
+        );
         let loss = lm_loss(&model.forward_t(&inputs, true), &targets);
         acc.backward(&loss);
         if let Some(max_norm) = config.optimizer.max_grad_norm {
@@ -196,7 +226,10 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
             final_loss = f64::try_from(&window_loss)? / window_steps as f64;
             if !final_loss.is_finite() {
                 progress.finish();
-                return Err(TrainError::Diverged { step, loss: final_loss });
+                return Err(TrainError::Diverged {
+                    step,
+                    loss: final_loss,
+                });
             }
             let rate = window_steps as f64 * tokens_per_step / window_start.elapsed().as_secs_f64();
             progress.report(step, steps, final_loss, opt.lr(), rate);
@@ -206,7 +239,14 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
         }
         if let Some(every) = config.eval.every {
             if step % every == 0 && step != steps {
-                if let Some(e) = evaluate(model.as_ref(), data.as_ref(), seed, config.eval.samples, config.eval.batch_size, device) {
+                if let Some(e) = evaluate(
+                    model.as_ref(),
+                    data.as_ref(),
+                    seed,
+                    config.eval.samples,
+                    config.eval.batch_size,
+                    device,
+                ) {
                     progress.log(format!("step {step}: {e}"));
                 }
             }
@@ -216,7 +256,14 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
     let tokens_per_sec = timed_steps as f64 * tokens_per_step / timer.elapsed().as_secs_f64();
     progress.finish();
 
-    let eval = evaluate(model.as_ref(), data.as_ref(), seed, config.eval.samples, config.eval.batch_size, device);
+    let eval = evaluate(
+        model.as_ref(),
+        data.as_ref(),
+        seed,
+        config.eval.samples,
+        config.eval.batch_size,
+        device,
+    );
     let model_path = run_dir.join("model.safetensors");
     let summary = RunSummary {
         run_dir: run_dir.clone(),

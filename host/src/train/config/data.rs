@@ -65,15 +65,33 @@ impl DataSection {
         match self.kind {
             DataKind::SortDigits => {
                 only_for(&self.path, "data.path", "\"text-file\"", invalid)?;
-                only_for(&self.seq_len, "data.seq-len", "\"text-file\" or \"random-tokens\"", invalid)?;
-                only_for(&self.vocab_size, "data.vocab-size", "\"random-tokens\"", invalid)?;
+                only_for(
+                    &self.seq_len,
+                    "data.seq-len",
+                    "\"text-file\" or \"random-tokens\"",
+                    invalid,
+                )?;
+                only_for(
+                    &self.vocab_size,
+                    "data.vocab-size",
+                    "\"random-tokens\"",
+                    invalid,
+                )?;
                 positive("data.digits", self.digits())?;
             }
             DataKind::TextFile => {
                 only_for(&self.digits, "data.digits", "\"sort-digits\"", invalid)?;
-                only_for(&self.vocab_size, "data.vocab-size", "\"random-tokens\"", invalid)?;
+                only_for(
+                    &self.vocab_size,
+                    "data.vocab-size",
+                    "\"random-tokens\"",
+                    invalid,
+                )?;
                 if self.path.is_none() {
-                    return Err(invalid("data.path", "is required for kind = \"text-file\"".into()));
+                    return Err(invalid(
+                        "data.path",
+                        "is required for kind = \"text-file\"".into(),
+                    ));
                 }
                 positive("data.seq-len", self.seq_len())?;
             }

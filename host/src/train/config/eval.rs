@@ -21,7 +21,11 @@ pub struct EvalSection {
 
 impl Default for EvalSection {
     fn default() -> Self {
-        Self { samples: default_samples(), every: None, batch_size: default_batch_size() }
+        Self {
+            samples: default_samples(),
+            every: None,
+            batch_size: default_batch_size(),
+        }
     }
 }
 

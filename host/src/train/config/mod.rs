@@ -53,14 +53,19 @@ pub struct TrainConfig {
 impl TrainConfig {
     /// Reads and validates a config file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
         Self::from_toml(&text, path)
     }
 
     /// Parses and validates config text that came from `path`.
     pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        let mut config: Self =
-            toml::from_str(text).map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })?;
+        let mut config: Self = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.into(),
+            message: e.to_string(),
+        })?;
         config.source = path.into();
         config.validate()?;
         Ok(config)
@@ -93,9 +98,17 @@ impl TrainConfig {
 pub(crate) type Invalid<'a> = dyn Fn(&str, String) -> ConfigError + 'a;
 
 /// Fails when `value` is set for a kind that does not use `key`.
-pub(crate) fn only_for<T>(value: &Option<T>, key: &str, kinds: &str, invalid: &Invalid) -> Result<(), ConfigError> {
+pub(crate) fn only_for<T>(
+    value: &Option<T>,
+    key: &str,
+    kinds: &str,
+    invalid: &Invalid,
+) -> Result<(), ConfigError> {
     match value {
-        Some(_) => Err(invalid(key, format!("only applies to kind = {kinds}; remove it or change `kind`"))),
+        Some(_) => Err(invalid(
+            key,
+            format!("only applies to kind = {kinds}; remove it or change `kind`"),
+        )),
         None => Ok(()),
     }
 }
@@ -133,34 +146,52 @@ lr = 0.01
 
     #[test]
     fn a_misspelled_key_is_named_with_the_file() {
-        let err = parse(&GOOD.replace("lr = 0.01", "lerning-rate = 0.01")).unwrap_err().to_string();
-        assert!(err.contains("job.toml") && err.contains("lerning-rate"), "{err}");
+        let err = parse(&GOOD.replace("lr = 0.01", "lerning-rate = 0.01"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("job.toml") && err.contains("lerning-rate"),
+            "{err}"
+        );
     }
 
     #[test]
     fn a_wrong_type_is_named() {
-        let err = parse(&GOOD.replace("steps = 10", "steps = \"ten\"")).unwrap_err().to_string();
+        let err = parse(&GOOD.replace("steps = 10", "steps = \"ten\""))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("steps") && err.contains("job.toml"), "{err}");
     }
 
     #[test]
     fn a_key_for_another_kind_is_refused() {
-        let err = parse(&GOOD.replace("kind = \"sort-digits\"", "kind = \"sort-digits\"\npath = \"a.txt\""))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("data.path") && err.contains("text-file"), "{err}");
+        let err = parse(&GOOD.replace(
+            "kind = \"sort-digits\"",
+            "kind = \"sort-digits\"\npath = \"a.txt\"",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("data.path") && err.contains("text-file"),
+            "{err}"
+        );
     }
 
     #[test]
     fn heads_must_divide_the_width() {
-        let err = parse(&GOOD.replace("d-model = 32", "d-model = 30")).unwrap_err().to_string();
+        let err = parse(&GOOD.replace("d-model = 32", "d-model = 30"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("model.heads"), "{err}");
     }
 
     #[test]
     fn paths_resolve_against_the_config_folder() {
         let c = TrainConfig::from_toml(GOOD, Path::new("/x/y/job.toml")).unwrap();
-        assert_eq!(c.resolve(Path::new("data.txt")), PathBuf::from("/x/y/data.txt"));
+        assert_eq!(
+            c.resolve(Path::new("data.txt")),
+            PathBuf::from("/x/y/data.txt")
+        );
         assert_eq!(c.resolve(Path::new("/abs.txt")), PathBuf::from("/abs.txt"));
     }
 }

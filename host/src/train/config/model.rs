@@ -74,7 +74,10 @@ impl ModelSection {
                 if self.d_model % self.heads != 0 {
                     return Err(invalid(
                         "model.heads",
-                        format!("({}) must divide model.d-model ({})", self.heads, self.d_model),
+                        format!(
+                            "({}) must divide model.d-model ({})",
+                            self.heads, self.d_model
+                        ),
                     ));
                 }
             }

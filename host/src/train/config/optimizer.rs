@@ -63,14 +63,23 @@ impl OptimizerSection {
 
     pub(super) fn validate(&self, invalid: &Invalid) -> Result<(), ConfigError> {
         if !(self.lr() > 0.0 && self.lr().is_finite()) {
-            return Err(invalid("optimizer.lr", format!("must be a positive number, got {}", self.lr())));
+            return Err(invalid(
+                "optimizer.lr",
+                format!("must be a positive number, got {}", self.lr()),
+            ));
         }
-        if !(self.weight_decay() >= 0.0) {
-            return Err(invalid("optimizer.weight-decay", "must not be negative".into()));
+        if self.weight_decay().is_nan() || self.weight_decay() < 0.0 {
+            return Err(invalid(
+                "optimizer.weight-decay",
+                "must not be negative".into(),
+            ));
         }
         if let Some(max) = self.max_grad_norm {
-            if !(max > 0.0) {
-                return Err(invalid("optimizer.max-grad-norm", format!("must be positive, got {max}")));
+            if max.is_nan() || max <= 0.0 {
+                return Err(invalid(
+                    "optimizer.max-grad-norm",
+                    format!("must be positive, got {max}"),
+                ));
             }
         }
         match self.kind {
@@ -80,14 +89,19 @@ impl OptimizerSection {
                 only_for(&self.nesterov, "optimizer.nesterov", "\"sgd\"", invalid)?;
                 let (b1, b2) = self.betas();
                 if !((0.0..1.0).contains(&b1) && (0.0..1.0).contains(&b2)) {
-                    return Err(invalid("optimizer.betas", format!("must lie in [0, 1), got [{b1}, {b2}]")));
+                    return Err(invalid(
+                        "optimizer.betas",
+                        format!("must lie in [0, 1), got [{b1}, {b2}]"),
+                    ));
                 }
             }
             OptimizerKind::Sgd => {
                 only_for(&self.betas, "optimizer.betas", "\"adamw\"", invalid)?;
                 only_for(&self.eps, "optimizer.eps", "\"adamw\"", invalid)?;
                 let momentum = self.momentum.unwrap_or(0.0);
-                if self.nesterov == Some(true) && (momentum <= 0.0 || self.dampening.unwrap_or(0.0) != 0.0) {
+                if self.nesterov == Some(true)
+                    && (momentum <= 0.0 || self.dampening.unwrap_or(0.0) != 0.0)
+                {
                     return Err(invalid(
                         "optimizer.nesterov",
                         "needs a positive momentum and zero dampening (as in PyTorch)".into(),

@@ -49,8 +49,15 @@ fn default_log_every() -> u64 {
 
 impl RunSection {
     pub(super) fn validate(&self, invalid: &Invalid) -> Result<(), ConfigError> {
-        if self.name.is_empty() || self.name.contains(['/', '\\']) || self.name == ".." || self.name == "." {
-            return Err(invalid("run.name", "must be a plain folder name (no slashes)".into()));
+        if self.name.is_empty()
+            || self.name.contains(['/', '\\'])
+            || self.name == ".."
+            || self.name == "."
+        {
+            return Err(invalid(
+                "run.name",
+                "must be a plain folder name (no slashes)".into(),
+            ));
         }
         if self.steps == 0 {
             return Err(invalid("run.steps", "must be at least 1".into()));

@@ -22,7 +22,11 @@ impl AdamW {
     /// An AdamW over `params` (tensors that require grad).
     pub fn new(params: Vec<Tensor>, hyper: AdamWHyper) -> Self {
         let state = params.iter().map(|_| None).collect();
-        Self { params, hyper, state }
+        Self {
+            params,
+            hyper,
+            state,
+        }
     }
 
     /// The hyper-parameters.

@@ -16,7 +16,11 @@ impl Sgd {
     /// An SGD over `params` (tensors that require grad).
     pub fn new(params: Vec<Tensor>, hyper: SgdHyper) -> Self {
         let buffers = params.iter().map(|_| None).collect();
-        Self { params, hyper, buffers }
+        Self {
+            params,
+            hyper,
+            buffers,
+        }
     }
 }
 

@@ -1,0 +1,58 @@
+"""hearth vs Hugging Face Accelerate on the same tiny GPT, in one run.
+
+Runs `hearth run examples/bench-gpt.toml` and the peer script
+(shared/bench/peer_gpt_accelerate.py) alternately, ROUNDS times each, and
+prints tokens/s of both and their ratio. A benchmark, not a test: nothing is
+asserted. Usage: make bench  (or: python gpt_vs_accelerate.py [ROUNDS])
+"""
+import json
+import os
+import pathlib
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SHARED = pathlib.Path(os.environ.get("HEARTH_SHARED_DIR", ROOT.parent / "shared"))
+HEARTH = pathlib.Path(os.environ.get("HEARTH_BIN", ROOT / "target" / "debug" / "hearth"))
+STEPS = 60
+
+
+def hearth_tokens_per_sec(out_dir: pathlib.Path) -> float:
+    subprocess.run(
+        [HEARTH, "run", ROOT / "examples" / "bench-gpt.toml", "--cpu", "--quiet", "--steps", str(STEPS), "--output-dir", out_dir],
+        check=True,
+        capture_output=True,
+    )
+    return json.loads((out_dir / "bench-gpt" / "summary.json").read_text())["tokens_per_sec"]
+
+
+def peer_tokens_per_sec() -> float:
+    out = subprocess.run(
+        [sys.executable, SHARED / "bench" / "peer_gpt_accelerate.py", str(STEPS)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return float(re.search(r"tokens/s=(\d+)", out).group(1))
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    ours, peer = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(rounds):
+            ours.append(hearth_tokens_per_sec(pathlib.Path(tmp) / f"r{i}"))
+            peer.append(peer_tokens_per_sec())
+            print(f"round {i + 1}: hearth {ours[-1]:.0f} tokens/s, accelerate {peer[-1]:.0f} tokens/s")
+    h, a = statistics.median(ours), statistics.median(peer)
+    print(f"tiny GPT (V=256 T=128 d=128 L=4 H=4 B=16, AdamW), median of {rounds}:")
+    print(f"  hearth     {h:9.0f} tokens/s")
+    print(f"  accelerate {a:9.0f} tokens/s")
+    print(f"  ratio hearth/accelerate = {h / a:.2f}")
+
+
+if __name__ == "__main__":
+    main()
