@@ -26,8 +26,10 @@ setup: system-packages wasm-target python-env
 
 # Open MPI (the CPU collectives) and libclang (for the mpi crate's bindings).
 system-packages:
-	@if ! dpkg -s $(APT_PACKAGES) >/dev/null 2>&1; then \
-		echo "setup: installing $(APT_PACKAGES)"; \
+	@missing=$$(for p in $(APT_PACKAGES); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "setup: installing" $$missing; \
 		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); \
 	fi
 
