@@ -13,7 +13,7 @@ APT_PACKAGES := libopenmpi-dev openmpi-bin libclang-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 HEARTH := target/debug/hearth
 
-.PHONY: run test setup system-packages wasm-target python-env build bench lint
+.PHONY: run test setup system-packages wasm-target python-env build plugins bench lint
 
 run: build
 	$(HEARTH) run examples/sort-digits.toml
@@ -47,8 +47,20 @@ $(PY_STAMP): $(REQS)
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-build: setup
+build: setup plugins
 	cargo build --workspace
+
+# The built-in plugins (plugins/*) for wasm32-wasip2, installed as
+# target/plugins/<name>/{plugin.toml,<name>.wasm} where hearth finds them.
+plugins: wasm-target
+	cd plugins && cargo build --release --quiet
+	@for dir in plugins/*/; do \
+		[ -f $$dir/plugin.toml ] || continue; \
+		name=$$(basename $$dir); \
+		mkdir -p target/plugins/$$name; \
+		cp $$dir/plugin.toml target/plugins/$$name/; \
+		cp target/plugins-build/wasm32-wasip2/release/hearth_plugin_$${name//-/_}.wasm target/plugins/$$name/$$name.wasm; \
+	done
 
 # hearth vs Accelerate on the peer's tiny GPT, in one run (not a test).
 bench: build

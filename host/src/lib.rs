@@ -11,6 +11,8 @@ pub mod checkpoint;
 pub mod cli;
 pub mod data;
 pub mod dist;
+pub mod durable;
 pub mod models;
 pub mod ops;
+pub mod plugins;
 pub mod train;

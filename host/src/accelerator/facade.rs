@@ -1,13 +1,16 @@
 //! The `Accelerator` itself.
 
 use super::builder::AcceleratorBuilder;
+use super::TrackerHub;
 use crate::dist::ProcessGroup;
+use crate::plugins::{Entries, RunInfo, TrackerPlugin};
 use tch::{Device, Tensor};
 
 /// Owns the device and the process group of a training process.
 pub struct Accelerator {
     device: Device,
     group: Box<dyn ProcessGroup>,
+    trackers: Option<TrackerHub>,
 }
 
 impl Accelerator {
@@ -17,7 +20,11 @@ impl Accelerator {
     }
 
     pub(super) fn new(device: Device, group: Box<dyn ProcessGroup>) -> Self {
-        Self { device, group }
+        Self {
+            device,
+            group,
+            trackers: None,
+        }
     }
 
     /// The device this process trains on.
@@ -90,5 +97,42 @@ impl Accelerator {
         max_norm: f64,
     ) -> Result<Tensor, tch::TchError> {
         super::clip_grad_norm_(parameters, max_norm)
+    }
+
+    /// Starts `trackers` for this run (Accelerate's `init_trackers`): on the
+    /// main process they receive the run's `config` now and every
+    /// [`log`](Self::log) later; on other processes they are dropped.
+    pub fn init_trackers(
+        &mut self,
+        project: &str,
+        run: &str,
+        trackers: Vec<TrackerPlugin>,
+        config: Entries,
+    ) {
+        if !self.is_main_process() || trackers.is_empty() {
+            return;
+        }
+        let info = RunInfo {
+            project: project.into(),
+            run: run.into(),
+            process_index: self.process_index() as u32,
+            num_processes: self.num_processes() as u32,
+        };
+        self.trackers = Some(TrackerHub::start(trackers, info, config));
+    }
+
+    /// Logs `values` at `step` to every tracker, from the main process only
+    /// (Accelerate's `accelerator.log(values, step)`). Never blocks on a tracker.
+    pub fn log(&self, values: Entries, step: u64) {
+        if let Some(hub) = &self.trackers {
+            hub.log(step, values);
+        }
+    }
+
+    /// Finishes the trackers (Accelerate's `end_training`) and waits for them.
+    pub fn end_training(&mut self) {
+        if let Some(hub) = self.trackers.take() {
+            hub.finish();
+        }
     }
 }

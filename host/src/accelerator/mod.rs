@@ -5,7 +5,9 @@
 mod builder;
 mod facade;
 mod grad;
+mod trackers;
 
 pub use builder::AcceleratorBuilder;
 pub use facade::Accelerator;
 pub use grad::clip_grad_norm_;
+pub use trackers::TrackerHub;

@@ -2,8 +2,6 @@
 //! `{"format": "pt"}` metadata so PyTorch loaders accept them), written
 //! atomically. State folders, rotation and resume join this module.
 
-mod atomic;
 mod safetensors_io;
 
-pub use atomic::write_atomically;
 pub use safetensors_io::{load_safetensors, save_safetensors, CheckpointError};

@@ -1,6 +1,6 @@
 //! Reading and writing named tensors as safetensors.
 
-use super::write_atomically;
+use crate::durable::write_atomically;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView, View};
 use std::borrow::Cow;
 use std::collections::HashMap;

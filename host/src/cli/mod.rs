@@ -1,6 +1,7 @@
 //! The `hearth` command line. `main.rs` only calls [`main`]; each
 //! subcommand has its own file.
 
+mod plugins;
 mod run;
 
 use clap::{Parser, Subcommand};
@@ -30,6 +31,8 @@ enum Command {
     /// Train the model a TOML config describes, evaluate it, and write the
     /// run folder (model.safetensors, config.toml, summary.json).
     Run(run::RunArgs),
+    /// List, inspect and check WebAssembly plugins.
+    Plugins(plugins::PluginsArgs),
 }
 
 fn init_logging() {
@@ -49,6 +52,7 @@ pub fn main() -> ExitCode {
     init_logging();
     let result = match cli.command {
         Command::Run(args) => run::execute(args),
+        Command::Plugins(args) => plugins::execute(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

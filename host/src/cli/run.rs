@@ -22,6 +22,9 @@ pub(super) struct RunArgs {
     /// No progress bar (log lines only).
     #[arg(long, short)]
     quiet: bool,
+    /// Also look for plugins here (before HEARTH_PLUGIN_PATH, the project's plugins/ and the built-ins).
+    #[arg(long = "plugin-dir", value_name = "DIR")]
+    plugin_dirs: Vec<PathBuf>,
 }
 
 pub(super) fn execute(args: RunArgs) -> Result<(), Failure> {
@@ -31,9 +34,12 @@ pub(super) fn execute(args: RunArgs) -> Result<(), Failure> {
         steps: args.steps,
         cpu: args.cpu,
         quiet: args.quiet,
+        plugin_dirs: args.plugin_dirs,
     };
     let summary = train::run(&config, &options).map_err(|e| match e {
-        TrainError::Data(_) | TrainError::NoCuda(_) => Failure::bad_input(e),
+        TrainError::Data(_) | TrainError::NoCuda(_) | TrainError::Plugin { .. } => {
+            Failure::bad_input(e)
+        }
         _ => Failure::failed(e),
     })?;
     println!("final training loss: {:.4}", summary.final_loss);

@@ -10,6 +10,7 @@ use crate::checkpoint::{save_safetensors, CheckpointError};
 use crate::data::{RandomTokens, SortDigits, TextFile, TextFileError, TokenDataset};
 use crate::models::{Gpt, GptConfig, Mlp, MlpConfig, Model};
 use crate::ops::{AdamWHyper, SgdHyper};
+use crate::plugins::{load_tracker, PluginError, Registry, SearchPath, TrackerPlugin, Value};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -28,6 +29,9 @@ pub struct RunOptions {
     pub cpu: bool,
     /// No progress bar.
     pub quiet: bool,
+    /// Folders searched for plugins before `HEARTH_PLUGIN_PATH`, the
+    /// project's `plugins/` and the built-ins.
+    pub plugin_dirs: Vec<PathBuf>,
 }
 
 /// What a finished run reports (also written as `summary.json`).
@@ -75,6 +79,15 @@ pub enum TrainError {
     /// `run.device = "cuda"` on a machine without a usable GPU.
     #[error("config {0}: run.device = \"cuda\" but no CUDA device is available; use \"auto\" or \"cpu\"")]
     NoCuda(PathBuf),
+    /// A tracker named in the config could not be found or loaded.
+    #[error("config {path}: {source}")]
+    Plugin {
+        /// The config file.
+        path: PathBuf,
+        /// What went wrong with the plugin.
+        #[source]
+        source: PluginError,
+    },
     /// The loss became NaN or infinite.
     #[error("training diverged at step {step}: the loss is {loss}; lower optimizer.lr or set optimizer.max-grad-norm")]
     Diverged {
@@ -147,10 +160,51 @@ fn optimizer(config: &TrainConfig, params: Vec<Tensor>) -> Box<dyn Optimizer> {
     }
 }
 
+/// Finds and loads the config's trackers, each logging into
+/// `run_dir/trackers/<name>`.
+fn trackers(
+    config: &TrainConfig,
+    options: &RunOptions,
+    run_dir: &Path,
+) -> Result<Vec<TrackerPlugin>, TrainError> {
+    if config.trackers.is_empty() {
+        return Ok(Vec::new());
+    }
+    let plugin_err = |source| TrainError::Plugin {
+        path: config.source.clone(),
+        source,
+    };
+    let project = config
+        .source
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let registry = Registry::discover(&SearchPath::standard(&options.plugin_dirs, Some(project)))
+        .map_err(plugin_err)?;
+    config
+        .trackers
+        .iter()
+        .map(|t| {
+            let found = registry.find(&t.name).map_err(plugin_err)?;
+            load_tracker(&found.manifest, &run_dir.join("trackers").join(&t.name))
+                .map_err(plugin_err)
+        })
+        .collect()
+}
+
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
     move |source| TrainError::Io {
         path: path.into(),
         source,
+    }
+}
+
+fn eval_entries(e: &Evaluation) -> crate::plugins::Entries {
+    match *e {
+        Evaluation::ExactMatch { accuracy, .. } => {
+            vec![("eval/accuracy".into(), Value::Float(accuracy))]
+        }
+        Evaluation::ValidationLoss { loss, .. } => vec![("eval/loss".into(), Value::Float(loss))],
     }
 }
 
@@ -165,7 +219,7 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
     if device_choice == DeviceChoice::Cuda && !tch::Cuda::is_available() {
         return Err(TrainError::NoCuda(config.source.clone()));
     }
-    let acc = Accelerator::builder()
+    let mut acc = Accelerator::builder()
         .cpu(device_choice == DeviceChoice::Cpu)
         .build();
     let device = acc.device();
@@ -176,6 +230,18 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
         .clone()
         .unwrap_or_else(|| config.run.output_dir.clone())
         .join(&config.run.name);
+
+    let trackers = if acc.is_main_process() {
+        trackers(config, options, &run_dir)?
+    } else {
+        Vec::new()
+    };
+    acc.init_trackers(
+        &config.run.project,
+        &config.run.name,
+        trackers,
+        config.entries(),
+    );
 
     acc.set_seed(seed, false);
     let data = dataset(config)?;
@@ -203,6 +269,17 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
     let (mut timer, mut window_start) = (Instant::now(), Instant::now());
     let (mut window_loss, mut window_steps) = (Tensor::zeros([], (Kind::Float, device)), 0u64);
     let mut final_loss = f64::NAN;
+    let run_eval = || {
+        let eval = &config.eval;
+        evaluate(
+            model.as_ref(),
+            data.as_ref(),
+            seed,
+            eval.samples,
+            eval.batch_size,
+            device,
+        )
+    };
     for step in 1..=steps {
         if step == warmup + 1 {
             timer = Instant::now();
@@ -233,21 +310,23 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
             }
             let rate = window_steps as f64 * tokens_per_step / window_start.elapsed().as_secs_f64();
             progress.report(step, steps, final_loss, opt.lr(), rate);
+            acc.log(
+                vec![
+                    ("loss".into(), Value::Float(final_loss)),
+                    ("lr".into(), Value::Float(opt.lr())),
+                    ("tokens_per_sec".into(), Value::Float(rate)),
+                ],
+                step,
+            );
             window_loss = Tensor::zeros([], (Kind::Float, device));
             window_steps = 0;
             window_start = Instant::now();
         }
         if let Some(every) = config.eval.every {
             if step % every == 0 && step != steps {
-                if let Some(e) = evaluate(
-                    model.as_ref(),
-                    data.as_ref(),
-                    seed,
-                    config.eval.samples,
-                    config.eval.batch_size,
-                    device,
-                ) {
+                if let Some(e) = run_eval() {
                     progress.log(format!("step {step}: {e}"));
+                    acc.log(eval_entries(&e), step);
                 }
             }
         }
@@ -256,14 +335,13 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
     let tokens_per_sec = timed_steps as f64 * tokens_per_step / timer.elapsed().as_secs_f64();
     progress.finish();
 
-    let eval = evaluate(
-        model.as_ref(),
-        data.as_ref(),
-        seed,
-        config.eval.samples,
-        config.eval.batch_size,
-        device,
-    );
+    let eval = run_eval();
+    if let Some(e) = &eval {
+        let mut values = eval_entries(e);
+        values.push(("eval/summary".into(), Value::Text(e.to_string())));
+        acc.log(values, steps);
+    }
+    acc.end_training();
     let model_path = run_dir.join("model.safetensors");
     let summary = RunSummary {
         run_dir: run_dir.clone(),

@@ -18,6 +18,7 @@ mod eval;
 mod model;
 mod optimizer;
 mod run;
+mod trackers;
 
 pub use data::{DataKind, DataSection};
 pub use error::ConfigError;
@@ -25,6 +26,7 @@ pub use eval::EvalSection;
 pub use model::{ModelKind, ModelSection};
 pub use optimizer::{OptimizerKind, OptimizerSection};
 pub use run::{DeviceChoice, RunSection};
+pub use trackers::TrackerSection;
 
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -45,6 +47,9 @@ pub struct TrainConfig {
     /// `[eval]`: held-out evaluation.
     #[serde(default)]
     pub eval: EvalSection,
+    /// `[[trackers]]`: experiment tracker plugins.
+    #[serde(default)]
+    pub trackers: Vec<TrackerSection>,
     /// The file this config was read from (paths in it are relative to its folder).
     #[serde(skip)]
     pub source: PathBuf,
@@ -82,7 +87,18 @@ impl TrainConfig {
         self.data.validate(&invalid)?;
         self.optimizer.validate(&invalid)?;
         self.eval.validate(&invalid)?;
+        trackers::validate(&self.trackers, &invalid)?;
         Ok(())
+    }
+
+    /// The config as flat tracker entries (`optimizer.lr = 0.002`), the run's
+    /// hyper-parameters for `store_init_configuration`.
+    pub fn entries(&self) -> crate::plugins::Entries {
+        let text = std::fs::read_to_string(&self.source).unwrap_or_default();
+        let table: toml::Table = toml::from_str(&text).unwrap_or_default();
+        let mut out = Vec::new();
+        flatten("", &toml::Value::Table(table), &mut out);
+        out
     }
 
     /// Resolves a path written in the config against the config's folder.
@@ -92,6 +108,35 @@ impl TrainConfig {
             _ => path.to_path_buf(),
         }
     }
+}
+
+fn flatten(prefix: &str, value: &toml::Value, out: &mut crate::plugins::Entries) {
+    use crate::plugins::Value;
+    let v = match value {
+        toml::Value::Table(t) => {
+            for (k, v) in t {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten(&key, v, out);
+            }
+            return;
+        }
+        toml::Value::Array(items) if items.iter().any(|i| i.is_table()) => {
+            for (i, item) in items.iter().enumerate() {
+                flatten(&format!("{prefix}.{i}"), item, out);
+            }
+            return;
+        }
+        toml::Value::Float(f) => Value::Float(*f),
+        toml::Value::Integer(i) => Value::Int(*i),
+        toml::Value::Boolean(b) => Value::Boolean(*b),
+        toml::Value::String(s) => Value::Text(s.clone()),
+        other => Value::Text(other.to_string()),
+    };
+    out.push((prefix.to_string(), v));
 }
 
 /// Builds the error for `key` (used by each section's `validate`).

@@ -23,6 +23,9 @@ pub enum DeviceChoice {
 pub struct RunSection {
     /// Name of the run; its folder is `output-dir/name`.
     pub name: String,
+    /// Project name handed to trackers (default `hearth`).
+    #[serde(default = "default_project")]
+    pub project: String,
     /// Folder that holds run folders, relative to the current directory (default `runs`).
     #[serde(default = "default_output_dir")]
     pub output_dir: PathBuf,
@@ -41,6 +44,10 @@ pub struct RunSection {
 
 fn default_output_dir() -> PathBuf {
     PathBuf::from("runs")
+}
+
+fn default_project() -> String {
+    "hearth".into()
 }
 
 fn default_log_every() -> u64 {

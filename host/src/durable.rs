@@ -1,4 +1,5 @@
-//! Atomic file replacement: write beside, fsync, rename, fsync the folder.
+//! Durable file writes shared by checkpoints and the plugin cache: write
+//! beside, fsync, rename, fsync the folder.
 
 use std::fs::{self, File};
 use std::io::{self, Write};

@@ -1,0 +1,128 @@
+//! Write hearth plugins in Rust.
+//!
+//! A tracker implements [`Tracker`] and exports itself with
+//! [`export_tracker!`]; build it with `cargo build --target wasm32-wasip2`
+//! (crate type `cdylib`) and put the `.wasm` beside a `plugin.toml`. The
+//! tracker's logging folder is `/logs`; nothing else is reachable.
+//!
+//! A complete tracker that appends every logged value to `/logs/values.txt`:
+//!
+//! ```ignore
+//! use hearth_guest::{export_tracker, Entries, RunInfo, Tracker, Value};
+//! use std::io::Write;
+//!
+//! #[derive(Default)]
+//! struct Lines(Option<std::fs::File>);
+//!
+//! impl Tracker for Lines {
+//!     fn start(&mut self, run: RunInfo, _config: Entries) -> Result<(), String> {
+//!         hearth_guest::log::info(&format!("tracking {}", run.run));
+//!         self.0 = Some(std::fs::File::create("/logs/values.txt").map_err(|e| e.to_string())?);
+//!         Ok(())
+//!     }
+//!     fn log(&mut self, step: u64, values: Entries) -> Result<(), String> {
+//!         let file = self.0.as_mut().ok_or("log before start")?;
+//!         for (name, value) in values {
+//!             if let Value::Float(v) = value {
+//!                 writeln!(file, "{step} {name} {v}").map_err(|e| e.to_string())?;
+//!             }
+//!         }
+//!         Ok(())
+//!     }
+//! }
+//!
+//! export_tracker!(Lines);
+//! ```
+
+#![warn(missing_docs)]
+
+/// Bindings generated from the WIT package in `wit/`, one module per world.
+pub mod bindings {
+    /// The `tracker-plugin` world.
+    #[allow(missing_docs)]
+    pub mod tracker {
+        wit_bindgen::generate!({
+            path: "../wit",
+            world: "hearth:plugin/tracker-plugin",
+            pub_export_macro: true,
+            export_macro_name: "__export_tracker_world",
+            default_bindings_module: "hearth_guest::bindings::tracker",
+        });
+    }
+}
+
+pub use bindings::tracker::hearth::plugin::types::{RunInfo, Value};
+
+/// Named values, in the order the host sent them.
+pub type Entries = Vec<(String, Value)>;
+
+/// The version of the WIT package this SDK speaks.
+pub const WIT_VERSION: &str = "0.1.0";
+
+/// An experiment tracker (Accelerate's `GeneralTracker`). One value of the
+/// type lives for the whole plugin instance, created with `Default`.
+pub trait Tracker: Default + 'static {
+    /// A run begins; `config` holds its hyper-parameters.
+    fn start(&mut self, _run: RunInfo, _config: Entries) -> Result<(), String> {
+        Ok(())
+    }
+    /// `values` were logged at global step `step`.
+    fn log(&mut self, step: u64, values: Entries) -> Result<(), String>;
+    /// The run ends: flush and close.
+    fn finish(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Lines into the host's log, prefixed with the plugin's name.
+pub mod log {
+    use crate::bindings::tracker::hearth::plugin::log::{log, Level};
+
+    /// Logs at debug level.
+    pub fn debug(message: &str) {
+        log(Level::Debug, message)
+    }
+    /// Logs at info level.
+    pub fn info(message: &str) {
+        log(Level::Info, message)
+    }
+    /// Logs a warning.
+    pub fn warn(message: &str) {
+        log(Level::Warn, message)
+    }
+    /// Logs an error.
+    pub fn error(message: &str) {
+        log(Level::Error, message)
+    }
+}
+
+/// Exports a [`Tracker`] type as this component's `tracker` interface.
+#[macro_export]
+macro_rules! export_tracker {
+    ($ty:ty) => {
+        const _: () = {
+            static STATE: ::std::sync::Mutex<::core::option::Option<$ty>> = ::std::sync::Mutex::new(None);
+
+            fn with<R>(f: impl FnOnce(&mut $ty) -> R) -> R {
+                let mut guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
+                f(guard.get_or_insert_with(<$ty as ::core::default::Default>::default))
+            }
+
+            struct HearthTrackerExport;
+
+            impl $crate::bindings::tracker::exports::hearth::plugin::tracker::Guest for HearthTrackerExport {
+                fn start(run: $crate::RunInfo, config: $crate::Entries) -> Result<(), String> {
+                    with(|t| $crate::Tracker::start(t, run, config))
+                }
+                fn log(step: u64, values: $crate::Entries) -> Result<(), String> {
+                    with(|t| $crate::Tracker::log(t, step, values))
+                }
+                fn finish() -> Result<(), String> {
+                    with(|t| $crate::Tracker::finish(t))
+                }
+            }
+
+            $crate::bindings::tracker::__export_tracker_world!(HearthTrackerExport with_types_in $crate::bindings::tracker);
+        };
+    };
+}

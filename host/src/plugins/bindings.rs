@@ -1,0 +1,34 @@
+//! Host bindings generated from `wit/`, one `bindgen!` per world, and the
+//! host side of the imports every world shares (`log`).
+
+use super::sandbox::PluginState;
+
+/// The `tracker-plugin` world.
+#[allow(missing_docs)]
+pub mod tracker {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "hearth:plugin/tracker-plugin",
+    });
+}
+
+pub use tracker::hearth::plugin::types::{RunInfo, Value};
+use tracker::hearth::plugin::{log, types};
+
+/// Longest log line a plugin may send; the rest is cut.
+const MAX_LOG_LINE: usize = 4096;
+
+impl types::Host for PluginState {}
+
+impl log::Host for PluginState {
+    fn log(&mut self, level: log::Level, message: String) {
+        let message = super::stdio::clip(&message, MAX_LOG_LINE);
+        let name = self.name();
+        match level {
+            log::Level::Debug => tracing::debug!("[plugin {name}] {message}"),
+            log::Level::Info => tracing::info!("[plugin {name}] {message}"),
+            log::Level::Warn => tracing::warn!("[plugin {name}] {message}"),
+            log::Level::Error => tracing::error!("[plugin {name}] {message}"),
+        }
+    }
+}

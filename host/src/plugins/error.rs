@@ -1,0 +1,61 @@
+//! Plugin errors: each names the plugin or its file and says what to do.
+
+use std::path::PathBuf;
+
+/// Why a plugin could not be found, loaded or called.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    /// No plugin of that name in the search path.
+    #[error("no plugin named `{name}` in {searched}; install it into one of those folders or pass --plugin-dir")]
+    NotFound {
+        /// The name asked for.
+        name: String,
+        /// The folders searched, for the message.
+        searched: String,
+    },
+    /// Two plugin folders declare the same name.
+    #[error("two plugins are named `{name}`: {first} and {second}; rename one (plugin names must be unique, so no plugin can stand in for another)")]
+    Duplicate {
+        /// The name.
+        name: String,
+        /// One folder.
+        first: PathBuf,
+        /// The other.
+        second: PathBuf,
+    },
+    /// A file could not be read.
+    #[error("failed to read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `plugin.toml` is invalid.
+    #[error("invalid plugin manifest {path}: {message}")]
+    Manifest {
+        /// The manifest.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The component is refused before it runs.
+    #[error("plugin `{name}` ({path}) refused: {reason}")]
+    Refused {
+        /// The plugin.
+        name: String,
+        /// Its component file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// Instantiation or a call failed.
+    #[error("plugin `{name}`: {message}")]
+    Runtime {
+        /// The plugin.
+        name: String,
+        /// What happened.
+        message: String,
+    },
+}

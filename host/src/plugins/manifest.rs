@@ -1,0 +1,301 @@
+//! `plugin.toml`: what a plugin is, what it may touch, and its limits.
+//!
+//! ```toml
+//! name = "jsonl"
+//! version = "0.1.0"
+//! kind = "tracker"
+//! world = "hearth:plugin/tracker-plugin@0.1.0"
+//! component = "jsonl.wasm"
+//! description = "One JSON object per logged step."
+//! [permissions]
+//! logging-dir = true        # trackers: read-write access to their own logging folder
+//! [limits]
+//! memory-mb = 64            # default 64, at most 1024
+//! call-timeout-ms = 5000    # default 5000, at most 60000
+//! ```
+
+use super::PluginError;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// What a plugin customises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PluginKind {
+    /// An experiment tracker (world `tracker-plugin`).
+    Tracker,
+    /// A learning-rate schedule (world `scheduler-plugin`).
+    Scheduler,
+    /// Hooks around save/load state (world `checkpoint-plugin`).
+    CheckpointHook,
+    /// A sharding wrap policy (world `wrap-policy-plugin`).
+    WrapPolicy,
+}
+
+impl PluginKind {
+    /// The WIT world a plugin of this kind targets.
+    pub fn world(self) -> &'static str {
+        match self {
+            Self::Tracker => "tracker-plugin",
+            Self::Scheduler => "scheduler-plugin",
+            Self::CheckpointHook => "checkpoint-plugin",
+            Self::WrapPolicy => "wrap-policy-plugin",
+        }
+    }
+
+    /// The interface a component of this kind exports.
+    pub fn interface(self) -> &'static str {
+        match self {
+            Self::Tracker => "tracker",
+            Self::Scheduler => "scheduler",
+            Self::CheckpointHook => "checkpoint-hook",
+            Self::WrapPolicy => "wrap-policy",
+        }
+    }
+
+    /// The kind whose exported interface is `interface`.
+    pub fn from_interface(interface: &str) -> Option<Self> {
+        [
+            Self::Tracker,
+            Self::Scheduler,
+            Self::CheckpointHook,
+            Self::WrapPolicy,
+        ]
+        .into_iter()
+        .find(|k| k.interface() == interface)
+    }
+}
+
+impl std::fmt::Display for PluginKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Tracker => "tracker",
+            Self::Scheduler => "scheduler",
+            Self::CheckpointHook => "checkpoint-hook",
+            Self::WrapPolicy => "wrap-policy",
+        })
+    }
+}
+
+/// Capabilities a plugin asks for; the host grants each only if the kind allows it.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Permissions {
+    /// Trackers: read-write access to their own logging folder, at `/logs` (default true).
+    #[serde(default = "yes")]
+    pub logging_dir: bool,
+}
+
+impl Default for Permissions {
+    fn default() -> Self {
+        Self { logging_dir: true }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Resource limits of one instance, within the host's maxima.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Limits {
+    /// Linear memory cap in MiB (default 64, at most [`Limits::MAX_MEMORY_MB`]).
+    #[serde(default = "default_memory_mb")]
+    pub memory_mb: u64,
+    /// Deadline of each call in milliseconds (default 5000, at most [`Limits::MAX_CALL_TIMEOUT_MS`]).
+    #[serde(default = "default_timeout_ms")]
+    pub call_timeout_ms: u64,
+}
+
+impl Limits {
+    /// Host maximum for `memory-mb`.
+    pub const MAX_MEMORY_MB: u64 = 1024;
+    /// Host maximum for `call-timeout-ms`.
+    pub const MAX_CALL_TIMEOUT_MS: u64 = 60_000;
+
+    /// The memory cap in bytes.
+    pub fn memory_bytes(&self) -> usize {
+        (self.memory_mb * 1024 * 1024) as usize
+    }
+
+    /// The per-call deadline.
+    pub fn call_timeout(&self) -> Duration {
+        Duration::from_millis(self.call_timeout_ms)
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            memory_mb: default_memory_mb(),
+            call_timeout_ms: default_timeout_ms(),
+        }
+    }
+}
+
+fn default_memory_mb() -> u64 {
+    64
+}
+fn default_timeout_ms() -> u64 {
+    5000
+}
+
+/// A parsed `plugin.toml`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Manifest {
+    /// Unique name, used in configs (`[[trackers]] name = "…"`).
+    pub name: String,
+    /// The plugin's own version.
+    pub version: String,
+    /// What it customises.
+    pub kind: PluginKind,
+    /// The world it targets, `hearth:plugin/<world>@<version>`.
+    pub world: String,
+    /// The component file, relative to the manifest's folder.
+    pub component: PathBuf,
+    /// One line on what it does.
+    #[serde(default)]
+    pub description: String,
+    /// Capabilities asked for.
+    #[serde(default)]
+    pub permissions: Permissions,
+    /// Resource limits.
+    #[serde(default)]
+    pub limits: Limits,
+    /// The folder holding the manifest.
+    #[serde(skip)]
+    pub dir: PathBuf,
+}
+
+impl Manifest {
+    /// Reads and checks `dir/plugin.toml`.
+    pub fn read(dir: &Path) -> Result<Self, PluginError> {
+        let path = dir.join("plugin.toml");
+        let text = std::fs::read_to_string(&path).map_err(|source| PluginError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        Self::parse(&text, dir)
+    }
+
+    /// Parses manifest text found in `dir`.
+    pub fn parse(text: &str, dir: &Path) -> Result<Self, PluginError> {
+        let path = dir.join("plugin.toml");
+        let bad = |message: String| PluginError::Manifest {
+            path: path.clone(),
+            message,
+        };
+        let mut m: Self = toml::from_str(text).map_err(|e| bad(e.to_string()))?;
+        m.dir = dir.to_path_buf();
+        if m.name.is_empty()
+            || !m
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(bad(format!(
+                "key `name` ({:?}) must be non-empty ASCII letters, digits, '-' or '_'",
+                m.name
+            )));
+        }
+        let expected = format!("{}/{}@", super::WIT_PACKAGE, m.kind.world());
+        if !m.world.starts_with(&expected) {
+            return Err(bad(format!(
+                "key `world` is {:?} but kind = \"{}\" targets {expected}<version>",
+                m.world, m.kind
+            )));
+        }
+        if m.limits.memory_mb == 0 || m.limits.memory_mb > Limits::MAX_MEMORY_MB {
+            return Err(bad(format!(
+                "key `limits.memory-mb` must be 1..={}",
+                Limits::MAX_MEMORY_MB
+            )));
+        }
+        if m.limits.call_timeout_ms == 0 || m.limits.call_timeout_ms > Limits::MAX_CALL_TIMEOUT_MS {
+            return Err(bad(format!(
+                "key `limits.call-timeout-ms` must be 1..={}",
+                Limits::MAX_CALL_TIMEOUT_MS
+            )));
+        }
+        if m.component.is_absolute()
+            || m.component
+                .components()
+                .any(|c| c == std::path::Component::ParentDir)
+        {
+            return Err(bad(
+                "key `component` must be a file inside the plugin's folder".into(),
+            ));
+        }
+        Ok(m)
+    }
+
+    /// The component file.
+    pub fn component_path(&self) -> PathBuf {
+        self.dir.join(&self.component)
+    }
+
+    /// The WIT version this manifest declares.
+    pub fn world_version(&self) -> &str {
+        self.world.rsplit_once('@').map_or("", |(_, v)| v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+name = "jsonl"
+version = "0.1.0"
+kind = "tracker"
+world = "hearth:plugin/tracker-plugin@0.1.0"
+component = "jsonl.wasm"
+"#;
+
+    #[test]
+    fn defaults_and_paths() {
+        let m = Manifest::parse(GOOD, Path::new("/p/jsonl")).unwrap();
+        assert_eq!(m.limits.memory_mb, 64);
+        assert!(m.permissions.logging_dir);
+        assert_eq!(m.component_path(), PathBuf::from("/p/jsonl/jsonl.wasm"));
+        assert_eq!(m.world_version(), "0.1.0");
+    }
+
+    #[test]
+    fn limits_above_the_host_maximum_are_refused() {
+        let text = format!("{GOOD}[limits]\nmemory-mb = 4096\n");
+        let err = Manifest::parse(&text, Path::new("/p/x"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("limits.memory-mb") && err.contains("/p/x/plugin.toml"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_world_that_does_not_match_the_kind_is_refused() {
+        let text = GOOD.replace("tracker-plugin", "scheduler-plugin");
+        let err = Manifest::parse(&text, Path::new("/p/x"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("key `world`"), "{err}");
+    }
+
+    #[test]
+    fn a_component_outside_the_folder_is_refused() {
+        let text = GOOD.replace("jsonl.wasm", "../evil.wasm");
+        assert!(Manifest::parse(&text, Path::new("/p/x")).is_err());
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let err = Manifest::parse(&format!("{GOOD}colour = 1\n"), Path::new("/p/x"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("colour"), "{err}");
+    }
+}

@@ -1,0 +1,32 @@
+//! WebAssembly plugins: one wasmtime engine, manifests and discovery, the
+//! sandbox, a compile cache, and one typed adapter per plugin kind.
+//!
+//! Only this module knows WIT and wasmtime. A plugin is a folder holding a
+//! `plugin.toml` ([`Manifest`]) and a component; [`Registry`] finds them,
+//! [`load_tracker`] turns one into a [`TrackerPlugin`] whose calls never
+//! crash or hang the host.
+
+mod bindings;
+mod cache;
+mod check;
+mod engine;
+mod error;
+mod inspect;
+mod manifest;
+mod registry;
+mod sandbox;
+mod stdio;
+mod tracker;
+
+pub use bindings::{RunInfo, Value};
+pub use cache::ComponentCache;
+pub use check::check_plugin;
+pub use engine::PluginEngine;
+pub use error::PluginError;
+pub use inspect::{ComponentReport, WIT_PACKAGE, WIT_VERSION};
+pub use manifest::{Limits, Manifest, PluginKind};
+pub use registry::{Found, PluginSource, Registry, SearchPath};
+pub use tracker::{load_tracker, TrackerPlugin};
+
+/// Named values, as the WIT `entries` type.
+pub type Entries = Vec<(String, Value)>;

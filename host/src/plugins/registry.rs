@@ -1,0 +1,256 @@
+//! Finding plugins. The search path, in order: folders given with
+//! `--plugin-dir`, the folders in `HEARTH_PLUGIN_PATH` (`:`-separated), the
+//! project's `plugins/` (beside the run's config), and the built-in set
+//! (`$HEARTH_BUILTIN_PLUGINS`, else `plugins/` beside the binary's folder).
+//! Each folder holds plugin folders (or is one). Names are unique across the
+//! whole path: a duplicate is an error, so no plugin can pose as another.
+
+use super::{Manifest, PluginError};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Where a search folder came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PluginSource {
+    /// `--plugin-dir`.
+    Flag,
+    /// `HEARTH_PLUGIN_PATH`.
+    Env,
+    /// The project's `plugins/` folder.
+    Project,
+    /// The plugins shipped with hearth.
+    BuiltIn,
+}
+
+impl std::fmt::Display for PluginSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Flag => "--plugin-dir",
+            Self::Env => "HEARTH_PLUGIN_PATH",
+            Self::Project => "project",
+            Self::BuiltIn => "built-in",
+        })
+    }
+}
+
+/// The folders searched for plugins.
+#[derive(Debug, Clone, Default)]
+pub struct SearchPath {
+    dirs: Vec<(PluginSource, PathBuf)>,
+}
+
+impl SearchPath {
+    /// The standard path: `flag_dirs`, `HEARTH_PLUGIN_PATH`, `project/plugins`, built-ins.
+    pub fn standard(flag_dirs: &[PathBuf], project: Option<&Path>) -> Self {
+        let mut dirs: Vec<(PluginSource, PathBuf)> = flag_dirs
+            .iter()
+            .map(|d| (PluginSource::Flag, d.clone()))
+            .collect();
+        if let Some(path) = std::env::var_os("HEARTH_PLUGIN_PATH") {
+            dirs.extend(
+                std::env::split_paths(&path)
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .map(|p| (PluginSource::Env, p)),
+            );
+        }
+        if let Some(project) = project {
+            dirs.push((PluginSource::Project, project.join("plugins")));
+        }
+        if let Some(builtin) = Self::builtin_dir() {
+            dirs.push((PluginSource::BuiltIn, builtin));
+        }
+        Self { dirs }
+    }
+
+    /// Exactly these folders.
+    pub fn only(dirs: impl IntoIterator<Item = (PluginSource, PathBuf)>) -> Self {
+        Self {
+            dirs: dirs.into_iter().collect(),
+        }
+    }
+
+    /// The built-in plugin folder.
+    pub fn builtin_dir() -> Option<PathBuf> {
+        if let Some(dir) = std::env::var_os("HEARTH_BUILTIN_PLUGINS") {
+            return Some(dir.into());
+        }
+        let exe = std::env::current_exe().ok()?;
+        Some(exe.parent()?.parent()?.join("plugins"))
+    }
+
+    /// The folders, in order.
+    pub fn dirs(&self) -> &[(PluginSource, PathBuf)] {
+        &self.dirs
+    }
+
+    fn describe(&self) -> String {
+        let list: Vec<String> = self
+            .dirs
+            .iter()
+            .map(|(s, d)| format!("{} ({s})", d.display()))
+            .collect();
+        if list.is_empty() {
+            "no folders".into()
+        } else {
+            list.join(", ")
+        }
+    }
+}
+
+/// A plugin found on the search path.
+#[derive(Debug, Clone)]
+pub struct Found {
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// Which search folder it came from.
+    pub source: PluginSource,
+}
+
+/// All plugins on a search path.
+#[derive(Debug, Clone, Default)]
+pub struct Registry {
+    plugins: Vec<Found>,
+    searched: String,
+}
+
+impl Registry {
+    /// Reads every manifest on the path. A `--plugin-dir` that does not
+    /// exist is an error; other missing folders are skipped.
+    pub fn discover(path: &SearchPath) -> Result<Self, PluginError> {
+        let mut plugins: Vec<Found> = Vec::new();
+        let mut seen: HashMap<String, PathBuf> = HashMap::new();
+        for (source, dir) in path.dirs() {
+            if !dir.is_dir() {
+                if *source == PluginSource::Flag {
+                    return Err(PluginError::Io {
+                        path: dir.clone(),
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::NotFound,
+                            "--plugin-dir is not a folder",
+                        ),
+                    });
+                }
+                continue;
+            }
+            for plugin_dir in plugin_folders(dir)? {
+                let manifest = Manifest::read(&plugin_dir)?;
+                if let Some(first) = seen.get(&manifest.name) {
+                    return Err(PluginError::Duplicate {
+                        name: manifest.name,
+                        first: first.clone(),
+                        second: plugin_dir,
+                    });
+                }
+                seen.insert(manifest.name.clone(), plugin_dir);
+                plugins.push(Found {
+                    manifest,
+                    source: *source,
+                });
+            }
+        }
+        Ok(Self {
+            plugins,
+            searched: path.describe(),
+        })
+    }
+
+    /// Every plugin, in search order.
+    pub fn plugins(&self) -> &[Found] {
+        &self.plugins
+    }
+
+    /// The plugin called `name`.
+    pub fn find(&self, name: &str) -> Result<&Found, PluginError> {
+        self.plugins
+            .iter()
+            .find(|f| f.manifest.name == name)
+            .ok_or_else(|| PluginError::NotFound {
+                name: name.into(),
+                searched: self.searched.clone(),
+            })
+    }
+}
+
+/// `dir` itself when it holds a `plugin.toml`, else its subfolders that do.
+fn plugin_folders(dir: &Path) -> Result<Vec<PathBuf>, PluginError> {
+    if dir.join("plugin.toml").is_file() {
+        return Ok(vec![dir.to_path_buf()]);
+    }
+    let io = |source| PluginError::Io {
+        path: dir.into(),
+        source,
+    };
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(io)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("plugin.toml").is_file())
+        .collect();
+    found.sort();
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plugin(root: &Path, folder: &str, name: &str) {
+        let dir = root.join(folder);
+        std::fs::create_dir_all(&dir).unwrap();
+        let text = format!(
+            "name = \"{name}\"\nversion = \"1.0.0\"\nkind = \"tracker\"\nworld = \"hearth:plugin/tracker-plugin@0.1.0\"\ncomponent = \"x.wasm\"\n"
+        );
+        std::fs::write(dir.join("plugin.toml"), text).unwrap();
+    }
+
+    fn temp(tag: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("hearth-registry-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn finds_plugins_in_order_and_names_the_missing_one() {
+        let (a, b) = (temp("a"), temp("b"));
+        plugin(&a, "one", "one");
+        plugin(&b, "two", "two");
+        let reg = Registry::discover(&SearchPath::only([
+            (PluginSource::Flag, a.clone()),
+            (PluginSource::BuiltIn, b.clone()),
+        ]))
+        .unwrap();
+        assert_eq!(reg.find("two").unwrap().source, PluginSource::BuiltIn);
+        let err = reg.find("three").unwrap_err().to_string();
+        assert!(
+            err.contains("`three`") && err.contains(&a.display().to_string()),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_duplicate_name_is_an_error_naming_both_folders() {
+        let (a, b) = (temp("c"), temp("d"));
+        plugin(&a, "x", "same");
+        plugin(&b, "y", "same");
+        let err = Registry::discover(&SearchPath::only([
+            (PluginSource::Flag, a),
+            (PluginSource::BuiltIn, b),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("`same`") && err.contains("/x") && err.contains("/y"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_missing_plugin_dir_flag_is_an_error() {
+        let path = SearchPath::only([(PluginSource::Flag, PathBuf::from("/no/such/dir"))]);
+        assert!(Registry::discover(&path)
+            .unwrap_err()
+            .to_string()
+            .contains("/no/such/dir"));
+    }
+}
