@@ -20,6 +20,7 @@ run: build
 
 test: build
 	cargo test --workspace
+	cd plugins && cargo test --quiet --target $$(rustc -vV | sed -n 's/host: //p')
 	$(PY) -m pytest tests -q
 
 setup: system-packages wasm-target python-env

@@ -18,22 +18,28 @@ def hearth_bin() -> pathlib.Path:
     return path
 
 
+def run_hearth(binary, *args, cwd, timeout=600, env=None):
+    """Runs hearth with the given arguments in `cwd`, without
+    LD_LIBRARY_PATH (the binary must find libtorch through its rpath)."""
+    environ = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    environ.setdefault("HEARTH_LOG", "info")
+    environ.update(env or {})
+    return subprocess.run(
+        [str(binary), *map(str, args)],
+        cwd=cwd,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 @pytest.fixture
 def hearth(hearth_bin, tmp_path):
-    """Runs hearth with the given arguments in `tmp_path`, without
-    LD_LIBRARY_PATH (the binary must find libtorch through its rpath)."""
+    """Runs hearth with the given arguments in `tmp_path`."""
 
-    def run(*args, cwd=None, timeout=600):
-        env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-        env.setdefault("HEARTH_LOG", "info")
-        return subprocess.run(
-            [str(hearth_bin), *map(str, args)],
-            cwd=cwd or tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+    def run(*args, cwd=None, timeout=600, env=None):
+        return run_hearth(hearth_bin, *args, cwd=cwd or tmp_path, timeout=timeout, env=env)
 
     return run
 
@@ -42,3 +48,61 @@ def write_config(folder: pathlib.Path, text: str, name: str = "job.toml") -> pat
     path = folder / name
     path.write_text(text)
     return path
+
+
+# A short GPT job for the plugin tests: logs at steps 10, 20, 30 and 40.
+SHORT_JOB = """
+[run]
+name = "short"
+project = "trackers-test"
+steps = 40
+seed = 3
+log-every = 10
+
+[model]
+kind = "gpt"
+d-model = 32
+layers = 1
+heads = 2
+
+[data]
+kind = "sort-digits"
+digits = 4
+batch-size = 16
+
+[optimizer]
+kind = "adamw"
+lr = 2e-3
+
+[eval]
+samples = 20
+"""
+LOGGED_STEPS = [10, 20, 30, 40]
+
+
+def tracker_tables(*names: str) -> str:
+    return "".join(f'\n[[trackers]]\nname = "{n}"\n' for n in names)
+
+
+FIXTURE_BUILD = ROOT / "target" / "test-plugins-build" / "wasm32-wasip2" / "release"
+
+
+@pytest.fixture(scope="session")
+def fixture_wasm():
+    """Builds the hostile/malformed plugin fixtures in tests/plugins (cargo
+    is incremental: quick when nothing changed) and returns a function that
+    maps a fixture crate name to its .wasm."""
+    subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT / "tests" / "plugins", check=True)
+    return lambda name: FIXTURE_BUILD / f"fixture_{name.replace('-', '_')}.wasm"
+
+
+def make_plugin(parent: pathlib.Path, name: str, wasm: pathlib.Path, kind="tracker", limits="") -> pathlib.Path:
+    """A plugin folder `parent/name` holding `wasm` and its plugin.toml."""
+    folder = parent / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.wasm").write_bytes(wasm.read_bytes())
+    (folder / "plugin.toml").write_text(
+        f'name = "{name}"\nversion = "0.1.0"\nkind = "{kind}"\n'
+        f'world = "hearth:plugin/{kind}-plugin@0.1.0"\ncomponent = "{name}.wasm"\n{limits}'
+    )
+    return folder

@@ -213,7 +213,8 @@ impl TrackerPlugin {
 
     fn describe(&self, error: &wasmtime::Error) -> String {
         let limits = &self.manifest.limits;
-        if let Some(Trap::Interrupt) = error.downcast_ref::<Trap>() {
+        let trap = error.downcast_ref::<Trap>();
+        if let Some(Trap::Interrupt) = trap {
             return format!(
                 "exceeded its call deadline of {} ms",
                 limits.call_timeout_ms
@@ -223,10 +224,13 @@ impl TrackerPlugin {
         if text.contains("growing memory") || text.contains("memory minimum size") {
             return format!("hit its memory cap of {} MiB", limits.memory_mb);
         }
-        format!(
-            "trapped: {}",
-            super::stdio::clip(text.lines().next().unwrap_or(""), 400)
-        )
+        // The trap code says what happened ("wasm `unreachable` instruction
+        // executed" for a Rust panic); the rest of the chain is a backtrace.
+        let cause = match trap {
+            Some(trap) => trap.to_string(),
+            None => error.root_cause().to_string(),
+        };
+        format!("trapped: {}", super::stdio::clip(&cause, 400))
     }
 
     fn fault(&mut self, what: &str, cause: String) {

@@ -27,10 +27,15 @@ struct Jsonl {
 impl Tracker for Jsonl {
     fn start(&mut self, run: RunInfo, config: Entries) -> Result<(), String> {
         let doc = json!({ "project": run.project, "run": run.run, "config": object(config) });
-        std::fs::write("/logs/config.json", doc.to_string()).map_err(|e| format!("config.json: {e}"))?;
+        std::fs::write("/logs/config.json", doc.to_string())
+            .map_err(|e| format!("config.json: {e}"))?;
         // Append: after a fault the host re-instantiates the tracker and replays
         // `start`; earlier lines must survive.
-        let file = OpenOptions::new().create(true).append(true).open("/logs/metrics.jsonl").map_err(|e| format!("metrics.jsonl: {e}"))?;
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open("/logs/metrics.jsonl")
+            .map_err(|e| format!("metrics.jsonl: {e}"))?;
         self.metrics = Some(BufWriter::new(file));
         Ok(())
     }

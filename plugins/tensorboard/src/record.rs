@@ -1,0 +1,34 @@
+//! TFRecord framing: `u64 length`, `u32 masked_crc32c(length)`, `data`,
+//! `u32 masked_crc32c(data)`, all little-endian.
+
+use crc::{Crc, CRC_32_ISCSI};
+
+const CRC32C: Crc<u32> = Crc::<u32>::new(&CRC_32_ISCSI);
+
+/// TensorFlow's masked CRC32C (`tensorflow/core/lib/hash/crc32c.h`).
+pub fn masked_crc(data: &[u8]) -> u32 {
+    let crc = CRC32C.checksum(data);
+    ((crc >> 15) | (crc << 17)).wrapping_add(0xa282_ead8)
+}
+
+/// `data` framed as one record.
+pub fn frame(data: &[u8]) -> Vec<u8> {
+    let len = (data.len() as u64).to_le_bytes();
+    let mut out = Vec::with_capacity(data.len() + 16);
+    out.extend_from_slice(&len);
+    out.extend_from_slice(&masked_crc(&len).to_le_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(&masked_crc(data).to_le_bytes());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc32c_check_value() {
+        // The CRC-32C check value of "123456789" (RFC 3720, B.4).
+        assert_eq!(CRC32C.checksum(b"123456789"), 0xe306_9283);
+    }
+}

@@ -1,0 +1,183 @@
+"""Hostile and malformed plugins (fixtures in tests/plugins, built here):
+each is contained with a message naming it, the run completes, a well-behaved
+tracker beside them still sees every step, and nothing outside a tracker's
+own folder is touched."""
+import os
+import pathlib
+import socket
+import subprocess
+
+import pytest
+
+from conftest import LOGGED_STEPS, SHORT_JOB, make_plugin, run_hearth, tracker_tables, write_config
+
+HOSTILE = {
+    "trap": "",
+    "spin": "[limits]\ncall-timeout-ms = 300\n",
+    "hog": "[limits]\nmemory-mb = 32\n",
+    "snoop": "",
+    "socket": "",
+    "shout": "",
+}
+PORT = 47613  # the socket fixture tries to reach this port
+
+
+def tree(folder: pathlib.Path) -> dict:
+    return {p: p.stat().st_mtime_ns for p in folder.rglob("*")}
+
+
+@pytest.fixture(scope="module")
+def hostile_run(hearth_bin, fixture_wasm, tmp_path_factory):
+    work = tmp_path_factory.mktemp("hostile")
+    plugins = work / "third-party"
+    for name, limits in HOSTILE.items():
+        make_plugin(plugins, name, fixture_wasm(name), limits=limits)
+    config = write_config(work, SHORT_JOB + tracker_tables(*HOSTILE, "jsonl"))
+    (work / "secret.txt").write_text("not for plugins")
+
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", PORT))
+    listener.listen()
+    listener.setblocking(False)
+    before = tree(work)
+    passwd = os.stat("/etc/passwd").st_mtime_ns
+    try:
+        out = run_hearth(hearth_bin, "run", "--plugin-dir", plugins, config, cwd=work, timeout=300)
+        try:
+            listener.accept()
+            connected = True
+        except BlockingIOError:
+            connected = False
+    finally:
+        listener.close()
+    after = tree(work)
+    assert os.stat("/etc/passwd").st_mtime_ns == passwd
+    return {"out": out, "run": work / "runs" / "short", "work": work, "before": before, "after": after,
+            "connected": connected}
+
+
+def warnings(out, name):
+    return [l for l in out.stderr.splitlines() if f"tracker plugin `{name}`" in l]
+
+
+def test_the_run_completes_and_a_good_tracker_sees_every_step(hostile_run):
+    out = hostile_run["out"]
+    assert out.returncode == 0, out.stderr
+    assert "eval exact-match accuracy" in out.stdout
+    assert (hostile_run["run"] / "model.safetensors").exists()
+    lines = (hostile_run["run"] / "trackers" / "jsonl" / "metrics.jsonl").read_text().splitlines()
+    assert sorted({int(l.split('"step":')[1].split(",")[0].rstrip("}")) for l in lines}) == LOGGED_STEPS
+
+
+def test_nothing_outside_the_trackers_folders_is_touched(hostile_run):
+    work, run = hostile_run["work"], hostile_run["run"]
+    created = set(hostile_run["after"]) - set(hostile_run["before"])
+    outside = [p for p in created if run not in p.parents and p != run and p.parent != work]
+    assert outside == []
+    assert not list(work.rglob("escape.txt"))
+    assert not (run.parent / "escape.txt").exists() and not pathlib.Path("/escape.txt").exists()
+    for p, mtime in hostile_run["before"].items():
+        assert hostile_run["after"][p] == mtime, f"{p} was modified"
+    # What the run wrote outside trackers/ is hearth's own.
+    assert {p.name for p in run.iterdir()} == {"config.toml", "summary.json", "model.safetensors", "trackers"}
+
+
+def test_a_trap_drops_the_instance_and_a_fresh_one_goes_on(hostile_run):
+    out = hostile_run["out"]
+    (line,) = warnings(out, "trap")
+    assert "failed in log: trapped: wasm trap: wasm `unreachable` instruction executed" in line
+    assert "training goes on" in line
+    assert "fixture trap at step 10" in out.stderr  # its panic message, via its stderr
+    seen = (hostile_run["run"] / "trackers" / "trap" / "seen.txt").read_text().split("\n")
+    # start, the trap at step 10, then start replayed on a fresh instance.
+    assert seen[:3] == ["start", "trapped", "start"]
+    # Steps 20-40 arrive, and the eval values logged at step 40.
+    assert [l for l in seen if l.startswith("log")] == ["log 20", "log 30", "log 40", "log 40"]
+
+
+def test_an_endless_loop_hits_the_deadline_and_is_disabled(hostile_run):
+    lines = warnings(hostile_run["out"], "spin")
+    assert sum("exceeded its call deadline of 300 ms" in l for l in lines) == 3
+    assert "disabled after 3 faults" in lines[-1]
+
+
+def test_unbounded_allocation_hits_the_memory_cap(hostile_run):
+    lines = warnings(hostile_run["out"], "hog")
+    assert sum("hit its memory cap of 32 MiB" in l for l in lines) == 3, lines
+    assert "disabled after 3 faults" in lines[-1]
+
+
+def test_files_outside_its_folder_are_out_of_reach(hostile_run):
+    (line,) = warnings(hostile_run["out"], "snoop")
+    assert "failed in start: returned an error: denied: read /etc/passwd" in line
+    attempts = (hostile_run["run"] / "trackers" / "snoop" / "attempts.txt").read_text().splitlines()
+    assert len(attempts) == 8
+    assert all(a.startswith("denied: ") for a in attempts), attempts
+
+
+def test_the_network_is_out_of_reach(hostile_run):
+    assert not hostile_run["connected"]
+    (line,) = warnings(hostile_run["out"], "socket")
+    assert "returned an error: denied: tcp 127.0.0.1:47613" in line
+    attempts = (hostile_run["run"] / "trackers" / "socket" / "attempts.txt").read_text().splitlines()
+    assert len(attempts) == 3 and all(a.startswith("denied: ") for a in attempts), attempts
+
+
+def test_a_100_mb_line_is_cut_not_kept(hostile_run):
+    out = hostile_run["out"]
+    assert len(out.stderr) < 1_000_000
+    (line,) = [l for l in out.stderr.splitlines() if "[plugin shout stdout]" in l]
+    assert f"({100 * 2**20 - 4096} more bytes cut)" in line
+    steps = (hostile_run["run"] / "trackers" / "shout" / "steps.txt").read_text().split()
+    assert list(map(int, steps)) == LOGGED_STEPS + [40]  # + the eval values
+    assert warnings(out, "shout") == []
+
+
+CORE_MODULE = b"\0asm\x01\0\0\0"
+
+
+@pytest.mark.parametrize(
+    "fixture, reason",
+    [
+        ("core-module", "it is a core WebAssembly module, not a component"),
+        ("wrong-world", 'plugin.toml says kind = "tracker"'),
+        ("other-major", "it was built for hearth:plugin@1.0.0, and this host speaks hearth:plugin@0.1.0"),
+    ],
+)
+def test_malformed_plugins_are_refused_at_load(hearth, fixture_wasm, tmp_path, fixture, reason):
+    plugins = tmp_path / "third-party"
+    if fixture == "core-module":
+        (tmp_path / "core.wasm").write_bytes(CORE_MODULE)
+        folder = make_plugin(plugins, fixture, tmp_path / "core.wasm")
+    else:
+        folder = make_plugin(plugins, fixture, fixture_wasm(fixture))
+
+    check = hearth("plugins", "check", folder)
+    assert check.returncode != 0
+    assert f"plugin `{fixture}`" in check.stderr and reason in check.stderr, check.stderr
+
+    config = write_config(tmp_path, SHORT_JOB + tracker_tables(fixture))
+    run = hearth("run", "--plugin-dir", plugins, config)
+    assert run.returncode == 2
+    assert f"plugin `{fixture}`" in run.stderr and reason in run.stderr, run.stderr
+    assert not (tmp_path / "runs" / "short" / "model.safetensors").exists()
+
+
+def test_an_unknown_tracker_is_named(hearth, tmp_path):
+    config = write_config(tmp_path, SHORT_JOB + tracker_tables("tensorbored"))
+    run = hearth("run", config)
+    assert run.returncode == 2
+    assert "tensorbored" in run.stderr and str(config.name) in run.stderr, run.stderr
+
+
+def test_plugins_list_and_inspect_show_the_built_ins(hearth):
+    listing = hearth("plugins", "list")
+    assert listing.returncode == 0, listing.stderr
+    for name in ["jsonl", "csv", "tensorboard", "mlflow", "dvclive"]:
+        line = next(l for l in listing.stdout.splitlines() if l.startswith(name + " "))
+        assert "tracker" in line and "hearth:plugin/tracker-plugin@0.1.0" in line and "built-in" in line
+    inspect = hearth("plugins", "inspect", "tensorboard")
+    assert inspect.returncode == 0, inspect.stderr
+    assert "its logging folder, read-write, at /logs" in inspect.stdout
+    assert "network: none" in inspect.stdout and "loads:       yes" in inspect.stdout
