@@ -13,22 +13,24 @@ APT_PACKAGES := libopenmpi-dev openmpi-bin libclang-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 HEARTH := target/debug/hearth
 
-.PHONY: run test setup system-packages wasm-target python-env build plugins bench lint
+.PHONY: run test setup system-packages wasm-target python-env build plugins example-plugins bench lint
 
 run: build
 	$(HEARTH) run examples/sort-digits.toml
 
-test: build
+test: build example-plugins
 	cargo test --workspace
 	cd plugins && cargo test --quiet --target $$(rustc -vV | sed -n 's/host: //p')
 	$(PY) -m pytest tests -q
 
 setup: system-packages wasm-target python-env
 
-# Open MPI (the CPU collectives) and libclang (for the mpi crate's bindings).
+# Open MPI (the CPU collectives), libclang (for the mpi crate's bindings),
+# and Node.js/npm if absent (to build the JavaScript example tracker).
 system-packages:
 	@missing=$$(for p in $(APT_PACKAGES); do \
-		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done; \
+		command -v npm >/dev/null || echo nodejs npm); \
 	if [ -n "$$missing" ]; then \
 		echo "setup: installing" $$missing; \
 		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); \
@@ -62,6 +64,25 @@ plugins: wasm-target
 		cp $$dir/plugin.toml target/plugins/$$name/; \
 		cp target/plugins-build/wasm32-wasip2/release/hearth_plugin_$${name//-/_}.wasm target/plugins/$$name/$$name.wasm; \
 	done
+
+# Third-party trackers in other languages (examples/trackers), built against
+# the same WIT into target/example-plugins/<name>/: Python with
+# componentize-py (from the venv), JavaScript with componentize-js (npm).
+EXAMPLES := target/example-plugins
+JS_EXAMPLE := examples/trackers/js
+example-plugins: python-env $(EXAMPLES)/python-tracker/python-tracker.wasm $(EXAMPLES)/js-tracker/js-tracker.wasm
+
+$(EXAMPLES)/python-tracker/python-tracker.wasm: examples/trackers/python/app.py examples/trackers/python/plugin.toml wit/plugin.wit $(PY_STAMP)
+	mkdir -p $(@D)
+	cd examples/trackers/python && ../../../$(VENV)/bin/componentize-py -d ../../../wit -w tracker-plugin componentize app -o ../../../$@
+	cp examples/trackers/python/plugin.toml $(@D)/
+
+$(JS_EXAMPLE)/node_modules/.package-lock.json: $(JS_EXAMPLE)/package-lock.json
+	cd $(JS_EXAMPLE) && npm ci --no-audit --no-fund --loglevel=error
+
+$(EXAMPLES)/js-tracker/js-tracker.wasm: $(JS_EXAMPLE)/tracker.js $(JS_EXAMPLE)/world.wit $(JS_EXAMPLE)/build.mjs $(JS_EXAMPLE)/plugin.toml wit/plugin.wit $(JS_EXAMPLE)/node_modules/.package-lock.json
+	node $(JS_EXAMPLE)/build.mjs $@
+	cp $(JS_EXAMPLE)/plugin.toml $(@D)/
 
 # hearth vs Accelerate on the peer's tiny GPT, in one run (not a test).
 bench: build

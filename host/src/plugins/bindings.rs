@@ -12,6 +12,18 @@ pub mod tracker {
     });
 }
 
+/// The `scheduler-plugin` world; shares `log` with the tracker's.
+#[allow(missing_docs)]
+pub mod scheduler {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "hearth:plugin/scheduler-plugin",
+        with: {
+            "hearth:plugin/log": super::tracker::hearth::plugin::log,
+        },
+    });
+}
+
 pub use tracker::hearth::plugin::types::{RunInfo, Value};
 use tracker::hearth::plugin::{log, types};
 

@@ -14,7 +14,9 @@ mod error;
 mod inspect;
 mod manifest;
 mod registry;
+mod runtime;
 mod sandbox;
+mod scheduler;
 mod stdio;
 mod tracker;
 
@@ -26,6 +28,7 @@ pub use error::PluginError;
 pub use inspect::{ComponentReport, WIT_PACKAGE, WIT_VERSION};
 pub use manifest::{Limits, Manifest, PluginKind};
 pub use registry::{Found, PluginSource, Registry, SearchPath};
+pub use scheduler::{load_scheduler, SchedulerPlugin};
 pub use tracker::{load_tracker, TrackerPlugin};
 
 /// Named values, as the WIT `entries` type.

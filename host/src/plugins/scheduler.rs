@@ -1,0 +1,95 @@
+//! The scheduler adapter: one `schedule` resource inside one sandboxed
+//! instance of a `scheduler-plugin` component.
+//!
+//! Unlike a tracker, a schedule cannot fail open (training needs its rates):
+//! a trap, a missed deadline, a memory-cap hit or an `Err` is a
+//! [`PluginError::Runtime`] naming the plugin, and the instance is not used
+//! again.
+
+use super::bindings::scheduler::SchedulerPlugin as Bindings;
+use super::runtime::Prepared;
+use super::sandbox::PluginState;
+use super::{Manifest, PluginError, PluginKind};
+use wasmtime::component::{HasSelf, ResourceAny};
+use wasmtime::Store;
+
+/// A live schedule.
+pub struct SchedulerPlugin {
+    plugin: Prepared,
+    store: Store<PluginState>,
+    bindings: Bindings,
+    schedule: ResourceAny,
+    poisoned: bool,
+}
+
+/// Loads the scheduler `manifest` describes and creates its schedule from
+/// `options_json`, the optimizer's base rates per parameter group and the
+/// total number of steps, when known.
+pub fn load_scheduler(
+    manifest: &Manifest,
+    options_json: &str,
+    base_lrs: &[f64],
+    total_steps: Option<u64>,
+) -> Result<SchedulerPlugin, PluginError> {
+    let plugin = Prepared::new(manifest, PluginKind::Scheduler, None, |linker| {
+        Bindings::add_to_linker::<PluginState, HasSelf<PluginState>>(linker, |s| s)
+    })?;
+    let mut store = plugin.store().map_err(|e| plugin.refused(e))?;
+    let bindings = Bindings::instantiate(&mut store, &plugin.component, &plugin.linker).map_err(|e| plugin.refused(e))?;
+    let created = plugin.call(&mut store, |s| {
+        bindings.hearth_plugin_scheduler().schedule().call_create(s, options_json, base_lrs, total_steps)
+    });
+    let schedule = match created {
+        Ok(Ok(schedule)) => schedule,
+        Ok(Err(message)) => return Err(fault(&plugin, "create", format!("returned an error: {message}"))),
+        Err(trap) => return Err(fault(&plugin, "create", plugin.describe(&trap))),
+    };
+    Ok(SchedulerPlugin { plugin, store, bindings, schedule, poisoned: false })
+}
+
+fn fault(plugin: &Prepared, what: &str, cause: String) -> PluginError {
+    PluginError::Runtime { name: plugin.name().into(), message: format!("scheduler failed in {what}: {cause}") }
+}
+
+impl SchedulerPlugin {
+    /// The plugin's name.
+    pub fn name(&self) -> &str {
+        self.plugin.name()
+    }
+
+    fn call<T>(
+        &mut self,
+        what: &str,
+        f: impl FnOnce(&Bindings, ResourceAny, &mut Store<PluginState>) -> wasmtime::Result<T>,
+    ) -> Result<T, PluginError> {
+        if self.poisoned {
+            return Err(fault(&self.plugin, what, "an earlier call trapped".into()));
+        }
+        let (bindings, schedule) = (&self.bindings, self.schedule);
+        self.plugin.call(&mut self.store, |s| f(bindings, schedule, s)).map_err(|trap| {
+            self.poisoned = true;
+            fault(&self.plugin, what, self.plugin.describe(&trap))
+        })
+    }
+
+    /// The learning rate of each parameter group at `step`.
+    pub fn lrs(&mut self, step: u64) -> Result<Vec<f64>, PluginError> {
+        self.call("lrs", |b, r, s| b.hearth_plugin_scheduler().schedule().call_lrs(s, r, step))
+    }
+
+    /// Reports a metric (reduce-on-plateau reacts to it).
+    pub fn observe(&mut self, metric: f64) -> Result<(), PluginError> {
+        self.call("observe", |b, r, s| b.hearth_plugin_scheduler().schedule().call_observe(s, r, metric))
+    }
+
+    /// The schedule's state, for a checkpoint.
+    pub fn save(&mut self) -> Result<Vec<u8>, PluginError> {
+        self.call("save", |b, r, s| b.hearth_plugin_scheduler().schedule().call_save(s, r))
+    }
+
+    /// Restores a state written by [`save`](Self::save).
+    pub fn load(&mut self, state: &[u8]) -> Result<(), PluginError> {
+        self.call("load", |b, r, s| b.hearth_plugin_scheduler().schedule().call_load(s, r, state))?
+            .map_err(|message| fault(&self.plugin, "load", format!("returned an error: {message}")))
+    }
+}
