@@ -177,6 +177,8 @@ def test_plugins_list_and_inspect_show_the_built_ins(hearth):
     for name in ["jsonl", "csv", "tensorboard", "mlflow", "dvclive"]:
         line = next(l for l in listing.stdout.splitlines() if l.startswith(name + " "))
         assert "tracker" in line and "hearth:plugin/tracker-plugin@0.1.0" in line and "built-in" in line
+    line = next(l for l in listing.stdout.splitlines() if l.startswith("linear "))
+    assert "scheduler" in line and "hearth:plugin/scheduler-plugin@0.1.0" in line
     inspect = hearth("plugins", "inspect", "tensorboard")
     assert inspect.returncode == 0, inspect.stderr
     assert "its logging folder, read-write, at /logs" in inspect.stdout

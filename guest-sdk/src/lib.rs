@@ -1,7 +1,8 @@
 //! Write hearth plugins in Rust.
 //!
 //! A tracker implements [`Tracker`] and exports itself with
-//! [`export_tracker!`]; build it with `cargo build --target wasm32-wasip2`
+//! [`export_tracker!`]; a learning-rate schedule implements [`Scheduler`]
+//! and [`export_scheduler!`]; build it with `cargo build --target wasm32-wasip2`
 //! (crate type `cdylib`) and put the `.wasm` beside a `plugin.toml`. The
 //! tracker's logging folder is `/logs`; nothing else is reachable.
 //!
@@ -49,6 +50,19 @@ pub mod bindings {
             default_bindings_module: "hearth_guest::bindings::tracker",
         });
     }
+
+    /// The `scheduler-plugin` world (its `log` import is the tracker's).
+    #[allow(missing_docs)]
+    pub mod scheduler {
+        wit_bindgen::generate!({
+            path: "../wit",
+            world: "hearth:plugin/scheduler-plugin",
+            pub_export_macro: true,
+            export_macro_name: "__export_scheduler_world",
+            default_bindings_module: "hearth_guest::bindings::scheduler",
+            with: { "hearth:plugin/log@0.1.0": crate::bindings::tracker::hearth::plugin::log },
+        });
+    }
 }
 
 pub use bindings::tracker::hearth::plugin::types::{RunInfo, Value};
@@ -70,6 +84,32 @@ pub trait Tracker: Default + 'static {
     fn log(&mut self, step: u64, values: Entries) -> Result<(), String>;
     /// The run ends: flush and close.
     fn finish(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// A learning-rate schedule (PyTorch's `LRScheduler`, transformers'
+/// `get_*_schedule`). The host creates one per optimizer and asks for the
+/// rates of every parameter group at each optimizer step (0-based).
+pub trait Scheduler: Sized + 'static {
+    /// A schedule from the user's options (the `[scheduler]` table as JSON,
+    /// without `name`), the optimizer's base rates, and the total number of
+    /// optimizer steps when known. An `Err` names the option that is wrong.
+    fn create(
+        options_json: &str,
+        base_lrs: Vec<f64>,
+        total_steps: Option<u64>,
+    ) -> Result<Self, String>;
+    /// The rate of each parameter group at optimizer step `step`.
+    fn lrs(&self, step: u64) -> Vec<f64>;
+    /// A metric to react to (reduce-on-plateau); ignored by default.
+    fn observe(&mut self, _metric: f64) {}
+    /// The schedule's state, for a checkpoint (empty for stateless schedules).
+    fn save(&self) -> Vec<u8> {
+        Vec::new()
+    }
+    /// Restores a state written by `save`.
+    fn load(&mut self, _state: &[u8]) -> Result<(), String> {
         Ok(())
     }
 }
@@ -123,6 +163,54 @@ macro_rules! export_tracker {
             }
 
             $crate::bindings::tracker::__export_tracker_world!(HearthTrackerExport with_types_in $crate::bindings::tracker);
+        };
+    };
+}
+
+/// Exports a [`Scheduler`] type as this component's `scheduler` interface.
+#[macro_export]
+macro_rules! export_scheduler {
+    ($ty:ty) => {
+        const _: () = {
+            use $crate::bindings::scheduler::exports::hearth::plugin::scheduler as wit;
+
+            struct HearthSchedule(::core::cell::RefCell<$ty>);
+
+            impl wit::GuestSchedule for HearthSchedule {
+                fn create(
+                    options_json: String,
+                    base_lrs: Vec<f64>,
+                    total_steps: Option<u64>,
+                ) -> Result<wit::Schedule, String> {
+                    let inner =
+                        <$ty as $crate::Scheduler>::create(&options_json, base_lrs, total_steps)?;
+                    Ok(wit::Schedule::new(HearthSchedule(
+                        ::core::cell::RefCell::new(inner),
+                    )))
+                }
+                fn lrs(&self, step: u64) -> Vec<f64> {
+                    $crate::Scheduler::lrs(&*self.0.borrow(), step)
+                }
+                fn observe(&self, metric: f64) {
+                    $crate::Scheduler::observe(&mut *self.0.borrow_mut(), metric)
+                }
+                fn save(&self) -> Vec<u8> {
+                    $crate::Scheduler::save(&*self.0.borrow())
+                }
+                fn load(&self, state: Vec<u8>) -> Result<(), String> {
+                    $crate::Scheduler::load(&mut *self.0.borrow_mut(), &state)
+                }
+            }
+
+            struct HearthSchedulerExport;
+
+            impl wit::Guest for HearthSchedulerExport {
+                type Schedule = HearthSchedule;
+            }
+
+            $crate::bindings::scheduler::__export_scheduler_world!(
+                HearthSchedulerExport with_types_in $crate::bindings::scheduler
+            );
         };
     };
 }

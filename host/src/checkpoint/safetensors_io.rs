@@ -12,7 +12,7 @@ use tch::{Device, Kind, Tensor};
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     /// An I/O error on `path`.
-    #[error("failed to access {path}: {source}")]
+    #[error("failed to access {path}")]
     Io {
         /// The file.
         path: PathBuf,

@@ -12,7 +12,7 @@ use tch::Tensor;
 #[derive(Debug, thiserror::Error)]
 pub enum TextFileError {
     /// The file could not be read.
-    #[error("failed to read text dataset {path}: {source}")]
+    #[error("failed to read text dataset {path}")]
     Read {
         /// The file.
         path: PathBuf,

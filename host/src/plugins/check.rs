@@ -1,31 +1,45 @@
 //! `hearth plugins check`: everything load does, without a run.
 
-use super::inspect::{check_is_component, check_world, report};
+use super::bindings::scheduler::SchedulerPlugin as SchedulerBindings;
+use super::inspect::report;
+use super::runtime::Prepared;
+use super::sandbox::PluginState;
 use super::{load_tracker, ComponentReport, Manifest, PluginEngine, PluginError, PluginKind};
+use wasmtime::component::HasSelf;
 
 /// Compiles the plugin, checks its world and version and, for kinds the
-/// host can already run, instantiates it in its sandbox (with a throwaway
-/// logging folder). Returns what the component exports and imports.
+/// host can already run, instantiates it in its sandbox (a tracker with a
+/// throwaway logging folder). Returns what the component exports and imports.
 pub fn check_plugin(manifest: &Manifest) -> Result<ComponentReport, PluginError> {
-    let path = manifest.component_path();
-    let bytes = std::fs::read(&path).map_err(|source| PluginError::Io {
-        path: path.clone(),
+    match manifest.kind {
+        PluginKind::Tracker => {
+            let scratch = std::env::temp_dir().join(format!(
+                "hearth-check-{}-{}",
+                manifest.name,
+                std::process::id()
+            ));
+            let result = load_tracker(manifest, &scratch).map(drop);
+            let _ = std::fs::remove_dir_all(&scratch);
+            result?;
+        }
+        PluginKind::Scheduler => {
+            let plugin = Prepared::new(manifest, PluginKind::Scheduler, None, |linker| {
+                SchedulerBindings::add_to_linker::<PluginState, HasSelf<PluginState>>(linker, |s| s)
+            })?;
+            let mut store = plugin.store().map_err(|e| plugin.refused(e))?;
+            SchedulerBindings::instantiate(&mut store, &plugin.component, &plugin.linker)
+                .map_err(|e| plugin.refused(e))?;
+        }
+        // No adapter yet: compile and check the world only.
+        PluginKind::CheckpointHook | PluginKind::WrapPolicy => {
+            Prepared::new(manifest, manifest.kind, None, |_| Ok(()))?;
+        }
+    }
+    let engine = PluginEngine::global();
+    let bytes = std::fs::read(manifest.component_path()).map_err(|source| PluginError::Io {
+        path: manifest.component_path(),
         source,
     })?;
-    check_is_component(&manifest.name, &path, &bytes)?;
-    let engine = PluginEngine::global();
-    let component = engine.compile(&manifest.name, &path, &bytes)?;
-    let found = report(engine.engine(), &component);
-    check_world(&manifest.name, &path, manifest.kind, &found)?;
-    if manifest.kind == PluginKind::Tracker {
-        let scratch = std::env::temp_dir().join(format!(
-            "hearth-check-{}-{}",
-            manifest.name,
-            std::process::id()
-        ));
-        let result = load_tracker(manifest, &scratch).map(drop);
-        let _ = std::fs::remove_dir_all(&scratch);
-        result?;
-    }
-    Ok(found)
+    let component = engine.compile(&manifest.name, &manifest.component_path(), &bytes)?;
+    Ok(report(engine.engine(), &component))
 }

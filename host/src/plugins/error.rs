@@ -24,7 +24,7 @@ pub enum PluginError {
         second: PathBuf,
     },
     /// A file could not be read.
-    #[error("failed to read {path}: {source}")]
+    #[error("failed to read {path}")]
     Io {
         /// The file.
         path: PathBuf,

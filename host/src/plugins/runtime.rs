@@ -38,21 +38,37 @@ impl Prepared {
                 reason: format!("it is a {} plugin, not a {kind}", manifest.kind),
             });
         }
-        let bytes = std::fs::read(&path).map_err(|source| PluginError::Io { path: path.clone(), source })?;
+        let bytes = std::fs::read(&path).map_err(|source| PluginError::Io {
+            path: path.clone(),
+            source,
+        })?;
         check_is_component(name, &path, &bytes)?;
         let engine = PluginEngine::global();
         let component = engine.compile(name, &path, &bytes)?;
         check_world(name, &path, kind, &report(engine.engine(), &component))?;
 
         let mut linker = Linker::new(engine.engine());
-        let runtime = |e: wasmtime::Error| PluginError::Runtime { name: name.into(), message: format!("{e:#}") };
+        let runtime = |e: wasmtime::Error| PluginError::Runtime {
+            name: name.into(),
+            message: format!("{e:#}"),
+        };
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(runtime)?;
         add_world(&mut linker).map_err(runtime)?;
-        let files = files.filter(|_| manifest.permissions.logging_dir).map(Path::to_path_buf);
+        let files = files
+            .filter(|_| manifest.permissions.logging_dir)
+            .map(Path::to_path_buf);
         if let Some(dir) = &files {
-            std::fs::create_dir_all(dir).map_err(|source| PluginError::Io { path: dir.clone(), source })?;
+            std::fs::create_dir_all(dir).map_err(|source| PluginError::Io {
+                path: dir.clone(),
+                source,
+            })?;
         }
-        Ok(Self { manifest: manifest.clone(), component, linker, files })
+        Ok(Self {
+            manifest: manifest.clone(),
+            component,
+            linker,
+            files,
+        })
     }
 
     /// The plugin's name.
@@ -82,7 +98,12 @@ impl Prepared {
 
     /// Epoch ticks in one call deadline (+1: the current tick may be nearly over).
     fn deadline_ticks(&self) -> u64 {
-        let ticks = self.manifest.limits.call_timeout().as_millis().div_ceil(EPOCH_TICK.as_millis());
+        let ticks = self
+            .manifest
+            .limits
+            .call_timeout()
+            .as_millis()
+            .div_ceil(EPOCH_TICK.as_millis());
         ticks as u64 + 1
     }
 
@@ -102,7 +123,10 @@ impl Prepared {
         let limits = &self.manifest.limits;
         let trap = error.downcast_ref::<Trap>();
         if let Some(Trap::Interrupt) = trap {
-            return format!("exceeded its call deadline of {} ms", limits.call_timeout_ms);
+            return format!(
+                "exceeded its call deadline of {} ms",
+                limits.call_timeout_ms
+            );
         }
         let text = format!("{error:#}");
         if text.contains("growing memory") || text.contains("memory minimum size") {

@@ -19,6 +19,7 @@ pub struct SchedulerPlugin {
     store: Store<PluginState>,
     bindings: Bindings,
     schedule: ResourceAny,
+    groups: usize,
     poisoned: bool,
 }
 
@@ -35,20 +36,42 @@ pub fn load_scheduler(
         Bindings::add_to_linker::<PluginState, HasSelf<PluginState>>(linker, |s| s)
     })?;
     let mut store = plugin.store().map_err(|e| plugin.refused(e))?;
-    let bindings = Bindings::instantiate(&mut store, &plugin.component, &plugin.linker).map_err(|e| plugin.refused(e))?;
+    let bindings = Bindings::instantiate(&mut store, &plugin.component, &plugin.linker)
+        .map_err(|e| plugin.refused(e))?;
     let created = plugin.call(&mut store, |s| {
-        bindings.hearth_plugin_scheduler().schedule().call_create(s, options_json, base_lrs, total_steps)
+        bindings.hearth_plugin_scheduler().schedule().call_create(
+            s,
+            options_json,
+            base_lrs,
+            total_steps,
+        )
     });
     let schedule = match created {
         Ok(Ok(schedule)) => schedule,
-        Ok(Err(message)) => return Err(fault(&plugin, "create", format!("returned an error: {message}"))),
+        Ok(Err(message)) => {
+            return Err(fault(
+                &plugin,
+                "create",
+                format!("returned an error: {message}"),
+            ))
+        }
         Err(trap) => return Err(fault(&plugin, "create", plugin.describe(&trap))),
     };
-    Ok(SchedulerPlugin { plugin, store, bindings, schedule, poisoned: false })
+    Ok(SchedulerPlugin {
+        plugin,
+        store,
+        bindings,
+        schedule,
+        groups: base_lrs.len(),
+        poisoned: false,
+    })
 }
 
 fn fault(plugin: &Prepared, what: &str, cause: String) -> PluginError {
-    PluginError::Runtime { name: plugin.name().into(), message: format!("scheduler failed in {what}: {cause}") }
+    PluginError::Runtime {
+        name: plugin.name().into(),
+        message: format!("scheduler failed in {what}: {cause}"),
+    }
 }
 
 impl SchedulerPlugin {
@@ -66,30 +89,59 @@ impl SchedulerPlugin {
             return Err(fault(&self.plugin, what, "an earlier call trapped".into()));
         }
         let (bindings, schedule) = (&self.bindings, self.schedule);
-        self.plugin.call(&mut self.store, |s| f(bindings, schedule, s)).map_err(|trap| {
-            self.poisoned = true;
-            fault(&self.plugin, what, self.plugin.describe(&trap))
-        })
+        self.plugin
+            .call(&mut self.store, |s| f(bindings, schedule, s))
+            .map_err(|trap| {
+                self.poisoned = true;
+                fault(&self.plugin, what, self.plugin.describe(&trap))
+            })
     }
 
-    /// The learning rate of each parameter group at `step`.
+    /// The learning rate of each parameter group at `step`: exactly one
+    /// finite, non-negative rate per group, or an error naming the plugin.
     pub fn lrs(&mut self, step: u64) -> Result<Vec<f64>, PluginError> {
-        self.call("lrs", |b, r, s| b.hearth_plugin_scheduler().schedule().call_lrs(s, r, step))
+        let lrs = self.call("lrs", |b, r, s| {
+            b.hearth_plugin_scheduler().schedule().call_lrs(s, r, step)
+        })?;
+        if lrs.len() != self.groups || lrs.iter().any(|lr| !lr.is_finite() || *lr < 0.0) {
+            let why = format!(
+                "returned {lrs:?} at step {step}; expected {} finite rates ≥ 0",
+                self.groups
+            );
+            return Err(fault(&self.plugin, "lrs", why));
+        }
+        Ok(lrs)
     }
 
     /// Reports a metric (reduce-on-plateau reacts to it).
     pub fn observe(&mut self, metric: f64) -> Result<(), PluginError> {
-        self.call("observe", |b, r, s| b.hearth_plugin_scheduler().schedule().call_observe(s, r, metric))
+        self.call("observe", |b, r, s| {
+            b.hearth_plugin_scheduler()
+                .schedule()
+                .call_observe(s, r, metric)
+        })
     }
 
     /// The schedule's state, for a checkpoint.
     pub fn save(&mut self) -> Result<Vec<u8>, PluginError> {
-        self.call("save", |b, r, s| b.hearth_plugin_scheduler().schedule().call_save(s, r))
+        self.call("save", |b, r, s| {
+            b.hearth_plugin_scheduler().schedule().call_save(s, r)
+        })
     }
 
     /// Restores a state written by [`save`](Self::save).
     pub fn load(&mut self, state: &[u8]) -> Result<(), PluginError> {
-        self.call("load", |b, r, s| b.hearth_plugin_scheduler().schedule().call_load(s, r, state))?
-            .map_err(|message| fault(&self.plugin, "load", format!("returned an error: {message}")))
+        self.call("load", |b, r, s| {
+            b.hearth_plugin_scheduler()
+                .schedule()
+                .call_load(s, r, state)
+        })?
+        .map_err(|message| {
+            fault(
+                &self.plugin,
+                "load",
+                format!("returned an error: {message}"),
+            )
+        })
     }
 }

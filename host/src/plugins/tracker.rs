@@ -58,7 +58,9 @@ fn instantiate(plugin: &Prepared) -> wasmtime::Result<Live> {
     Ok(Live { store, bindings })
 }
 
-type Call<'a> = Box<dyn FnOnce(&Bindings, &mut Store<PluginState>) -> wasmtime::Result<Result<(), String>> + 'a>;
+type Call<'a> = Box<
+    dyn FnOnce(&Bindings, &mut Store<PluginState>) -> wasmtime::Result<Result<(), String>> + 'a,
+>;
 
 impl TrackerPlugin {
     /// The plugin's name.
@@ -84,17 +86,26 @@ impl TrackerPlugin {
     /// Begins the run (Accelerate's `store_init_configuration`).
     pub fn start(&mut self, run: RunInfo, config: Entries) {
         self.started = Some((run.clone(), config.clone()));
-        self.call("start", Box::new(move |b, s| b.hearth_plugin_tracker().call_start(s, &run, &config)));
+        self.call(
+            "start",
+            Box::new(move |b, s| b.hearth_plugin_tracker().call_start(s, &run, &config)),
+        );
     }
 
     /// Logs `values` at `step`.
     pub fn log(&mut self, step: u64, values: &Entries) {
-        self.call("log", Box::new(move |b, s| b.hearth_plugin_tracker().call_log(s, step, values)));
+        self.call(
+            "log",
+            Box::new(move |b, s| b.hearth_plugin_tracker().call_log(s, step, values)),
+        );
     }
 
     /// Ends the run.
     pub fn finish(&mut self) {
-        self.call("finish", Box::new(|b, s| b.hearth_plugin_tracker().call_finish(s)));
+        self.call(
+            "finish",
+            Box::new(|b, s| b.hearth_plugin_tracker().call_finish(s)),
+        );
     }
 
     fn call(&mut self, what: &str, f: Call<'_>) {
@@ -108,7 +119,8 @@ impl TrackerPlugin {
             }
             // A fresh instance has lost its state: begin the run again.
             if let (Some((run, config)), false) = (self.started.clone(), what == "start") {
-                let replay: Call<'_> = Box::new(move |b, s| b.hearth_plugin_tracker().call_start(s, &run, &config));
+                let replay: Call<'_> =
+                    Box::new(move |b, s| b.hearth_plugin_tracker().call_start(s, &run, &config));
                 self.invoke("start (replayed after a fault)", replay);
                 if self.live.is_none() {
                     return;
@@ -120,7 +132,9 @@ impl TrackerPlugin {
 
     /// Calls into the live instance under the deadline; a trap drops it.
     fn invoke(&mut self, what: &str, f: Call<'_>) {
-        let Some(live) = self.live.as_mut() else { return };
+        let Some(live) = self.live.as_mut() else {
+            return;
+        };
         let bindings = &live.bindings;
         match self.plugin.call(&mut live.store, |s| f(bindings, s)) {
             Ok(Ok(())) => {}
@@ -135,11 +149,18 @@ impl TrackerPlugin {
 
     fn fault(&mut self, what: &str, cause: String) {
         self.faults += 1;
-        tracing::warn!("tracker plugin `{}` failed in {what}: {cause}; training goes on", self.name());
+        tracing::warn!(
+            "tracker plugin `{}` failed in {what}: {cause}; training goes on",
+            self.name()
+        );
         if self.faults >= MAX_FAULTS {
             self.disabled = true;
             self.live = None;
-            tracing::warn!("tracker plugin `{}` disabled after {} faults", self.name(), self.faults);
+            tracing::warn!(
+                "tracker plugin `{}` disabled after {} faults",
+                self.name(),
+                self.faults
+            );
         }
     }
 }

@@ -10,7 +10,10 @@ use crate::checkpoint::{save_safetensors, CheckpointError};
 use crate::data::{RandomTokens, SortDigits, TextFile, TextFileError, TokenDataset};
 use crate::models::{Gpt, GptConfig, Mlp, MlpConfig, Model};
 use crate::ops::{AdamWHyper, SgdHyper};
-use crate::plugins::{load_tracker, PluginError, Registry, SearchPath, TrackerPlugin, Value};
+use crate::plugins::{
+    load_scheduler, load_tracker, PluginError, Registry, SchedulerPlugin, SearchPath,
+    TrackerPlugin, Value,
+};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -65,10 +68,10 @@ pub enum TrainError {
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
     /// A libtorch operation failed.
-    #[error("libtorch error: {0}")]
+    #[error("libtorch error")]
     Torch(#[from] TchError),
     /// The run folder could not be written.
-    #[error("failed to write {path}: {source}")]
+    #[error("failed to write {path}")]
     Io {
         /// The file or folder.
         path: PathBuf,
@@ -80,7 +83,7 @@ pub enum TrainError {
     #[error("config {0}: run.device = \"cuda\" but no CUDA device is available; use \"auto\" or \"cpu\"")]
     NoCuda(PathBuf),
     /// A tracker named in the config could not be found or loaded.
-    #[error("config {path}: {source}")]
+    #[error("config {path}")]
     Plugin {
         /// The config file.
         path: PathBuf,
@@ -88,6 +91,10 @@ pub enum TrainError {
         #[source]
         source: PluginError,
     },
+    /// The scheduler plugin failed during training (it cannot fail open:
+    /// the run needs its rates).
+    #[error("training stopped: the scheduler failed")]
+    Scheduler(#[source] PluginError),
     /// The loss became NaN or infinite.
     #[error("training diverged at step {step}: the loss is {loss}; lower optimizer.lr or set optimizer.max-grad-norm")]
     Diverged {
@@ -160,27 +167,41 @@ fn optimizer(config: &TrainConfig, params: Vec<Tensor>) -> Box<dyn Optimizer> {
     }
 }
 
-/// Finds and loads the config's trackers, each logging into
-/// `run_dir/trackers/<name>`.
-fn trackers(
+/// The plugins on the run's search path, when the config names any.
+fn plugin_registry(
     config: &TrainConfig,
     options: &RunOptions,
-    run_dir: &Path,
-) -> Result<Vec<TrackerPlugin>, TrainError> {
-    if config.trackers.is_empty() {
-        return Ok(Vec::new());
+) -> Result<Option<Registry>, TrainError> {
+    if config.trackers.is_empty() && config.scheduler.is_none() {
+        return Ok(None);
     }
-    let plugin_err = |source| TrainError::Plugin {
-        path: config.source.clone(),
-        source,
-    };
     let project = config
         .source
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let registry = Registry::discover(&SearchPath::standard(&options.plugin_dirs, Some(project)))
-        .map_err(plugin_err)?;
+    Registry::discover(&SearchPath::standard(&options.plugin_dirs, Some(project)))
+        .map(Some)
+        .map_err(|source| TrainError::Plugin {
+            path: config.source.clone(),
+            source,
+        })
+}
+
+/// Finds and loads the config's trackers, each logging into
+/// `run_dir/trackers/<name>`.
+fn trackers(
+    config: &TrainConfig,
+    registry: Option<&Registry>,
+    run_dir: &Path,
+) -> Result<Vec<TrackerPlugin>, TrainError> {
+    let Some(registry) = registry else {
+        return Ok(Vec::new());
+    };
+    let plugin_err = |source| TrainError::Plugin {
+        path: config.source.clone(),
+        source,
+    };
     config
         .trackers
         .iter()
@@ -190,6 +211,31 @@ fn trackers(
                 .map_err(plugin_err)
         })
         .collect()
+}
+
+/// Loads the config's scheduler plugin and creates its schedule.
+fn scheduler(
+    config: &TrainConfig,
+    registry: Option<&Registry>,
+    base_lr: f64,
+    steps: u64,
+) -> Result<Option<SchedulerPlugin>, TrainError> {
+    let (Some(section), Some(registry)) = (&config.scheduler, registry) else {
+        return Ok(None);
+    };
+    let plugin_err = |source| TrainError::Plugin {
+        path: config.source.clone(),
+        source,
+    };
+    let found = registry.find(&section.name).map_err(plugin_err)?;
+    load_scheduler(
+        &found.manifest,
+        &section.options_json(),
+        &[base_lr],
+        Some(steps),
+    )
+    .map(Some)
+    .map_err(plugin_err)
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
@@ -231,8 +277,9 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
         .unwrap_or_else(|| config.run.output_dir.clone())
         .join(&config.run.name);
 
+    let registry = plugin_registry(config, options)?;
     let trackers = if acc.is_main_process() {
-        trackers(config, options, &run_dir)?
+        trackers(config, registry.as_ref(), &run_dir)?
     } else {
         Vec::new()
     };
@@ -252,6 +299,7 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
         .map(|(_, t)| t)
         .collect();
     let mut opt = optimizer(config, params);
+    let mut schedule = scheduler(config, registry.as_ref(), opt.lr(), steps)?;
     let batch_size = config.data.batch_size;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
 
@@ -293,6 +341,11 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
         acc.backward(&loss);
         if let Some(max_norm) = config.optimizer.max_grad_norm {
             let _norm = acc.clip_grad_norm_(opt.parameters(), max_norm)?;
+        }
+        if let Some(schedule) = schedule.as_mut() {
+            // PyTorch's convention: optimizer step k (0-based) runs at lr(k).
+            let lrs = schedule.lrs(step - 1).map_err(TrainError::Scheduler)?;
+            opt.set_lr(lrs[0]);
         }
         opt.step()?;
         opt.zero_grad();

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("failed to read config {path}: {source}")]
+    #[error("failed to read config {path}")]
     Read {
         /// The config file.
         path: PathBuf,

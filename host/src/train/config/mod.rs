@@ -18,6 +18,7 @@ mod eval;
 mod model;
 mod optimizer;
 mod run;
+mod scheduler;
 mod trackers;
 
 pub use data::{DataKind, DataSection};
@@ -26,6 +27,7 @@ pub use eval::EvalSection;
 pub use model::{ModelKind, ModelSection};
 pub use optimizer::{OptimizerKind, OptimizerSection};
 pub use run::{DeviceChoice, RunSection};
+pub use scheduler::SchedulerSection;
 pub use trackers::TrackerSection;
 
 use serde::Deserialize;
@@ -47,6 +49,9 @@ pub struct TrainConfig {
     /// `[eval]`: held-out evaluation.
     #[serde(default)]
     pub eval: EvalSection,
+    /// `[scheduler]`: a learning-rate schedule plugin (default: constant rate).
+    #[serde(default)]
+    pub scheduler: Option<SchedulerSection>,
     /// `[[trackers]]`: experiment tracker plugins.
     #[serde(default)]
     pub trackers: Vec<TrackerSection>,
@@ -87,6 +92,9 @@ impl TrainConfig {
         self.data.validate(&invalid)?;
         self.optimizer.validate(&invalid)?;
         self.eval.validate(&invalid)?;
+        if let Some(s) = &self.scheduler {
+            s.validate(&invalid)?;
+        }
         trackers::validate(&self.trackers, &invalid)?;
         Ok(())
     }

@@ -1,0 +1,60 @@
+"""`[scheduler]`: the built-in `linear` scheduler plugin drives the
+optimizer's rate step for step as transformers' get_linear_schedule_with_warmup
+does, computed here with PyTorch's LambdaLR; bad options are refused by the
+plugin with a message naming it and the option."""
+import json
+
+import pytest
+import torch
+
+from conftest import SHORT_JOB, tracker_tables, write_config
+
+STEPS, WARMUP, LR = 40, 10, 2e-3
+
+
+def linear_with_warmup(step: int) -> float:
+    # transformers.optimization._get_linear_schedule_with_warmup_lr_lambda
+    if step < WARMUP:
+        return float(step) / float(max(1, WARMUP))
+    return max(0.0, float(STEPS - step) / float(max(1, STEPS - WARMUP)))
+
+
+def pytorch_rates() -> list:
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=LR)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, linear_with_warmup)
+    rates = []
+    for _ in range(STEPS):
+        rates.append(opt.param_groups[0]["lr"])  # the rate this optimizer step uses
+        opt.step()
+        sched.step()
+    return rates
+
+
+def job(extra: str) -> str:
+    return SHORT_JOB.replace("log-every = 10", "log-every = 1") + extra + tracker_tables("jsonl")
+
+
+def test_linear_schedule_matches_pytorch_step_for_step(hearth, tmp_path):
+    config = write_config(tmp_path, job(f'[scheduler]\nname = "linear"\nwarmup-steps = {WARMUP}\n'))
+    out = hearth("run", config)
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(l) for l in (tmp_path / "runs/short/trackers/jsonl/metrics.jsonl").read_text().splitlines()]
+    logged = [l["lr"] for l in lines if "lr" in l]
+    assert len(logged) == STEPS
+    assert logged == pytest.approx(pytorch_rates(), rel=1e-12, abs=1e-18)
+
+
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        ('name = "linear"\nwarmup = 5\n', "unknown option `warmup`"),
+        ('name = "linear"\nwarmup-steps = 500\n', "`warmup-steps` (500) is more than the 40 steps"),
+        ('name = "jsonl"\n', "it is a tracker plugin, not a scheduler"),
+    ],
+)
+def test_a_bad_schedule_is_refused_naming_the_plugin(hearth, tmp_path, table, message):
+    config = write_config(tmp_path, job("[scheduler]\n" + table))
+    out = hearth("run", config)
+    assert out.returncode == 2
+    assert message in out.stderr and config.name in out.stderr, out.stderr
+    assert not (tmp_path / "runs" / "short" / "model.safetensors").exists()
