@@ -13,7 +13,7 @@ APT_PACKAGES := libopenmpi-dev openmpi-bin libclang-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 HEARTH := target/debug/hearth
 
-.PHONY: run test setup system-packages wasm-target python-env build plugins example-plugins bench lint
+.PHONY: run test setup system-packages wasm-target python-env build plugins example-plugins bench bench-plugins lint
 
 run: build
 	$(HEARTH) run examples/sort-digits.toml
@@ -87,6 +87,10 @@ $(EXAMPLES)/js-tracker/js-tracker.wasm: $(JS_EXAMPLE)/tracker.js $(JS_EXAMPLE)/w
 # hearth vs Accelerate on the peer's tiny GPT, in one run (not a test).
 bench: build
 	$(PY) examples/bench/gpt_vs_accelerate.py
+
+# What a scheduler + tracker plugins cost per step, end to end and per call.
+bench-plugins: build
+	$(PY) examples/bench/plugin_overhead.py 5
 
 lint: setup
 	cargo fmt --all --check

@@ -11,7 +11,8 @@
 
 use hearth_guest::{export_tracker, Entries, Tracker, Value};
 use serde_json::{json, Map, Value as Json};
-use std::fs::{self, OpenOptions};
+use std::collections::hash_map::{Entry, HashMap};
+use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 
 fn write_file(path: &str, text: &str) -> Result<(), String> {
@@ -73,6 +74,8 @@ fn number(value: &Value) -> Option<Json> {
 struct DvcLive {
     started: bool,
     latest: Map<String, Json>,
+    /// Open `.tsv` files, by path.
+    plots: HashMap<String, File>,
 }
 
 impl Tracker for DvcLive {
@@ -108,17 +111,26 @@ impl Tracker for DvcLive {
                 .collect();
             let Some(last) = parts.last() else { continue };
             let path = format!("/logs/plots/metrics/{}.tsv", parts.join("/"));
-            let dir = path.rsplit_once('/').map(|(d, _)| d).unwrap_or("/logs");
-            fs::create_dir_all(dir).map_err(|e| format!("{dir}: {e}"))?;
-            let mut file = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)
+            let file = match self.plots.entry(path.clone()) {
+                Entry::Occupied(open) => open.into_mut(),
+                Entry::Vacant(slot) => {
+                    let dir = path.rsplit_once('/').map(|(d, _)| d).unwrap_or("/logs");
+                    fs::create_dir_all(dir).map_err(|e| format!("{dir}: {e}"))?;
+                    let mut file = OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&path)
+                        .map_err(|e| format!("{path}: {e}"))?;
+                    if file.metadata().map(|m| m.len() == 0).unwrap_or(true) {
+                        writeln!(file, "step\t{last}").map_err(|e| format!("{path}: {e}"))?;
+                    }
+                    slot.insert(file)
+                }
+            };
+            // One write per row: the file is unbuffered, and each write is a host call.
+            let row = format!("{step}\t{v}\n");
+            file.write_all(row.as_bytes())
                 .map_err(|e| format!("{path}: {e}"))?;
-            if file.metadata().map(|m| m.len() == 0).unwrap_or(true) {
-                writeln!(file, "step\t{last}").map_err(|e| format!("{path}: {e}"))?;
-            }
-            writeln!(file, "{step}\t{v}").map_err(|e| format!("{path}: {e}"))?;
             insert(&mut self.latest, &parts, v);
         }
         self.latest.insert("step".into(), json!(step));

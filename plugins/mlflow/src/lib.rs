@@ -16,7 +16,8 @@
 //! written relative to the store root; hearth logs no artifacts.
 
 use hearth_guest::{export_tracker, Entries, RunInfo, Tracker, Value};
-use std::fs::{self, OpenOptions};
+use std::collections::hash_map::{Entry, HashMap};
+use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -83,6 +84,9 @@ struct Mlflow {
     /// `/logs/<exp>/<run>`, once started.
     dir: Option<String>,
     meta: Option<RunMeta>,
+    /// Open metric files, by metric key (opening one per call costs more
+    /// than the write).
+    metrics: HashMap<String, File>,
 }
 
 struct RunMeta {
@@ -164,7 +168,7 @@ impl Tracker for Mlflow {
     }
 
     fn log(&mut self, step: u64, values: Entries) -> Result<(), String> {
-        let dir = self.dir.as_ref().ok_or("log called before start")?;
+        let dir = self.dir.clone().ok_or("log called before start")?;
         let ms = now_ms();
         for (name, value) in values {
             let number = match value {
@@ -176,21 +180,32 @@ impl Tracker for Mlflow {
                     continue;
                 }
             };
-            let path = format!("{dir}/metrics/{}", key(&name));
-            if let Some((parent, _)) = path.rsplit_once('/') {
-                fs::create_dir_all(parent).map_err(|e| format!("{parent}: {e}"))?;
-            }
-            let mut file = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)
+            let key = key(&name);
+            let path = format!("{dir}/metrics/{key}");
+            let file = match self.metrics.entry(key) {
+                Entry::Occupied(open) => open.into_mut(),
+                Entry::Vacant(slot) => {
+                    if let Some((parent, _)) = path.rsplit_once('/') {
+                        fs::create_dir_all(parent).map_err(|e| format!("{parent}: {e}"))?;
+                    }
+                    let file = OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&path)
+                        .map_err(|e| format!("{path}: {e}"))?;
+                    slot.insert(file)
+                }
+            };
+            // One write per line: the file is unbuffered, and each write is a host call.
+            let line = format!("{ms} {number:?} {step}\n");
+            file.write_all(line.as_bytes())
                 .map_err(|e| format!("{path}: {e}"))?;
-            writeln!(file, "{ms} {number:?} {step}").map_err(|e| format!("{path}: {e}"))?;
         }
         Ok(())
     }
 
     fn finish(&mut self) -> Result<(), String> {
+        self.metrics.clear();
         if let (Some(dir), Some(meta)) = (self.dir.take(), self.meta.take()) {
             write_file(
                 &format!("{dir}/meta.yaml"),

@@ -1,0 +1,66 @@
+"""What plugins cost the training loop, end to end, in one run: the peer's
+tiny GPT (examples/bench-gpt.toml) logging every step, without plugins and
+with a scheduler plugin (`linear`, called every step) plus three tracker
+plugins (jsonl, tensorboard, mlflow, fed every step), alternately, ROUNDS
+times each. Prints tokens/s of both, their ratio and the overhead per step.
+Then runs the per-call micro-benchmark (host/examples/plugin_calls.rs).
+A benchmark, not a test: nothing is asserted.
+Usage: make bench-plugins  (or: python plugin_overhead.py [ROUNDS])
+"""
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+HEARTH = pathlib.Path(os.environ.get("HEARTH_BIN", ROOT / "target" / "debug" / "hearth"))
+STEPS = 60
+BASE = (ROOT / "examples" / "bench-gpt.toml").read_text().replace("log-every = 60", "log-every = 1")
+PLUGINS = """
+[scheduler]
+name = "linear"
+warmup-steps = 10
+
+[[trackers]]
+name = "jsonl"
+
+[[trackers]]
+name = "tensorboard"
+
+[[trackers]]
+name = "mlflow"
+"""
+TOKENS_PER_STEP = 16 * 128
+
+
+def tokens_per_sec(folder: pathlib.Path, config_text: str) -> float:
+    folder.mkdir(parents=True)
+    (folder / "job.toml").write_text(config_text)
+    subprocess.run([HEARTH, "run", "job.toml", "--cpu", "--quiet", "--steps", str(STEPS)], cwd=folder, check=True,
+                   capture_output=True)
+    return json.loads((folder / "runs" / "bench-gpt" / "summary.json").read_text())["tokens_per_sec"]
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    bare, plugged = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(rounds):
+            bare.append(tokens_per_sec(pathlib.Path(tmp) / f"bare{i}", BASE))
+            plugged.append(tokens_per_sec(pathlib.Path(tmp) / f"plugged{i}", BASE + PLUGINS))
+            print(f"round {i + 1}: no plugins {bare[-1]:.0f} tokens/s, scheduler + 3 trackers {plugged[-1]:.0f} tokens/s")
+    b, p = statistics.median(bare), statistics.median(plugged)
+    overhead_us = (TOKENS_PER_STEP / p - TOKENS_PER_STEP / b) * 1e6
+    print(f"tiny GPT, logging every step, median of {rounds}:")
+    print(f"  no plugins                      {b:9.0f} tokens/s ({TOKENS_PER_STEP / b * 1e3:.1f} ms/step)")
+    print(f"  linear + jsonl/tensorboard/mlflow {p:7.0f} tokens/s")
+    print(f"  ratio with/without = {p / b:.3f}; overhead {overhead_us:+.0f} µs/step (noise included)")
+    print("per call:")
+    subprocess.run(["cargo", "run", "--quiet", "--example", "plugin_calls"], cwd=ROOT, check=True)
+
+
+if __name__ == "__main__":
+    main()
