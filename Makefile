@@ -12,6 +12,8 @@ PY_STAMP := $(VENV)/.installed-$(shell sha256sum $(REQS) | cut -c1-16)
 APT_PACKAGES := libopenmpi-dev openmpi-bin libclang-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 HEARTH := target/debug/hearth
+# Plugin crates are unit-tested natively (their .wasm is built for wasm32-wasip2).
+HOST_TARGET = $(shell rustc -vV | sed -n 's/host: //p')
 
 .PHONY: run test setup system-packages wasm-target python-env build plugins example-plugins bench bench-plugins lint
 
@@ -20,7 +22,8 @@ run: build
 
 test: build example-plugins
 	cargo test --workspace
-	cd plugins && cargo test --quiet --target $$(rustc -vV | sed -n 's/host: //p')
+	cd plugins && cargo test --quiet --target $(HOST_TARGET)
+	cd guest-sdk && cargo test --quiet --target $(HOST_TARGET)
 	$(PY) -m pytest tests -q
 
 setup: system-packages wasm-target python-env
@@ -95,3 +98,5 @@ bench-plugins: build
 lint: setup
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	for ws in plugins tests/plugins; do (cd $$ws && cargo fmt --all --check && cargo clippy --release -- -D warnings); done
+	cd guest-sdk && cargo fmt --check && cargo clippy --target wasm32-wasip2 -- -D warnings

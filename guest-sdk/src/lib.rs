@@ -8,7 +8,7 @@
 //!
 //! A complete tracker that appends every logged value to `/logs/values.txt`:
 //!
-//! ```ignore
+//! ```no_run
 //! use hearth_guest::{export_tracker, Entries, RunInfo, Tracker, Value};
 //! use std::io::Write;
 //!

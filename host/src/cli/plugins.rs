@@ -84,8 +84,8 @@ pub(super) fn execute(args: PluginsArgs) -> Result<(), Failure> {
                 println!("no plugins found");
             }
             println!(
-                "{:<16} {:<9} {:<16} {:<40} {}",
-                "NAME", "VERSION", "KIND", "WORLD", "FOUND IN"
+                "{:<16} {:<9} {:<16} {:<40} FOUND IN",
+                "NAME", "VERSION", "KIND", "WORLD"
             );
             for f in reg.plugins() {
                 let m = &f.manifest;

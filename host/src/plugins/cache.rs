@@ -106,3 +106,68 @@ impl ComponentCache {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    const WAT: &str = r#"(component (core module (func (export "f"))))"#;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("hearth-cache-test-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn a_hit_skips_compiling_and_a_corrupt_or_truncated_entry_is_a_miss() {
+        let engine = Engine::default();
+        let dir = scratch("corrupt");
+        let cache = ComponentCache::new(dir.clone(), &engine);
+        let compiled = Cell::new(0);
+        let get = || {
+            cache
+                .get_or_compile(&engine, WAT.as_bytes(), || {
+                    compiled.set(compiled.get() + 1);
+                    Ok(Component::new(&engine, WAT).unwrap())
+                })
+                .map(drop)
+        };
+        get().unwrap();
+        get().unwrap();
+        assert_eq!(
+            compiled.get(),
+            1,
+            "the second load must come from the cache"
+        );
+
+        let entry = cache.entry_path(WAT.as_bytes());
+        let mut bytes = std::fs::read(&entry).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        std::fs::write(&entry, &bytes).unwrap();
+        get().unwrap();
+        assert_eq!(compiled.get(), 2, "a corrupt entry is recompiled");
+        get().unwrap();
+        assert_eq!(compiled.get(), 2, "and rewritten");
+
+        std::fs::write(&entry, &bytes[..10]).unwrap();
+        get().unwrap();
+        assert_eq!(compiled.get(), 3, "a truncated entry is recompiled");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn entries_are_keyed_by_content_and_engine() {
+        let engine = Engine::default();
+        let cache = ComponentCache::new(scratch("keys"), &engine);
+        assert_ne!(cache.entry_path(b"a"), cache.entry_path(b"b"));
+        let other = Engine::new(wasmtime::Config::new().epoch_interruption(true)).unwrap();
+        assert_ne!(
+            cache.entry_path(b"a"),
+            ComponentCache::new(scratch("keys"), &other).entry_path(b"a")
+        );
+    }
+}

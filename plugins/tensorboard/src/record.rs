@@ -8,7 +8,7 @@ const CRC32C: Crc<u32> = Crc::<u32>::new(&CRC_32_ISCSI);
 /// TensorFlow's masked CRC32C (`tensorflow/core/lib/hash/crc32c.h`).
 pub fn masked_crc(data: &[u8]) -> u32 {
     let crc = CRC32C.checksum(data);
-    ((crc >> 15) | (crc << 17)).wrapping_add(0xa282_ead8)
+    crc.rotate_right(15).wrapping_add(0xa282_ead8)
 }
 
 /// `data` framed as one record.
@@ -30,5 +30,12 @@ mod tests {
     fn crc32c_check_value() {
         // The CRC-32C check value of "123456789" (RFC 3720, B.4).
         assert_eq!(CRC32C.checksum(b"123456789"), 0xe306_9283);
+    }
+
+    #[test]
+    fn masked_like_tensorboard() {
+        // tensorboard.summary.writer.record_writer.masked_crc32c of the same bytes.
+        assert_eq!(masked_crc(b"brain.Event:2"), 0x7c06_01ee);
+        assert_eq!(masked_crc(&13u64.to_le_bytes()), 0x34b8_373c);
     }
 }
