@@ -57,15 +57,20 @@ build: setup plugins
 	cargo build --workspace
 
 # The built-in plugins (plugins/*) for wasm32-wasip2, installed as
-# target/plugins/<name>/{plugin.toml,<name>.wasm} where hearth finds them.
+# target/plugins/<name>/{plugin.toml,<component>} where hearth finds them.
+# A crate installs its plugin.toml, or one plugin per manifests/*.toml (the
+# schedules crate: one component under a name per schedule).
 plugins: wasm-target
 	cd plugins && cargo build --release --quiet
-	@for dir in plugins/*/; do \
-		[ -f $$dir/plugin.toml ] || continue; \
-		name=$$(basename $$dir); \
+	@rm -rf target/plugins
+	@for manifest in plugins/*/plugin.toml plugins/*/manifests/*.toml; do \
+		[ -f $$manifest ] || continue; \
+		crate=$$(echo $$manifest | cut -d/ -f2); \
+		name=$$(sed -n 's/^name *= *"\(.*\)"/\1/p' $$manifest); \
+		component=$$(sed -n 's/^component *= *"\(.*\)"/\1/p' $$manifest); \
 		mkdir -p target/plugins/$$name; \
-		cp $$dir/plugin.toml target/plugins/$$name/; \
-		cp target/plugins-build/wasm32-wasip2/release/hearth_plugin_$${name//-/_}.wasm target/plugins/$$name/$$name.wasm; \
+		cp $$manifest target/plugins/$$name/plugin.toml; \
+		cp target/plugins-build/wasm32-wasip2/release/hearth_plugin_$${crate//-/_}.wasm target/plugins/$$name/$$component; \
 	done
 
 # Third-party trackers in other languages (examples/trackers), built against

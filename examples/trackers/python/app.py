@@ -11,7 +11,9 @@ from wit_world.imports import log as host
 class Tracker(exports.Tracker):
     """The exported `tracker` interface. Return normally for `ok`; raise
     `Err(message)` for `err`. Any other exception traps the instance (hearth
-    then starts a fresh one), so each method turns them into `Err`."""
+    then starts a fresh one), so each method turns them into `Err`.
+    componentize-py makes a new instance of this class for every call: state
+    lives on the class (module level), not on `self`."""
 
     out = None
 

@@ -1,7 +1,7 @@
-//! `hearth plugins list | inspect NAME | check PATH`.
+//! `hearth plugins list | inspect NAME | check PATH | schedule NAME`.
 
 use super::Failure;
-use crate::plugins::{check_plugin, Manifest, Registry, SearchPath};
+use crate::plugins::{check_plugin, load_scheduler, Manifest, Registry, SearchPath};
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 
@@ -32,6 +32,58 @@ enum PluginsCommand {
         /// The plugin's folder.
         path: PathBuf,
     },
+    /// Print the rates a scheduler plugin gives, one step per line (`step lr…`).
+    Schedule(ScheduleArgs),
+}
+
+/// Arguments of `hearth plugins schedule`.
+#[derive(Debug, Args)]
+struct ScheduleArgs {
+    /// The scheduler plugin's name.
+    name: String,
+    /// Base rate of a parameter group (repeat for more groups).
+    #[arg(long, default_value = "0.001")]
+    lr: Vec<f64>,
+    /// Steps to print (and the run's total steps the schedule is told).
+    #[arg(long, default_value_t = 100)]
+    steps: u64,
+    /// The schedule's options, a JSON object (as the config's `[scheduler]` table).
+    #[arg(long, default_value = "{}")]
+    options: String,
+    /// Comma-separated metrics, the i-th observed before step i+1 (reduce-on-plateau).
+    #[arg(long, value_delimiter = ',')]
+    observe: Vec<f64>,
+    /// At this step, save the schedule's state, load it into a fresh instance and go on with that.
+    #[arg(long, value_name = "STEP")]
+    reload_at: Option<u64>,
+}
+
+fn schedule(registry: &Registry, args: &ScheduleArgs) -> Result<(), Failure> {
+    let manifest = &registry
+        .find(&args.name)
+        .map_err(Failure::bad_input)?
+        .manifest;
+    let load = || {
+        load_scheduler(manifest, &args.options, &args.lr, Some(args.steps))
+            .map_err(Failure::bad_input)
+    };
+    let mut schedule = load()?;
+    for step in 0..args.steps {
+        if step > 0 {
+            if let Some(metric) = args.observe.get(step as usize - 1) {
+                schedule.observe(*metric).map_err(Failure::failed)?;
+            }
+        }
+        if args.reload_at == Some(step) {
+            let state = schedule.save().map_err(Failure::failed)?;
+            schedule = load()?;
+            schedule.load(&state).map_err(Failure::failed)?;
+        }
+        let lrs = schedule.lrs(step).map_err(Failure::failed)?;
+        let lrs: Vec<String> = lrs.iter().map(|lr| format!("{lr:e}")).collect();
+        println!("{step} {}", lrs.join(" "));
+    }
+    Ok(())
 }
 
 fn registry(args: &PluginsArgs) -> Result<Registry, Failure> {
@@ -112,6 +164,7 @@ pub(super) fn execute(args: PluginsArgs) -> Result<(), Failure> {
             println!("{}", describe(&manifest));
             println!("{}", verdict(&manifest)?);
         }
+        PluginsCommand::Schedule(schedule_args) => schedule(&registry(&args)?, schedule_args)?,
     }
     Ok(())
 }

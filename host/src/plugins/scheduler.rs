@@ -24,8 +24,9 @@ pub struct SchedulerPlugin {
 }
 
 /// Loads the scheduler `manifest` describes and creates its schedule from
-/// `options_json`, the optimizer's base rates per parameter group and the
-/// total number of steps, when known.
+/// `options_json` (a JSON object, over the manifest's `[options]`), the
+/// optimizer's base rates per parameter group and the total number of
+/// steps, when known.
 pub fn load_scheduler(
     manifest: &Manifest,
     options_json: &str,
@@ -35,6 +36,8 @@ pub fn load_scheduler(
     let plugin = Prepared::new(manifest, PluginKind::Scheduler, None, |linker| {
         Bindings::add_to_linker::<PluginState, HasSelf<PluginState>>(linker, |s| s)
     })?;
+    let options = with_defaults(manifest, options_json)?;
+    let options_json = options.as_str();
     let mut store = plugin.store().map_err(|e| plugin.refused(e))?;
     let bindings = Bindings::instantiate(&mut store, &plugin.component, &plugin.linker)
         .map_err(|e| plugin.refused(e))?;
@@ -65,6 +68,21 @@ pub fn load_scheduler(
         groups: base_lrs.len(),
         poisoned: false,
     })
+}
+
+/// The user's options over the manifest's defaults.
+fn with_defaults(manifest: &Manifest, options_json: &str) -> Result<String, PluginError> {
+    let user: serde_json::Map<String, serde_json::Value> = serde_json::from_str(options_json)
+        .map_err(|e| PluginError::Runtime {
+            name: manifest.name.clone(),
+            message: format!("scheduler options are not a JSON object: {e}"),
+        })?;
+    let mut merged = serde_json::to_value(&manifest.options)
+        .ok()
+        .and_then(|v| v.as_object().cloned())
+        .unwrap_or_default();
+    merged.extend(user);
+    Ok(serde_json::Value::Object(merged).to_string())
 }
 
 fn fault(plugin: &Prepared, what: &str, cause: String) -> PluginError {

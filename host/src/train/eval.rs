@@ -28,6 +28,17 @@ pub enum Evaluation {
     },
 }
 
+impl Evaluation {
+    /// The number a schedule observes: accuracy for exact match (use
+    /// `mode = "max"` with reduce-on-plateau), else the validation loss.
+    pub fn metric(&self) -> f64 {
+        match *self {
+            Self::ExactMatch { accuracy, .. } => accuracy,
+            Self::ValidationLoss { loss, .. } => loss,
+        }
+    }
+}
+
 impl std::fmt::Display for Evaluation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

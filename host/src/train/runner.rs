@@ -379,6 +379,12 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
             if step % every == 0 && step != steps {
                 if let Some(e) = run_eval() {
                     progress.log(format!("step {step}: {e}"));
+                    if let Some(schedule) = schedule.as_mut() {
+                        // reduce-on-plateau reacts to it; other schedules ignore it.
+                        schedule
+                            .observe(e.metric())
+                            .map_err(TrainError::Scheduler)?;
+                    }
                     acc.log(eval_entries(&e), step);
                 }
             }

@@ -58,3 +58,28 @@ def test_a_bad_schedule_is_refused_naming_the_plugin(hearth, tmp_path, table, me
     assert out.returncode == 2
     assert message in out.stderr and config.name in out.stderr, out.stderr
     assert not (tmp_path / "runs" / "short" / "model.safetensors").exists()
+
+
+def test_reduce_on_plateau_observes_each_evaluation(hearth, tmp_path):
+    """With `eval.every = 10`, the run feeds each evaluation's accuracy to
+    the schedule; PyTorch's ReduceLROnPlateau fed the same accuracies gives
+    the same rate at every step."""
+    text = job('[scheduler]\nname = "reduce-on-plateau"\nmode = "max"\npatience = 0\nfactor = 0.5\n')
+    config = write_config(tmp_path, text.replace("[eval]\nsamples = 20", "[eval]\nsamples = 20\nevery = 10"))
+    out = hearth("run", config)
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(l) for l in (tmp_path / "runs/short/trackers/jsonl/metrics.jsonl").read_text().splitlines()]
+    logged = [l["lr"] for l in lines if "lr" in l]
+    accuracy = {l["step"]: l["eval/accuracy"] for l in lines if "eval/accuracy" in l}
+    assert sorted(accuracy) == [10, 20, 30, 40]
+
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=LR)
+    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="max", patience=0, factor=0.5)
+    expected = []
+    for step in range(1, STEPS + 1):
+        expected.append(opt.param_groups[0]["lr"])
+        opt.step()
+        if step % 10 == 0 and step != STEPS:
+            sched.step(accuracy[step])
+    assert logged == pytest.approx(expected, rel=1e-12)
+    assert len(set(logged)) > 1  # it did reduce
