@@ -1,5 +1,6 @@
 """Hostile and malformed plugins (fixtures in tests/plugins, built here):
-each is contained with a message naming it, the run completes, a well-behaved
+each is contained with a message naming it, the run completes (and its
+training loop never waits for them), a well-behaved
 tracker beside them still sees every step, and nothing outside a tracker's
 own folder is touched."""
 import os
@@ -14,6 +15,7 @@ from conftest import LOGGED_STEPS, SHORT_JOB, make_plugin, run_hearth, tracker_t
 HOSTILE = {
     "trap": "",
     "spin": "[limits]\ncall-timeout-ms = 300\n",
+    "sleep": "[limits]\ncall-timeout-ms = 300\n",
     "hog": "[limits]\nmemory-mb = 32\n",
     "snoop": "",
     "socket": "",
@@ -99,6 +101,12 @@ def test_a_trap_drops_the_instance_and_a_fresh_one_goes_on(hostile_run):
 def test_an_endless_loop_hits_the_deadline_and_is_disabled(hostile_run):
     lines = warnings(hostile_run["out"], "spin")
     assert sum("exceeded its call deadline of 300 ms" in l for l in lines) == 3
+    assert "disabled after 3 faults" in lines[-1]
+
+
+def test_a_call_blocked_in_the_host_is_abandoned_at_the_deadline(hostile_run):
+    lines = warnings(hostile_run["out"], "sleep")
+    assert sum("exceeded its call deadline of 300 ms (blocked in a host call)" in l for l in lines) == 3, lines
     assert "disabled after 3 faults" in lines[-1]
 
 

@@ -9,6 +9,7 @@ pub mod tracker {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "hearth:plugin/tracker-plugin",
+        exports: { default: async },
     });
 }
 
@@ -18,6 +19,7 @@ pub mod scheduler {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "hearth:plugin/scheduler-plugin",
+        exports: { default: async },
         with: {
             "hearth:plugin/log": super::tracker::hearth::plugin::log,
         },

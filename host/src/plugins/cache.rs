@@ -6,6 +6,12 @@
 //! that is truncated, corrupt or from another engine is a miss and is
 //! rewritten, never a crash. The folder is `$HEARTH_CACHE_DIR`, else
 //! `$XDG_CACHE_HOME/hearth/components`, else `~/.cache/hearth/components`.
+//!
+//! Trust: an entry is native code the host runs, so the cache is trusted
+//! like the `hearth` binary itself. The checksum catches damage, not an
+//! attacker; what keeps others out is ownership: the folder is created
+//! private (0700), and an entry is used only if it and its folder belong to
+//! this user and nobody else can write them.
 
 use super::PluginError;
 use crate::durable::write_atomically;
@@ -74,6 +80,13 @@ impl ComponentCache {
     }
 
     fn load(&self, engine: &Engine, path: &Path) -> Option<Component> {
+        if !path.exists() {
+            return None;
+        }
+        if let Err(why) = private(&self.dir).and_then(|()| private(path)) {
+            tracing::warn!("not using plugin cache entry {}: {why}", path.display());
+            return None;
+        }
         let data = std::fs::read(path).ok()?;
         if data.len() < 32 || Sha256::digest(&data[32..]).as_slice() != &data[..32] {
             tracing::warn!(
@@ -82,9 +95,9 @@ impl ComponentCache {
             );
             return None;
         }
-        // SAFETY: the payload was produced by `Component::serialize` of an
-        // engine with the same compatibility hash (it is in the file name),
-        // and its checksum matches, so it is the bytes this host wrote.
+        // SAFETY: the entry is in a folder only this user can write (checked
+        // above), and its checksum matches, so it is what `Component::serialize`
+        // of an engine with this compatibility hash (in the file name) wrote.
         match unsafe { Component::deserialize(engine, &data[32..]) } {
             Ok(c) => Some(c),
             Err(e) => {
@@ -99,12 +112,54 @@ impl ComponentCache {
 
     fn store(&self, path: &Path, component: &Component) -> std::io::Result<()> {
         let payload = component.serialize().map_err(std::io::Error::other)?;
-        std::fs::create_dir_all(&self.dir)?;
+        create_private_dir(&self.dir)?;
         write_atomically(path, |f| {
             f.write_all(&Sha256::digest(&payload))?;
             f.write_all(&payload)
         })
     }
+}
+
+/// Creates `dir` (and missing parents) readable and writable by this user only.
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+    }
+    #[cfg(not(unix))]
+    std::fs::create_dir_all(dir)
+}
+
+/// Whether `path` belongs to this user and only this user can write it.
+fn private(path: &Path) -> Result<(), String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+        if meta.mode() & 0o022 != 0 {
+            return Err(format!(
+                "{} is writable by others (mode {:o})",
+                path.display(),
+                meta.mode() & 0o777
+            ));
+        }
+        // /proc/self belongs to this process's effective user.
+        if let Ok(me) = std::fs::metadata("/proc/self") {
+            if meta.uid() != me.uid() {
+                return Err(format!(
+                    "{} belongs to another user (uid {})",
+                    path.display(),
+                    meta.uid()
+                ));
+            }
+        }
+    }
+    let _ = path;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -156,6 +211,32 @@ mod tests {
         std::fs::write(&entry, &bytes[..10]).unwrap();
         get().unwrap();
         assert_eq!(compiled.get(), 3, "a truncated entry is recompiled");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn an_entry_others_can_write_is_not_used() {
+        use std::os::unix::fs::PermissionsExt;
+        let engine = Engine::default();
+        let dir = scratch("shared");
+        let cache = ComponentCache::new(dir.clone(), &engine);
+        let compiled = Cell::new(0);
+        let get = || {
+            cache
+                .get_or_compile(&engine, WAT.as_bytes(), || {
+                    compiled.set(compiled.get() + 1);
+                    Ok(Component::new(&engine, WAT).unwrap())
+                })
+                .map(drop)
+        };
+        get().unwrap();
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "the cache folder is created private");
+        let entry = cache.entry_path(WAT.as_bytes());
+        std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o666)).unwrap();
+        get().unwrap();
+        assert_eq!(compiled.get(), 2, "a world-writable entry is not trusted");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

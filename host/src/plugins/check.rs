@@ -13,11 +13,20 @@ use wasmtime::component::HasSelf;
 pub fn check_plugin(manifest: &Manifest) -> Result<ComponentReport, PluginError> {
     match manifest.kind {
         PluginKind::Tracker => {
+            // A fresh folder of our own (create_dir fails if it exists, so
+            // nobody can have planted a link there).
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
             let scratch = std::env::temp_dir().join(format!(
-                "hearth-check-{}-{}",
+                "hearth-check-{}-{}-{nanos}",
                 manifest.name,
                 std::process::id()
             ));
+            std::fs::create_dir(&scratch).map_err(|source| PluginError::Io {
+                path: scratch.clone(),
+                source,
+            })?;
             let result = load_tracker(manifest, &scratch).map(drop);
             let _ = std::fs::remove_dir_all(&scratch);
             result?;
@@ -26,8 +35,8 @@ pub fn check_plugin(manifest: &Manifest) -> Result<ComponentReport, PluginError>
             let plugin = Prepared::new(manifest, PluginKind::Scheduler, None, |linker| {
                 SchedulerBindings::add_to_linker::<PluginState, HasSelf<PluginState>>(linker, |s| s)
             })?;
-            let mut store = plugin.store().map_err(|e| plugin.refused(e))?;
-            SchedulerBindings::instantiate(&mut store, &plugin.component, &plugin.linker)
+            plugin
+                .instantiate(async |s, c, l| SchedulerBindings::instantiate_async(s, c, l).await)
                 .map_err(|e| plugin.refused(e))?;
         }
         // No adapter yet: compile and check the world only.

@@ -1,14 +1,25 @@
 //! The kind-independent half of every adapter: read and check the component,
 //! compile it (through the cache), link WASI and the world's imports, make
 //! sandboxed stores, call under the deadline, and say why a call failed.
+//!
+//! Every call (and instantiation) has two clocks: the epoch deadline traps
+//! a guest running wasm, and a host timer abandons a guest blocked inside a
+//! host call (a WASI clock poll) — calls are async, so dropping the call
+//! cancels the wait. Either way the store is poisoned and must be dropped.
 
 use super::engine::EPOCH_TICK;
 use super::inspect::{check_is_component, check_world, report};
 use super::sandbox::PluginState;
 use super::{Manifest, PluginEngine, PluginError, PluginKind};
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Store, Trap};
+
+/// A call abandoned by the host timer (the guest was blocked in a host call).
+#[derive(Debug, thiserror::Error)]
+#[error("the call did not return within its deadline")]
+pub(crate) struct CallTimedOut;
 
 /// A plugin compiled and linked, ready to instantiate any number of times.
 pub(crate) struct Prepared {
@@ -17,6 +28,8 @@ pub(crate) struct Prepared {
     pub(crate) linker: Linker<PluginState>,
     /// The folder preopened for it (a tracker's logging folder), if any.
     files: Option<PathBuf>,
+    /// Drives its async calls on the calling thread.
+    runtime: tokio::runtime::Runtime,
 }
 
 impl Prepared {
@@ -52,8 +65,15 @@ impl Prepared {
             name: name.into(),
             message: format!("{e:#}"),
         };
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(runtime)?;
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(runtime)?;
         add_world(&mut linker).map_err(runtime)?;
+        let executor = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .map_err(|e| PluginError::Runtime {
+                name: name.into(),
+                message: format!("cannot start its executor: {e}"),
+            })?;
         let files = files
             .filter(|_| manifest.permissions.logging_dir)
             .map(Path::to_path_buf);
@@ -68,6 +88,7 @@ impl Prepared {
             component,
             linker,
             files,
+            runtime: executor,
         })
     }
 
@@ -107,14 +128,40 @@ impl Prepared {
         ticks as u64 + 1
     }
 
-    /// Runs `f` on `store` with a fresh call deadline.
-    pub(crate) fn call<T>(
-        &self,
-        store: &mut Store<PluginState>,
-        f: impl FnOnce(&mut Store<PluginState>) -> wasmtime::Result<T>,
-    ) -> wasmtime::Result<T> {
+    /// Arms `store`'s epoch deadline for one call.
+    pub(crate) fn arm(&self, store: &mut Store<PluginState>) {
         store.set_epoch_deadline(self.deadline_ticks());
-        f(store)
+    }
+
+    /// Runs one call (or instantiation) of an armed store to completion, or
+    /// abandons it when the host timer runs out (two ticks after the epoch
+    /// deadline, which catches a guest running wasm first).
+    pub(crate) fn run<T>(
+        &self,
+        call: impl Future<Output = wasmtime::Result<T>>,
+    ) -> wasmtime::Result<T> {
+        let limit = self.manifest.limits.call_timeout() + 2 * EPOCH_TICK;
+        self.runtime.block_on(async {
+            match tokio::time::timeout(limit, call).await {
+                Ok(result) => result,
+                Err(_) => Err(CallTimedOut.into()),
+            }
+        })
+    }
+
+    /// Instantiates `bindings` in a fresh store under the call deadline.
+    pub(crate) fn instantiate<B>(
+        &self,
+        instantiate: impl AsyncFnOnce(
+            &mut Store<PluginState>,
+            &Component,
+            &Linker<PluginState>,
+        ) -> wasmtime::Result<B>,
+    ) -> wasmtime::Result<(Store<PluginState>, B)> {
+        let mut store = self.store()?;
+        self.arm(&mut store);
+        let bindings = self.run(instantiate(&mut store, &self.component, &self.linker))?;
+        Ok((store, bindings))
     }
 
     /// Why a call failed, in the user's terms: the deadline, the memory cap,
@@ -125,6 +172,12 @@ impl Prepared {
         if let Some(Trap::Interrupt) = trap {
             return format!(
                 "exceeded its call deadline of {} ms",
+                limits.call_timeout_ms
+            );
+        }
+        if error.downcast_ref::<CallTimedOut>().is_some() {
+            return format!(
+                "exceeded its call deadline of {} ms (blocked in a host call)",
                 limits.call_timeout_ms
             );
         }

@@ -14,6 +14,17 @@ use wasmtime::component::ResourceTable;
 use wasmtime::{StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
+/// Linear memories per instance; each is capped at the manifest's `memory-mb`.
+const MAX_MEMORIES: usize = 8;
+/// Tables per instance.
+const MAX_TABLES: usize = 64;
+/// Elements of one table.
+const MAX_TABLE_ELEMENTS: usize = 1 << 20;
+/// Core instances in one component instance.
+const MAX_INSTANCES: usize = 256;
+/// Live WASI resources (open files, streams, pollables) per instance.
+const MAX_RESOURCES: usize = 256;
+
 /// Where a tracker's logging folder appears inside the sandbox.
 pub const LOGS_GUEST_PATH: &str = "/logs";
 
@@ -42,14 +53,24 @@ impl PluginState {
                     message: format!("cannot open its logging folder {}: {e}", dir.display()),
                 })?;
         }
+        // The memory cap is per linear memory, so the number of memories,
+        // tables, table elements and instances is capped too (generously
+        // for a componentize-py runtime, far below what hurts the host).
         let limits = StoreLimitsBuilder::new()
             .memory_size(limits.memory_bytes())
+            .memories(MAX_MEMORIES)
+            .tables(MAX_TABLES)
+            .table_elements(MAX_TABLE_ELEMENTS)
+            .instances(MAX_INSTANCES)
             .trap_on_grow_failure(true)
             .build();
+        // Each open file is a host file descriptor for as long as the store lives.
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(MAX_RESOURCES);
         Ok(Self {
             name,
             wasi: wasi.build(),
-            table: ResourceTable::new(),
+            table,
             limits,
         })
     }

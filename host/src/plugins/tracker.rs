@@ -9,6 +9,7 @@
 use super::bindings::tracker::TrackerPlugin as Bindings;
 use super::runtime::Prepared;
 use super::sandbox::PluginState;
+use super::stdio::clip;
 use super::{Entries, Manifest, PluginError, PluginKind, RunInfo};
 use std::path::{Path, PathBuf};
 use wasmtime::component::HasSelf;
@@ -16,6 +17,9 @@ use wasmtime::Store;
 
 /// Faults after which a tracker is disabled for the rest of the run.
 pub const MAX_FAULTS: u32 = 3;
+
+/// Longest error message from a tracker that reaches the log.
+const MAX_MESSAGE: usize = 1000;
 
 struct Live {
     store: Store<PluginState>,
@@ -53,14 +57,18 @@ pub fn load_tracker(manifest: &Manifest, logs: &Path) -> Result<TrackerPlugin, P
 }
 
 fn instantiate(plugin: &Prepared) -> wasmtime::Result<Live> {
-    let mut store = plugin.store()?;
-    let bindings = Bindings::instantiate(&mut store, &plugin.component, &plugin.linker)?;
+    let (store, bindings) =
+        plugin.instantiate(async |s, c, l| Bindings::instantiate_async(s, c, l).await)?;
     Ok(Live { store, bindings })
 }
 
-type Call<'a> = Box<
-    dyn FnOnce(&Bindings, &mut Store<PluginState>) -> wasmtime::Result<Result<(), String>> + 'a,
->;
+/// One call into the tracker interface.
+#[derive(Clone, Copy)]
+enum Call<'a> {
+    Start(&'a RunInfo, &'a Entries),
+    Log(u64, &'a Entries),
+    Finish,
+}
 
 impl TrackerPlugin {
     /// The plugin's name.
@@ -83,62 +91,73 @@ impl TrackerPlugin {
         self.faults
     }
 
+    /// The limit on one call, from its manifest.
+    pub fn call_timeout(&self) -> std::time::Duration {
+        self.plugin.manifest.limits.call_timeout()
+    }
+
     /// Begins the run (Accelerate's `store_init_configuration`).
     pub fn start(&mut self, run: RunInfo, config: Entries) {
-        self.started = Some((run.clone(), config.clone()));
-        self.call(
-            "start",
-            Box::new(move |b, s| b.hearth_plugin_tracker().call_start(s, &run, &config)),
-        );
+        self.call("start", Call::Start(&run, &config));
+        self.started = Some((run, config));
     }
 
     /// Logs `values` at `step`.
     pub fn log(&mut self, step: u64, values: &Entries) {
-        self.call(
-            "log",
-            Box::new(move |b, s| b.hearth_plugin_tracker().call_log(s, step, values)),
-        );
+        self.call("log", Call::Log(step, values));
     }
 
     /// Ends the run.
     pub fn finish(&mut self) {
-        self.call(
-            "finish",
-            Box::new(|b, s| b.hearth_plugin_tracker().call_finish(s)),
-        );
+        self.call("finish", Call::Finish);
     }
 
-    fn call(&mut self, what: &str, f: Call<'_>) {
+    fn call(&mut self, what: &str, call: Call<'_>) {
         if self.disabled {
             return;
         }
         if self.live.is_none() {
             match instantiate(&self.plugin) {
                 Ok(live) => self.live = Some(live),
-                Err(e) => return self.fault(what, format!("could not be re-instantiated: {e:#}")),
+                Err(e) => {
+                    let cause =
+                        format!("could not be re-instantiated: {}", self.plugin.describe(&e));
+                    return self.fault(what, cause);
+                }
             }
             // A fresh instance has lost its state: begin the run again.
-            if let (Some((run, config)), false) = (self.started.clone(), what == "start") {
-                let replay: Call<'_> =
-                    Box::new(move |b, s| b.hearth_plugin_tracker().call_start(s, &run, &config));
-                self.invoke("start (replayed after a fault)", replay);
+            if let (Some((run, config)), false) = (self.started.take(), what == "start") {
+                self.invoke("start (replayed after a fault)", Call::Start(&run, &config));
+                self.started = Some((run, config));
                 if self.live.is_none() {
                     return;
                 }
             }
         }
-        self.invoke(what, f);
+        self.invoke(what, call);
     }
 
-    /// Calls into the live instance under the deadline; a trap drops it.
-    fn invoke(&mut self, what: &str, f: Call<'_>) {
+    /// Calls into the live instance under the deadline; a trap or timeout drops it.
+    fn invoke(&mut self, what: &str, call: Call<'_>) {
         let Some(live) = self.live.as_mut() else {
             return;
         };
-        let bindings = &live.bindings;
-        match self.plugin.call(&mut live.store, |s| f(bindings, s)) {
+        let (plugin, store) = (&self.plugin, &mut live.store);
+        let tracker = live.bindings.hearth_plugin_tracker();
+        plugin.arm(store);
+        let result = plugin.run(async {
+            match call {
+                Call::Start(run, config) => tracker.call_start(store, run, config).await,
+                Call::Log(step, values) => tracker.call_log(store, step, values).await,
+                Call::Finish => tracker.call_finish(store).await,
+            }
+        });
+        match result {
             Ok(Ok(())) => {}
-            Ok(Err(message)) => self.fault(what, format!("returned an error: {message}")),
+            Ok(Err(message)) => self.fault(
+                what,
+                format!("returned an error: {}", clip(&message, MAX_MESSAGE)),
+            ),
             Err(trap) => {
                 self.live = None;
                 let cause = self.plugin.describe(&trap);

@@ -95,6 +95,12 @@ impl Tracker for DvcLive {
         write_file("/logs/params.yaml", &text)?;
         fs::create_dir_all("/logs/plots/metrics")
             .map_err(|e| format!("/logs/plots/metrics: {e}"))?;
+        // A replayed `start` (after a fault) keeps the latest values so far.
+        if let Ok(text) = fs::read_to_string("/logs/metrics.json") {
+            if let Ok(Json::Object(latest)) = serde_json::from_str(&text) {
+                self.latest = latest;
+            }
+        }
         self.started = true;
         Ok(())
     }

@@ -22,6 +22,8 @@ use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 const RUNNING: u8 = 1;
+/// `<run id> <start ms>` of the run this store is writing.
+const RUN_FILE: &str = "/logs/.hearth-run";
 const FINISHED: u8 = 3;
 
 fn now_ms() -> u128 {
@@ -126,21 +128,33 @@ impl Tracker for Mlflow {
         if fs::metadata(&exp_meta).is_err() {
             write_file(&exp_meta, &experiment_meta(&experiment, &run.project, ms))?;
         }
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let run_id = format!(
-            "{:016x}{:016x}",
-            fnv(run.run.as_bytes()),
-            fnv(&nanos.to_le_bytes())
-        );
+        // After a fault the host starts a fresh instance and replays `start`:
+        // carry on with the same run (its id is kept in the store's root).
+        let (run_id, start) = match fs::read_to_string(RUN_FILE).ok().and_then(|t| {
+            let (id, start) = t.trim().split_once(' ')?;
+            Some((id.to_string(), start.parse().ok()?))
+        }) {
+            Some(resumed) => resumed,
+            None => {
+                let nanos = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or(0);
+                let id = format!(
+                    "{:016x}{:016x}",
+                    fnv(run.run.as_bytes()),
+                    fnv(&nanos.to_le_bytes())
+                );
+                write_file(RUN_FILE, &format!("{id} {ms}"))?;
+                (id, ms)
+            }
+        };
         let dir = format!("/logs/{experiment}/{run_id}");
         let meta = RunMeta {
             experiment,
             run_id,
             run_name: run.run.clone(),
-            start: ms,
+            start,
         };
         write_file(&format!("{dir}/meta.yaml"), &meta.yaml(RUNNING, None))?;
         fs::create_dir_all(format!("{dir}/artifacts"))

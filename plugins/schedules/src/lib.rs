@@ -111,7 +111,9 @@ impl Factor {
                 let shift = timescale as f64 - warmup as f64;
                 1.0 / ((step as f64 + shift) / timescale as f64).sqrt()
             }
-            Factor::Step { size, gamma } => gamma.powi((step / size) as i32),
+            Factor::Step { size, gamma } => {
+                gamma.powi(i32::try_from(step / size).unwrap_or(i32::MAX))
+            }
         }
     }
 }
@@ -132,6 +134,9 @@ impl OneCycle {
             .count("total-steps")?
             .or(total)
             .ok_or("needs `total-steps` (the run's steps are not known)")?;
+        if total == 0 {
+            return Err("`one-cycle` needs at least 1 step".into());
+        }
         let max = o
             .numbers("max-lr", base.len())?
             .unwrap_or_else(|| base.to_vec());
@@ -280,6 +285,9 @@ fn create(
                 ));
             }
             let power = o.number("power")?.unwrap_or(1.0);
+            if power <= 0.0 {
+                return Err(format!("`power` must be > 0, not {power}"));
+            }
             (
                 Factor::Polynomial {
                     warmup,
