@@ -85,8 +85,13 @@ $(EXAMPLES)/python-tracker/python-tracker.wasm: examples/trackers/python/app.py 
 	cd examples/trackers/python && ../../../$(VENV)/bin/componentize-py -d ../../../wit -w tracker-plugin componentize app -o ../../../$@
 	cp examples/trackers/python/plugin.toml $(@D)/
 
+# `npm install --no-save` installs what package-lock.json pins without
+# rewriting it; npm 11's `npm ci` refuses this lock (it wants entries for
+# other platforms' optional binaries that npm itself did not record).
+# package.json names preview2-shim (an optional peer of componentize-js)
+# so that npm does not prune it as extraneous.
 $(JS_EXAMPLE)/node_modules/.package-lock.json: $(JS_EXAMPLE)/package-lock.json
-	cd $(JS_EXAMPLE) && npm ci --no-audit --no-fund --loglevel=error
+	cd $(JS_EXAMPLE) && npm install --no-save --no-audit --no-fund --loglevel=error
 
 $(EXAMPLES)/js-tracker/js-tracker.wasm: $(JS_EXAMPLE)/tracker.js $(JS_EXAMPLE)/world.wit $(JS_EXAMPLE)/build.mjs $(JS_EXAMPLE)/plugin.toml wit/plugin.wit $(JS_EXAMPLE)/node_modules/.package-lock.json
 	node $(JS_EXAMPLE)/build.mjs $@
