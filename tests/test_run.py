@@ -129,3 +129,14 @@ def test_progress_is_logged_and_loss_is_finite(hearth, tmp_path):
     summary = json.loads((tmp_path / "runs" / "sort-digits" / "summary.json").read_text())
     assert summary["steps"] == 40 and math.isfinite(summary["final_loss"])
     assert summary["tokens_per_sec"] > 0
+
+
+def test_the_peer_snapshot_is_the_shared_peer_script():
+    """tests/oracles holds a snapshot of shared/bench/peer_gpt_accelerate.py
+    for clones that have no shared folder beside them; it must not drift."""
+    import pytest
+
+    shared = peer_gpt.shared_peer_script()
+    if shared is None:
+        pytest.skip("no shared folder here: the snapshot is the oracle")
+    assert peer_gpt.SNAPSHOT.read_bytes() == shared.read_bytes(), f"copy {shared} to {peer_gpt.SNAPSHOT}"

@@ -15,7 +15,8 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SHARED = pathlib.Path(os.environ.get("HEARTH_SHARED_DIR", ROOT.parent / "shared"))
+sys.path.insert(0, str(ROOT / "tests" / "oracles"))
+from peer_gpt import peer_script  # noqa: E402  (shared/bench, found as the tests find it)
 HEARTH = pathlib.Path(os.environ.get("HEARTH_BIN", ROOT / "target" / "debug" / "hearth"))
 STEPS = 60
 
@@ -31,7 +32,7 @@ def hearth_tokens_per_sec(out_dir: pathlib.Path) -> float:
 
 def peer_tokens_per_sec() -> float:
     out = subprocess.run(
-        [sys.executable, SHARED / "bench" / "peer_gpt_accelerate.py", str(STEPS)],
+        [sys.executable, peer_script(), str(STEPS)],
         check=True,
         capture_output=True,
         text=True,
