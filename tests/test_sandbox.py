@@ -117,8 +117,12 @@ def test_unbounded_allocation_hits_the_memory_cap(hostile_run):
 
 
 def test_files_outside_its_folder_are_out_of_reach(hostile_run):
-    (line,) = warnings(hostile_run["out"], "snoop")
+    line, links = warnings(hostile_run["out"], "snoop")
     assert "failed in start: returned an error: denied: read /etc/passwd" in line
+    # The relative link it made to ../../config.toml is gone after the run.
+    assert "left 1 symbolic link(s)" in links and "leak -> ../../config.toml" in links
+    folder = hostile_run["run"] / "trackers" / "snoop"
+    assert not any(p.is_symlink() for p in folder.rglob("*"))
     attempts = (hostile_run["run"] / "trackers" / "snoop" / "attempts.txt").read_text().splitlines()
     assert len(attempts) == 8
     assert all(a.startswith("denied: ") for a in attempts), attempts

@@ -117,6 +117,7 @@ def test_state_round_trips_mid_schedule(hearth, case):
         ("reduce-on-plateau", {"mode": "up"}, '`mode` must be "min" or "max"'),
         ("polynomial", {"lr-end": 1.0}, "`lr-end` (1) must be smaller than the initial rate (0.1)"),
         ("constant", {"warmup-steps": 3}, "unknown option `warmup-steps` (`constant` takes none)"),
+        ("cosine", {"schedule": "linear"}, "option `schedule` is preset by the plugin's manifest"),
     ],
 )
 def test_bad_options_are_refused_naming_plugin_and_option(hearth, name, options, message):

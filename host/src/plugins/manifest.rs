@@ -12,7 +12,7 @@
 //! [limits]
 //! memory-mb = 64            # default 64, at most 1024
 //! call-timeout-ms = 5000    # default 5000, at most 60000
-//! [options]                 # schedulers: defaults for the user's options
+//! [options]                 # schedulers: presets added to the user's options
 //! ```
 
 use super::PluginError;
@@ -166,8 +166,9 @@ pub struct Manifest {
     /// Resource limits.
     #[serde(default)]
     pub limits: Limits,
-    /// Default options (schedulers): the user's options override them. One
-    /// component can so be installed under several names, each preset.
+    /// Preset options (schedulers), added to the user's, who may not set
+    /// them. One component can so be installed under several names, each
+    /// meaning one preset.
     #[serde(default)]
     pub options: toml::Table,
     /// The folder holding the manifest.

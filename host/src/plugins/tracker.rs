@@ -62,6 +62,26 @@ fn instantiate(plugin: &Prepared) -> wasmtime::Result<Live> {
     Ok(Live { store, bindings })
 }
 
+/// Removes every symbolic link under `dir`, noting each with its target.
+fn remove_links(dir: &Path, removed: &mut Vec<(PathBuf, PathBuf)>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                let target = std::fs::read_link(&path).unwrap_or_default();
+                if std::fs::remove_file(&path).is_ok() {
+                    removed.push((path, target));
+                }
+            }
+            Ok(meta) if meta.is_dir() => remove_links(&path, removed),
+            _ => {}
+        }
+    }
+}
+
 /// One call into the tracker interface.
 #[derive(Clone, Copy)]
 enum Call<'a> {
@@ -107,9 +127,23 @@ impl TrackerPlugin {
         self.call("log", Call::Log(step, values));
     }
 
-    /// Ends the run.
+    /// Ends the run, then removes any symbolic link it left in its folder:
+    /// the sandbox never follows one out, but host tools (tar -h, uploaders)
+    /// would, so a tracker's folder holds files and folders only.
     pub fn finish(&mut self) {
         self.call("finish", Call::Finish);
+        let mut removed = Vec::new();
+        remove_links(&self.logs, &mut removed);
+        if let Some((link, target)) = removed.first() {
+            tracing::warn!(
+                "tracker plugin `{}` left {} symbolic link(s) in {} (e.g. {} -> {}); removed them",
+                self.name(),
+                removed.len(),
+                self.logs.display(),
+                link.display(),
+                target.display()
+            );
+        }
     }
 
     fn call(&mut self, what: &str, call: Call<'_>) {

@@ -14,6 +14,11 @@ fn attempt(what: &str, result: std::io::Result<String>) -> String {
     }
 }
 
+extern "C" {
+    /// wasi-libc's symlink(2) (std's wrapper is unstable on WASI).
+    fn symlink(target: *const std::ffi::c_char, link: *const std::ffi::c_char) -> std::ffi::c_int;
+}
+
 #[derive(Default)]
 struct Snoop;
 
@@ -51,6 +56,10 @@ impl Tracker for Snoop {
                 std::env::var("HOME").map_err(std::io::Error::other),
             ),
         ];
+        // Allowed inside its folder, but a trap for host tools that follow
+        // links: the host removes links when the tracker finishes.
+        // SAFETY: wasi-libc's symlink(2), with NUL-terminated paths.
+        unsafe { symlink(c"../../config.toml".as_ptr(), c"/logs/leak".as_ptr()) };
         let text = outcomes.join("\n");
         std::fs::write("/logs/attempts.txt", &text).map_err(|e| e.to_string())?;
         Err(text.replace('\n', "; "))
