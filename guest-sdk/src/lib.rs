@@ -65,6 +65,8 @@ pub mod bindings {
     }
 }
 
+pub mod files;
+
 pub use bindings::tracker::hearth::plugin::types::{RunInfo, Value};
 
 /// Named values, in the order the host sent them.

@@ -176,20 +176,27 @@ mod tests {
         dir
     }
 
+    /// Loads the test component through `cache`, counting compilations.
+    fn load(
+        cache: &ComponentCache,
+        engine: &Engine,
+        compiled: &Cell<u32>,
+    ) -> Result<(), PluginError> {
+        cache
+            .get_or_compile(engine, WAT.as_bytes(), || {
+                compiled.set(compiled.get() + 1);
+                Ok(Component::new(engine, WAT).unwrap())
+            })
+            .map(drop)
+    }
+
     #[test]
     fn a_hit_skips_compiling_and_a_corrupt_or_truncated_entry_is_a_miss() {
         let engine = Engine::default();
         let dir = scratch("corrupt");
         let cache = ComponentCache::new(dir.clone(), &engine);
         let compiled = Cell::new(0);
-        let get = || {
-            cache
-                .get_or_compile(&engine, WAT.as_bytes(), || {
-                    compiled.set(compiled.get() + 1);
-                    Ok(Component::new(&engine, WAT).unwrap())
-                })
-                .map(drop)
-        };
+        let get = || load(&cache, &engine, &compiled);
         get().unwrap();
         get().unwrap();
         assert_eq!(
@@ -222,14 +229,7 @@ mod tests {
         let dir = scratch("shared");
         let cache = ComponentCache::new(dir.clone(), &engine);
         let compiled = Cell::new(0);
-        let get = || {
-            cache
-                .get_or_compile(&engine, WAT.as_bytes(), || {
-                    compiled.set(compiled.get() + 1);
-                    Ok(Component::new(&engine, WAT).unwrap())
-                })
-                .map(drop)
-        };
+        let get = || load(&cache, &engine, &compiled);
         get().unwrap();
         let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o700, "the cache folder is created private");

@@ -1,17 +1,16 @@
 //! `hearth plugins check`: everything load does, without a run.
 
 use super::bindings::scheduler::SchedulerPlugin as SchedulerBindings;
-use super::inspect::report;
 use super::runtime::Prepared;
 use super::sandbox::PluginState;
-use super::{load_tracker, ComponentReport, Manifest, PluginEngine, PluginError, PluginKind};
+use super::{load_tracker, ComponentReport, Manifest, PluginError, PluginKind};
 use wasmtime::component::HasSelf;
 
 /// Compiles the plugin, checks its world and version and, for kinds the
 /// host can already run, instantiates it in its sandbox (a tracker with a
 /// throwaway logging folder). Returns what the component exports and imports.
 pub fn check_plugin(manifest: &Manifest) -> Result<ComponentReport, PluginError> {
-    match manifest.kind {
+    let report = match manifest.kind {
         PluginKind::Tracker => {
             // A fresh folder of our own (create_dir fails if it exists, so
             // nobody can have planted a link there).
@@ -27,9 +26,9 @@ pub fn check_plugin(manifest: &Manifest) -> Result<ComponentReport, PluginError>
                 path: scratch.clone(),
                 source,
             })?;
-            let result = load_tracker(manifest, &scratch).map(drop);
+            let result = load_tracker(manifest, &scratch).map(|t| t.report().clone());
             let _ = std::fs::remove_dir_all(&scratch);
-            result?;
+            result?
         }
         PluginKind::Scheduler => {
             let plugin = Prepared::new(manifest, PluginKind::Scheduler, None, |linker| {
@@ -38,17 +37,12 @@ pub fn check_plugin(manifest: &Manifest) -> Result<ComponentReport, PluginError>
             plugin
                 .instantiate(async |s, c, l| SchedulerBindings::instantiate_async(s, c, l).await)
                 .map_err(|e| plugin.refused(e))?;
+            plugin.report
         }
         // No adapter yet: compile and check the world only.
         PluginKind::CheckpointHook | PluginKind::WrapPolicy => {
-            Prepared::new(manifest, manifest.kind, None, |_| Ok(()))?;
+            Prepared::new(manifest, manifest.kind, None, |_| Ok(()))?.report
         }
-    }
-    let engine = PluginEngine::global();
-    let bytes = std::fs::read(manifest.component_path()).map_err(|source| PluginError::Io {
-        path: manifest.component_path(),
-        source,
-    })?;
-    let component = engine.compile(&manifest.name, &manifest.component_path(), &bytes)?;
-    Ok(report(engine.engine(), &component))
+    };
+    Ok(report)
 }

@@ -10,7 +10,7 @@
 use super::engine::EPOCH_TICK;
 use super::inspect::{check_is_component, check_world, report};
 use super::sandbox::PluginState;
-use super::{Manifest, PluginEngine, PluginError, PluginKind};
+use super::{ComponentReport, Manifest, PluginEngine, PluginError, PluginKind};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use wasmtime::component::{Component, Linker};
@@ -26,6 +26,8 @@ pub(crate) struct Prepared {
     pub(crate) manifest: Manifest,
     pub(crate) component: Component,
     pub(crate) linker: Linker<PluginState>,
+    /// What the component exports and imports.
+    pub(crate) report: ComponentReport,
     /// The folder preopened for it (a tracker's logging folder), if any.
     files: Option<PathBuf>,
     /// Drives its async calls on the calling thread.
@@ -58,7 +60,8 @@ impl Prepared {
         check_is_component(name, &path, &bytes)?;
         let engine = PluginEngine::global();
         let component = engine.compile(name, &path, &bytes)?;
-        check_world(name, &path, kind, &report(engine.engine(), &component))?;
+        let report = report(engine.engine(), &component);
+        check_world(name, &path, kind, &report)?;
 
         let mut linker = Linker::new(engine.engine());
         let runtime = |e: wasmtime::Error| PluginError::Runtime {
@@ -87,6 +90,7 @@ impl Prepared {
             manifest: manifest.clone(),
             component,
             linker,
+            report,
             files,
             runtime: executor,
         })

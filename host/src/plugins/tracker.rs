@@ -101,6 +101,11 @@ impl TrackerPlugin {
         &self.logs
     }
 
+    /// What its component exports and imports.
+    pub(crate) fn report(&self) -> &super::ComponentReport {
+        &self.plugin.report
+    }
+
     /// Whether repeated faults disabled it.
     pub fn is_disabled(&self) -> bool {
         self.disabled

@@ -9,18 +9,10 @@
 //!
 //! Only numbers are metrics; text values are skipped, as DVCLive does.
 
+use hearth_guest::files::{write_atomically, Appenders};
 use hearth_guest::{export_tracker, Entries, Tracker, Value};
 use serde_json::{json, Map, Value as Json};
-use std::collections::hash_map::{Entry, HashMap};
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
-
-fn write_file(path: &str, text: &str) -> Result<(), String> {
-    let tmp = format!("{path}.tmp");
-    fs::write(&tmp, text)
-        .and_then(|_| fs::rename(&tmp, path))
-        .map_err(|e| format!("{path}: {e}"))
-}
+use std::fs;
 
 /// Inserts `value` at the path `parts` in a nested object.
 fn insert(root: &mut Map<String, Json>, parts: &[&str], value: Json) {
@@ -74,8 +66,8 @@ fn number(value: &Value) -> Option<Json> {
 struct DvcLive {
     started: bool,
     latest: Map<String, Json>,
-    /// Open `.tsv` files, by path.
-    plots: HashMap<String, File>,
+    /// Open `.tsv` files.
+    plots: Appenders,
 }
 
 impl Tracker for DvcLive {
@@ -92,7 +84,7 @@ impl Tracker for DvcLive {
         }
         let mut text = String::new();
         yaml(&mut text, &params, 0);
-        write_file("/logs/params.yaml", &text)?;
+        write_atomically("/logs/params.yaml", &text)?;
         fs::create_dir_all("/logs/plots/metrics")
             .map_err(|e| format!("/logs/plots/metrics: {e}"))?;
         // A replayed `start` (after a fault) keeps the latest values so far.
@@ -117,31 +109,16 @@ impl Tracker for DvcLive {
                 .collect();
             let Some(last) = parts.last() else { continue };
             let path = format!("/logs/plots/metrics/{}.tsv", parts.join("/"));
-            let file = match self.plots.entry(path.clone()) {
-                Entry::Occupied(open) => open.into_mut(),
-                Entry::Vacant(slot) => {
-                    let dir = path.rsplit_once('/').map(|(d, _)| d).unwrap_or("/logs");
-                    fs::create_dir_all(dir).map_err(|e| format!("{dir}: {e}"))?;
-                    let mut file = OpenOptions::new()
-                        .create(true)
-                        .append(true)
-                        .open(&path)
-                        .map_err(|e| format!("{path}: {e}"))?;
-                    if file.metadata().map(|m| m.len() == 0).unwrap_or(true) {
-                        writeln!(file, "step\t{last}").map_err(|e| format!("{path}: {e}"))?;
-                    }
-                    slot.insert(file)
-                }
-            };
-            // One write per row: the file is unbuffered, and each write is a host call.
-            let row = format!("{step}\t{v}\n");
-            file.write_all(row.as_bytes())
-                .map_err(|e| format!("{path}: {e}"))?;
+            self.plots.append(
+                &path,
+                Some(&format!("step\t{last}")),
+                &format!("{step}\t{v}"),
+            )?;
             insert(&mut self.latest, &parts, v);
         }
         self.latest.insert("step".into(), json!(step));
         let text = serde_json::to_string_pretty(&self.latest).map_err(|e| e.to_string())?;
-        write_file("/logs/metrics.json", &text)
+        write_atomically("/logs/metrics.json", &text)
     }
 }
 

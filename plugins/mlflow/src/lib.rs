@@ -15,10 +15,9 @@
 //! The sandbox hides the host path of `/logs`, so artifact locations are
 //! written relative to the store root; hearth logs no artifacts.
 
+use hearth_guest::files::{write_atomically, Appenders};
 use hearth_guest::{export_tracker, Entries, RunInfo, Tracker, Value};
-use std::collections::hash_map::{Entry, HashMap};
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::fs;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 const RUNNING: u8 = 1;
@@ -60,17 +59,6 @@ fn key(name: &str) -> String {
     k.trim_matches('/').replace("..", "__")
 }
 
-fn write_file(path: &str, text: &str) -> Result<(), String> {
-    if let Some((dir, _)) = path.rsplit_once('/') {
-        fs::create_dir_all(dir).map_err(|e| format!("{dir}: {e}"))?;
-    }
-    // Write-then-rename so a reader never sees half a meta.yaml.
-    let tmp = format!("{path}.tmp");
-    fs::write(&tmp, text)
-        .and_then(|_| fs::rename(&tmp, path))
-        .map_err(|e| format!("{path}: {e}"))
-}
-
 fn experiment_meta(id: &str, name: &str, ms: u128) -> String {
     format!(
         "artifact_location: {loc}\ncreation_time: {ms}\nexperiment_id: {id}\nlast_update_time: {ms}\n\
@@ -86,9 +74,8 @@ struct Mlflow {
     /// `/logs/<exp>/<run>`, once started.
     dir: Option<String>,
     meta: Option<RunMeta>,
-    /// Open metric files, by metric key (opening one per call costs more
-    /// than the write).
-    metrics: HashMap<String, File>,
+    /// Open metric files.
+    metrics: Appenders,
 }
 
 struct RunMeta {
@@ -119,14 +106,14 @@ impl Tracker for Mlflow {
     fn start(&mut self, run: RunInfo, config: Entries) -> Result<(), String> {
         let ms = now_ms();
         if fs::metadata("/logs/0/meta.yaml").is_err() {
-            write_file("/logs/0/meta.yaml", &experiment_meta("0", "Default", ms))?;
+            write_atomically("/logs/0/meta.yaml", &experiment_meta("0", "Default", ms))?;
         }
         // MLflow's file store uses decimal experiment ids; derive a stable
         // one from the project name (63 bits, never 0).
         let experiment = ((fnv(run.project.as_bytes()) >> 1).max(1)).to_string();
         let exp_meta = format!("/logs/{experiment}/meta.yaml");
         if fs::metadata(&exp_meta).is_err() {
-            write_file(&exp_meta, &experiment_meta(&experiment, &run.project, ms))?;
+            write_atomically(&exp_meta, &experiment_meta(&experiment, &run.project, ms))?;
         }
         // After a fault the host starts a fresh instance and replays `start`:
         // carry on with the same run (its id is kept in the store's root).
@@ -145,7 +132,7 @@ impl Tracker for Mlflow {
                     fnv(run.run.as_bytes()),
                     fnv(&nanos.to_le_bytes())
                 );
-                write_file(RUN_FILE, &format!("{id} {ms}"))?;
+                write_atomically(RUN_FILE, &format!("{id} {ms}"))?;
                 (id, ms)
             }
         };
@@ -156,7 +143,7 @@ impl Tracker for Mlflow {
             run_name: run.run.clone(),
             start,
         };
-        write_file(&format!("{dir}/meta.yaml"), &meta.yaml(RUNNING, None))?;
+        write_atomically(&format!("{dir}/meta.yaml"), &meta.yaml(RUNNING, None))?;
         fs::create_dir_all(format!("{dir}/artifacts"))
             .map_err(|e| format!("{dir}/artifacts: {e}"))?;
         for (name, text) in [
@@ -165,7 +152,7 @@ impl Tracker for Mlflow {
             ("mlflow.source.name", "hearth"),
             ("mlflow.source.type", "LOCAL"),
         ] {
-            write_file(&format!("{dir}/tags/{name}"), text)?;
+            write_atomically(&format!("{dir}/tags/{name}"), text)?;
         }
         for (name, value) in &config {
             let text = match value {
@@ -174,7 +161,7 @@ impl Tracker for Mlflow {
                 Value::Boolean(v) => if *v { "True" } else { "False" }.to_string(),
                 Value::Text(v) => v.clone(),
             };
-            write_file(&format!("{dir}/params/{}", key(name)), &text)?;
+            write_atomically(&format!("{dir}/params/{}", key(name)), &text)?;
         }
         self.dir = Some(dir);
         self.meta = Some(meta);
@@ -190,38 +177,21 @@ impl Tracker for Mlflow {
                 Value::Int(v) => v as f64,
                 Value::Boolean(v) => f64::from(u8::from(v)),
                 Value::Text(text) => {
-                    write_file(&format!("{dir}/tags/{}", key(&name)), &text)?;
+                    write_atomically(&format!("{dir}/tags/{}", key(&name)), &text)?;
                     continue;
                 }
             };
-            let key = key(&name);
-            let path = format!("{dir}/metrics/{key}");
-            let file = match self.metrics.entry(key) {
-                Entry::Occupied(open) => open.into_mut(),
-                Entry::Vacant(slot) => {
-                    if let Some((parent, _)) = path.rsplit_once('/') {
-                        fs::create_dir_all(parent).map_err(|e| format!("{parent}: {e}"))?;
-                    }
-                    let file = OpenOptions::new()
-                        .create(true)
-                        .append(true)
-                        .open(&path)
-                        .map_err(|e| format!("{path}: {e}"))?;
-                    slot.insert(file)
-                }
-            };
-            // One write per line: the file is unbuffered, and each write is a host call.
-            let line = format!("{ms} {number:?} {step}\n");
-            file.write_all(line.as_bytes())
-                .map_err(|e| format!("{path}: {e}"))?;
+            let path = format!("{dir}/metrics/{}", key(&name));
+            self.metrics
+                .append(&path, None, &format!("{ms} {number:?} {step}"))?;
         }
         Ok(())
     }
 
     fn finish(&mut self) -> Result<(), String> {
-        self.metrics.clear();
+        self.metrics.close_all();
         if let (Some(dir), Some(meta)) = (self.dir.take(), self.meta.take()) {
-            write_file(
+            write_atomically(
                 &format!("{dir}/meta.yaml"),
                 &meta.yaml(FINISHED, Some(now_ms())),
             )?;

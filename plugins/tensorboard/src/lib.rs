@@ -171,11 +171,6 @@ impl Tracker for TensorBoard {
             )],
         )?;
         self.config = config;
-        self.file
-            .as_mut()
-            .map(|f| f.flush())
-            .transpose()
-            .map_err(|e| e.to_string())?;
         Ok(())
     }
 
@@ -194,11 +189,6 @@ impl Tracker for TensorBoard {
         }
         self.last_step = self.last_step.max(step);
         self.write_summary(step, summary)?;
-        self.file
-            .as_mut()
-            .map(|f| f.flush())
-            .transpose()
-            .map_err(|e| e.to_string())?;
         Ok(())
     }
 
