@@ -1,11 +1,20 @@
-// The few ATen kernels hearth needs that tch 0.24 does not bind: libtorch's
-// fused optimizer steps and the foreach norm used by gradient clipping.
+// The few ATen pieces hearth needs that tch 0.24 does not bind: libtorch's
+// fused optimizer steps, the foreach norm used by gradient clipping, the AMP
+// kernels of the gradient scaler, autocast on any device type, and the
+// state of the default random generators.
 //
 // Every function takes tch's tensor handles (`at::Tensor*`), never throws
 // across the C boundary, and returns NULL on success or an error message that
 // the caller releases with `hearth_free_error`.
 
+#include <ATen/Context.h>
+#include <ATen/DeviceAccelerator.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
+#include <ATen/ops/_amp_update_scale.h>
+#include <ATen/ops/_fused_adam.h>
 #include <ATen/ops/_foreach_add.h>
 #include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/_foreach_norm.h>
@@ -15,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <vector>
 
 namespace {
@@ -60,6 +70,20 @@ char *hearth_fused_adamw(at::Tensor **params, at::Tensor **grads, at::Tensor **e
   });
 }
 
+// One Adam step (L2 weight decay added to the gradient), as
+// torch.optim.Adam(fused=True).
+char *hearth_fused_adam(at::Tensor **params, at::Tensor **grads, at::Tensor **exp_avgs,
+                        at::Tensor **exp_avg_sqs, at::Tensor **steps, size_t n, double lr,
+                        double beta1, double beta2, double weight_decay, double eps) {
+  return guarded([&] {
+    auto p = gather(params, n), g = gather(grads, n), m = gather(exp_avgs, n),
+         v = gather(exp_avg_sqs, n), s = gather(steps, n);
+    at::_foreach_add_(s, 1);
+    at::_fused_adam_(p, g, m, v, {}, s, lr, beta1, beta2, weight_decay, eps,
+                     /*amsgrad=*/false, /*maximize=*/false);
+  });
+}
+
 // One SGD step (weight decay, momentum, dampening, Nesterov) with libtorch's
 // fused kernel; `first_step` initialises the momentum buffers from the grads.
 char *hearth_fused_sgd(at::Tensor **params, at::Tensor **grads, at::Tensor **momentum_buffers,
@@ -88,6 +112,76 @@ char *hearth_foreach_mul_(at::Tensor **tensors, size_t n, at::Tensor *factor) {
   return guarded([&] {
     auto t = gather(tensors, n);
     at::_foreach_mul_(t, *factor);
+  });
+}
+
+// grads[i] *= inv_scale, and found_inf (a 1-element float tensor) becomes 1
+// when any gradient holds an inf or NaN (GradScaler.unscale_).
+char *hearth_amp_unscale_(at::Tensor **grads, size_t n, at::Tensor *found_inf,
+                          at::Tensor *inv_scale) {
+  return guarded([&] {
+    auto g = gather(grads, n);
+    at::_amp_foreach_non_finite_check_and_unscale_(g, *found_inf, *inv_scale);
+  });
+}
+
+// GradScaler.update: backs `scale` off when found_inf, else grows it after
+// `growth_interval` clean steps counted in `growth_tracker` (an int tensor).
+char *hearth_amp_update_scale_(at::Tensor *scale, at::Tensor *growth_tracker,
+                               at::Tensor *found_inf, double growth_factor,
+                               double backoff_factor, int64_t growth_interval) {
+  return guarded([&] {
+    at::_amp_update_scale_(*scale, *growth_tracker, *found_inf, growth_factor, backoff_factor,
+                           growth_interval);
+  });
+}
+
+// Turns autocast on or off for a device type (c10::DeviceType as int) with
+// the given dtype (c10::ScalarType as int); the previous state goes to
+// `was_enabled` and `was_dtype`. Entering counts a nesting level, leaving
+// clears the cast cache when the outermost level ends.
+char *hearth_autocast_set(int device_type, bool enabled, int dtype, bool entering,
+                          bool *was_enabled, int *was_dtype) {
+  return guarded([&] {
+    auto dev = static_cast<c10::DeviceType>(device_type);
+    *was_enabled = at::autocast::is_autocast_enabled(dev);
+    *was_dtype = static_cast<int>(at::autocast::get_autocast_dtype(dev));
+    at::autocast::set_autocast_enabled(dev, enabled);
+    at::autocast::set_autocast_dtype(dev, static_cast<c10::ScalarType>(dtype));
+    if (entering) {
+      at::autocast::increment_nesting();
+    } else if (at::autocast::decrement_nesting() == 0) {
+      at::autocast::clear_cache();
+    }
+  });
+}
+
+// The state of the default generator of a device (CPU: index -1) as a new
+// uint8 tensor owned by the caller.
+char *hearth_rng_get_state(int device_type, int index, at::Tensor **out) {
+  return guarded([&] {
+    auto dev = at::Device(static_cast<c10::DeviceType>(device_type), index);
+    auto gen = at::globalContext().defaultGenerator(dev);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    *out = new at::Tensor(gen.get_state());
+  });
+}
+
+// Restores a state returned by hearth_rng_get_state.
+char *hearth_rng_set_state(int device_type, int index, at::Tensor *state) {
+  return guarded([&] {
+    auto dev = at::Device(static_cast<c10::DeviceType>(device_type), index);
+    auto gen = at::globalContext().defaultGenerator(dev);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(*state);
+  });
+}
+
+// Releases the accelerator's cached, unused memory (torch.cuda.empty_cache);
+// nothing on a machine without one.
+char *hearth_empty_device_cache() {
+  return guarded([&] {
+    if (at::accelerator::getAccelerator(false).has_value()) at::accelerator::emptyCache();
   });
 }
 

@@ -14,5 +14,7 @@ pub mod dist;
 pub mod durable;
 pub mod models;
 pub mod ops;
+pub mod optim;
 pub mod plugins;
+pub mod precision;
 pub mod train;

@@ -7,28 +7,17 @@
 use hearth::checkpoint::save_safetensors;
 use hearth::data::{SortDigits, TokenDataset};
 use hearth::models::{Gpt, GptConfig, Model};
-use hearth::ops::{AdamWHyper, SgdHyper};
+use hearth::ops::{AdamHyper, SgdHyper};
+use hearth::optim::{Adam, Optimizer, ParamGroup, Sgd};
 use hearth::train::lm_loss;
-use hearth::train::optim::{AdamW, Optimizer, Sgd};
 use rand::SeedableRng;
-use std::path::{Path, PathBuf};
 use std::process::Command;
+
+mod common;
+use common::{python, repo_root};
 use tch::{Device, Kind, Tensor};
 
-const STEPS: usize = 3;
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn python() -> PathBuf {
-    std::env::var_os("HEARTH_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join(".venv/bin/python"))
-}
+const STEPS: usize = 20;
 
 /// Trains a tiny GPT for a few steps with `make_opt`, writes everything the
 /// oracle needs to `dir`, and runs the oracle with `optimizer_json`.
@@ -36,7 +25,7 @@ fn check_against_pytorch(
     name: &str,
     optimizer_json: &str,
     max_grad_norm: Option<f64>,
-    make_opt: impl Fn(Vec<Tensor>) -> Box<dyn Optimizer>,
+    make_opt: impl Fn(Vec<(String, Tensor)>) -> Box<dyn Optimizer>,
 ) {
     let dir = std::env::temp_dir().join(format!("hearth-parity-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -54,12 +43,7 @@ fn check_against_pytorch(
     let batch = SortDigits::new(8).sample_batch(6, &mut rand_chacha::ChaCha8Rng::seed_from_u64(3));
     let logits = tch::no_grad(|| model.forward_t(&batch.inputs, false));
 
-    let params: Vec<Tensor> = model
-        .named_parameters()
-        .into_iter()
-        .map(|(_, t)| t)
-        .collect();
-    let mut opt = make_opt(params);
+    let mut opt = make_opt(model.named_parameters());
     let mut losses = Vec::new();
     let mut norms = Vec::new();
     for _ in 0..STEPS {
@@ -67,8 +51,10 @@ fn check_against_pytorch(
         loss.backward();
         if let Some(max) = max_grad_norm {
             norms.push(
-                f64::try_from(hearth::accelerator::clip_grad_norm_(opt.parameters(), max).unwrap())
-                    .unwrap(),
+                f64::try_from(
+                    hearth::accelerator::clip_grad_norm_(&opt.parameters(), max).unwrap(),
+                )
+                .unwrap(),
             );
         }
         opt.step().unwrap();
@@ -117,19 +103,73 @@ fn check_against_pytorch(
     std::fs::remove_dir_all(&dir).ok();
 }
 
+fn tensors(named: Vec<(String, Tensor)>) -> Vec<Tensor> {
+    named.into_iter().map(|(_, t)| t).collect()
+}
+
 #[test]
 fn gpt_with_adamw_and_clipping_matches_pytorch() {
-    let hyper = AdamWHyper {
+    let hyper = AdamHyper {
         lr: 1e-2,
         betas: (0.9, 0.95),
         weight_decay: 0.1,
         eps: 1e-8,
+        decoupled: true,
     };
     check_against_pytorch(
         "adamw",
         r#"{"kind": "adamw", "lr": 0.01, "betas": [0.9, 0.95], "weight_decay": 0.1, "eps": 1e-8}"#,
         Some(0.5),
-        |p| Box::new(AdamW::new(p, hyper)),
+        |p| Box::new(Adam::new(tensors(p), hyper)),
+    );
+}
+
+#[test]
+fn gpt_with_adam_and_l2_decay_matches_pytorch() {
+    let hyper = AdamHyper {
+        lr: 5e-3,
+        betas: (0.9, 0.999),
+        weight_decay: 0.01,
+        eps: 1e-8,
+        decoupled: false,
+    };
+    check_against_pytorch(
+        "adam",
+        r#"{"kind": "adam", "lr": 0.005, "betas": [0.9, 0.999], "weight_decay": 0.01, "eps": 1e-8}"#,
+        None,
+        |p| Box::new(Adam::new(tensors(p), hyper)),
+    );
+}
+
+/// Biases and layer norms in a second group with their own rate and no
+/// weight decay, as in PyTorch's `param_groups`.
+#[test]
+fn adamw_param_groups_match_pytorch() {
+    let hyper = AdamHyper {
+        lr: 1e-2,
+        betas: (0.9, 0.999),
+        weight_decay: 0.1,
+        eps: 1e-8,
+        decoupled: true,
+    };
+    check_against_pytorch(
+        "adamw-groups",
+        r#"{"kind": "adamw", "lr": 0.01, "betas": [0.9, 0.999], "weight_decay": 0.1, "eps": 1e-8,
+            "groups": [{"match": "", "exclude": ["bias", "ln"]}, {"match": ["bias", "ln"], "lr": 0.003, "weight_decay": 0.0}]}"#,
+        None,
+        |p| {
+            let exempt = |n: &str| n.contains("bias") || n.contains("ln");
+            let (no_decay, decay): (Vec<_>, Vec<_>) = p.into_iter().partition(|(n, _)| exempt(n));
+            Box::new(Adam::new(
+                vec![
+                    ParamGroup::new(tensors(decay)),
+                    ParamGroup::new(tensors(no_decay))
+                        .lr(3e-3)
+                        .weight_decay(0.0),
+                ],
+                hyper,
+            ))
+        },
     );
 }
 
@@ -146,7 +186,7 @@ fn gpt_with_nesterov_sgd_matches_pytorch() {
         "sgd-nesterov",
         r#"{"kind": "sgd", "lr": 0.1, "momentum": 0.9, "dampening": 0.0, "weight_decay": 0.001, "nesterov": true}"#,
         None,
-        |p| Box::new(Sgd::new(p, hyper)),
+        |p| Box::new(Sgd::new(tensors(p), hyper)),
     );
 }
 
@@ -163,6 +203,6 @@ fn gpt_with_plain_sgd_matches_pytorch() {
         "sgd",
         r#"{"kind": "sgd", "lr": 0.05, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": false}"#,
         Some(1.0),
-        |p| Box::new(Sgd::new(p, hyper)),
+        |p| Box::new(Sgd::new(tensors(p), hyper)),
     );
 }

@@ -33,10 +33,20 @@ def main(folder: pathlib.Path) -> int:
         close("logits", io["logits"], model(x))
 
     o = spec["optimizer"]
-    if o["kind"] == "adamw":
-        opt = torch.optim.AdamW(model.parameters(), lr=o["lr"], betas=tuple(o["betas"]), weight_decay=o["weight_decay"], eps=o["eps"])
+    params = model.parameters()
+    if "groups" in o:
+        # Each group takes the parameters whose name contains one of its
+        # "match" strings ("" matches all) and none of its "exclude" ones.
+        def members(g):
+            match = g["match"] if isinstance(g["match"], list) else [g["match"]]
+            return [p for n, p in sorted(model.named_parameters()) if any(m in n for m in match) and not any(x in n for x in g.get("exclude", []))]
+
+        params = [{"params": members(g), **{k: g[k] for k in ("lr", "weight_decay") if k in g}} for g in o["groups"]]
+    if o["kind"] in ("adamw", "adam"):
+        cls = torch.optim.AdamW if o["kind"] == "adamw" else torch.optim.Adam
+        opt = cls(params, lr=o["lr"], betas=tuple(o["betas"]), weight_decay=o["weight_decay"], eps=o["eps"])
     else:
-        opt = torch.optim.SGD(model.parameters(), lr=o["lr"], momentum=o["momentum"], dampening=o["dampening"], weight_decay=o["weight_decay"], nesterov=o["nesterov"])
+        opt = torch.optim.SGD(params, lr=o["lr"], momentum=o["momentum"], dampening=o["dampening"], weight_decay=o["weight_decay"], nesterov=o["nesterov"])
     losses, norms = [], []
     for _ in range(spec["steps"]):
         logits = model(x)
@@ -53,7 +63,7 @@ def main(folder: pathlib.Path) -> int:
     d = spec["d_model"]
     for name, value in model.state_dict().items():
         ours = after[name]
-        if o["kind"] == "adamw" and name.endswith("qkv.bias"):
+        if o["kind"] in ("adamw", "adam") and name.endswith("qkv.bias"):
             # The key third of a qkv bias has a gradient that is zero in exact
             # arithmetic (softmax ignores a shift shared by all keys) and pure
             # fp32 rounding noise (~1e-9) in practice; Adam divides it by its

@@ -2,28 +2,84 @@
 
 use super::Accelerator;
 use crate::dist::{ProcessGroup, SingleProcess};
+use crate::precision::{GradScalerConfig, MixedPrecision};
 use tch::Device;
 
 /// Builds an [`Accelerator`].
 ///
 /// Defaults: the first CUDA device of this process when one is available,
-/// else the CPU; a single-process world.
+/// else the CPU; a single-process world; full precision; no accumulation.
+/// Mixed precision, accumulation steps and the CPU flag not given here are
+/// read from `HEARTH_MIXED_PRECISION`, `HEARTH_GRADIENT_ACCUMULATION_STEPS`
+/// and `HEARTH_USE_CPU` (as Accelerate reads `ACCELERATE_*`); what is given
+/// here wins.
 ///
 /// ```no_run
-/// let acc = hearth::accelerator::Accelerator::builder().cpu(true).build();
+/// use hearth::accelerator::Accelerator;
+/// use hearth::precision::MixedPrecision;
+/// let acc = Accelerator::builder()
+///     .cpu(true)
+///     .mixed_precision(MixedPrecision::Bf16)
+///     .gradient_accumulation_steps(4)
+///     .build()?;
 /// assert!(acc.is_main_process());
+/// # Ok::<(), hearth::accelerator::BuildError>(())
 /// ```
 #[derive(Default)]
 pub struct AcceleratorBuilder {
-    cpu: bool,
+    cpu: Option<bool>,
     device: Option<Device>,
     group: Option<Box<dyn ProcessGroup>>,
+    mixed_precision: Option<MixedPrecision>,
+    gradient_accumulation_steps: Option<usize>,
+    split_batches: bool,
+    even_batches: Option<bool>,
+    scaler: GradScalerConfig,
+    cpu_loss_scaling: bool,
+}
+
+/// A bad option or environment variable.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// An environment variable holds something unusable.
+    #[error("environment variable {name}={value:?}: {why}")]
+    Env {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// What it should be.
+        why: String,
+    },
+    /// `gradient_accumulation_steps(0)`.
+    #[error("gradient_accumulation_steps must be at least 1")]
+    ZeroAccumulation,
+}
+
+fn env_var<T>(
+    name: &'static str,
+    parse: impl FnOnce(&str) -> Result<T, String>,
+) -> Result<Option<T>, BuildError> {
+    match std::env::var(name) {
+        Ok(value) if !value.trim().is_empty() => parse(value.trim())
+            .map(Some)
+            .map_err(|why| BuildError::Env { name, value, why }),
+        _ => Ok(None),
+    }
+}
+
+fn parse_bool(s: &str) -> Result<bool, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err("expected true/false (or 1/0)".into()),
+    }
 }
 
 impl AcceleratorBuilder {
     /// Forces the CPU even when a GPU is available (Accelerate's `cpu=True`).
     pub fn cpu(mut self, cpu: bool) -> Self {
-        self.cpu = cpu;
+        self.cpu = Some(cpu);
         self
     }
 
@@ -39,17 +95,89 @@ impl AcceleratorBuilder {
         self
     }
 
+    /// `no`, `bf16` or `fp16` (see [`MixedPrecision`]).
+    pub fn mixed_precision(mut self, mode: MixedPrecision) -> Self {
+        self.mixed_precision = Some(mode);
+        self
+    }
+
+    /// Micro-batches whose gradients add up before each optimizer step.
+    pub fn gradient_accumulation_steps(mut self, steps: usize) -> Self {
+        self.gradient_accumulation_steps = Some(steps);
+        self
+    }
+
+    /// Each batch a prepared loader reads is split between the processes
+    /// (instead of each process reading whole batches); a prepared
+    /// scheduler then steps once per optimizer step instead of
+    /// `num_processes` times.
+    pub fn split_batches(mut self, split: bool) -> Self {
+        self.split_batches = split;
+        self
+    }
+
+    /// Whether prepared loaders give every process the same number of
+    /// batches by completing the last ones from the epoch's start (default true).
+    pub fn even_batches(mut self, even: bool) -> Self {
+        self.even_batches = Some(even);
+        self
+    }
+
+    /// Settings of the fp16 loss scaler (Accelerate's `GradScalerKwargs`).
+    pub fn grad_scaler(mut self, config: GradScalerConfig) -> Self {
+        self.scaler = config;
+        self
+    }
+
+    /// Under fp16, scales the loss on the CPU too. Accelerate never does (on
+    /// the CPU fp16 means float32 training); this exercises the fp16 step
+    /// logic — unscale, skip on overflow, back off — without a GPU.
+    pub fn cpu_loss_scaling(mut self, on: bool) -> Self {
+        self.cpu_loss_scaling = on;
+        self
+    }
+
     /// Creates the accelerator.
-    pub fn build(self) -> Accelerator {
+    pub fn build(self) -> Result<Accelerator, BuildError> {
+        let mixed_precision = match self.mixed_precision {
+            Some(m) => m,
+            None => env_var("HEARTH_MIXED_PRECISION", str::parse)?.unwrap_or_default(),
+        };
+        let steps = match self.gradient_accumulation_steps {
+            Some(s) => s,
+            None => env_var("HEARTH_GRADIENT_ACCUMULATION_STEPS", |s| {
+                s.parse::<usize>()
+                    .ok()
+                    .filter(|&n| n >= 1)
+                    .ok_or_else(|| "expected a whole number of at least 1".to_string())
+            })?
+            .unwrap_or(1),
+        };
+        if steps == 0 {
+            return Err(BuildError::ZeroAccumulation);
+        }
+        let cpu = match self.cpu {
+            Some(c) => c,
+            None => env_var("HEARTH_USE_CPU", parse_bool)?.unwrap_or(false),
+        };
         let group = self.group.unwrap_or_else(|| Box::new(SingleProcess));
         let device = match self.device {
             Some(device) => device,
-            None if self.cpu => Device::Cpu,
+            None if cpu => Device::Cpu,
             None if tch::Cuda::is_available() => {
                 Device::Cuda(group.local_process_index() % tch::Cuda::device_count() as usize)
             }
             None => Device::Cpu,
         };
-        Accelerator::new(device, group)
+        Ok(Accelerator::new(super::facade::Settings {
+            device,
+            group,
+            mixed_precision,
+            gradient_accumulation_steps: steps,
+            split_batches: self.split_batches,
+            even_batches: self.even_batches.unwrap_or(true),
+            scaler: self.scaler,
+            cpu_loss_scaling: self.cpu_loss_scaling,
+        }))
     }
 }

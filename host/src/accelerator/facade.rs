@@ -1,16 +1,76 @@
 //! The `Accelerator` itself.
 
 use super::builder::AcceleratorBuilder;
-use super::TrackerHub;
+use super::optimizer::SharedOptimizer;
+use super::prepare::{Prepare, PrepareError};
+use super::{
+    AcceleratedOptimizer, AcceleratedScheduler, GradientState, LrSchedule, PreparedModel,
+    TrackerHub,
+};
+use crate::data::Shard;
 use crate::dist::ProcessGroup;
+use crate::models::Model;
+use crate::ops::{self, AutocastGuard};
+use crate::optim::Optimizer;
 use crate::plugins::{Entries, RunInfo, TrackerPlugin};
-use tch::{Device, Tensor};
+use crate::precision::{GradScaler, GradScalerConfig, MixedPrecision};
+use std::sync::{Arc, Mutex};
+use tch::{Device, TchError, Tensor};
 
-/// Owns the device and the process group of a training process.
+/// Owns the device, the process group and the training settings of a
+/// training process (Accelerate's `Accelerator`).
+///
+/// ```no_run
+/// # use hearth::accelerator::Accelerator;
+/// # use hearth::data::{DataLoader, Dataset};
+/// # fn demo(model: hearth::models::Mlp, opt: hearth::optim::Sgd,
+/// #         loader: DataLoader<hearth::data::MapStyle<Vec<(tch::Tensor, tch::Tensor)>>>) -> anyhow::Result<()> {
+/// use hearth::models::Model;
+/// let mut acc = Accelerator::builder().gradient_accumulation_steps(2).build()?;
+/// let (model, mut opt, loader) = acc.prepare((model, opt, loader))?;
+/// for (x, y) in loader.iter() {
+///     acc.accumulate(|| -> anyhow::Result<()> {
+///         let loss = model.forward_t(&x, true).mse_loss(&y, tch::Reduction::Mean);
+///         acc.backward(&loss)?;
+///         opt.step()?;
+///         opt.zero_grad();
+///         Ok(())
+///     })?;
+/// }
+/// # Ok(()) }
+/// ```
 pub struct Accelerator {
     device: Device,
     group: Box<dyn ProcessGroup>,
     trackers: Option<TrackerHub>,
+    mixed_precision: MixedPrecision,
+    state: GradientState,
+    split_batches: bool,
+    even_batches: bool,
+    scaler: Option<Arc<Mutex<GradScaler>>>,
+    optimizers: Vec<SharedOptimizer>,
+}
+
+/// What the builder decided.
+pub(super) struct Settings {
+    pub device: Device,
+    pub group: Box<dyn ProcessGroup>,
+    pub mixed_precision: MixedPrecision,
+    pub gradient_accumulation_steps: usize,
+    pub split_batches: bool,
+    pub even_batches: bool,
+    pub scaler: GradScalerConfig,
+    pub cpu_loss_scaling: bool,
+}
+
+/// The random generators' states of a process (Accelerate saves them as
+/// `random_states_<rank>.pkl`): the CPU generator and one per CUDA device.
+#[derive(Debug)]
+pub struct RngState {
+    /// libtorch's default CPU generator.
+    pub cpu: Tensor,
+    /// The default generator of each CUDA device, by index.
+    pub cuda: Vec<Tensor>,
 }
 
 impl Accelerator {
@@ -19,12 +79,123 @@ impl Accelerator {
         AcceleratorBuilder::default()
     }
 
-    pub(super) fn new(device: Device, group: Box<dyn ProcessGroup>) -> Self {
+    pub(super) fn new(s: Settings) -> Self {
+        let scales = s.mixed_precision.scales_loss(s.device)
+            || (s.cpu_loss_scaling && s.mixed_precision == MixedPrecision::Fp16);
+        let scaler = scales.then(|| Arc::new(Mutex::new(GradScaler::new(s.scaler))));
         Self {
-            device,
-            group,
+            device: s.device,
+            group: s.group,
             trackers: None,
+            mixed_precision: s.mixed_precision,
+            state: GradientState::new(s.gradient_accumulation_steps),
+            split_batches: s.split_batches,
+            even_batches: s.even_batches,
+            scaler,
+            optimizers: Vec::new(),
         }
+    }
+
+    /// Prepares models, optimizers, data loaders and schedulers for
+    /// training — one, or several in a tuple, in any order — and returns
+    /// them prepared, in the same order. A scheduler binds to the optimizer
+    /// prepared last (in the same call or before). Preparing twice is
+    /// harmless.
+    pub fn prepare<T: Prepare>(&mut self, objects: T) -> Result<T::Prepared, PrepareError> {
+        objects.prepare_with(self)
+    }
+
+    pub(super) fn wrap_optimizer(&mut self, inner: Box<dyn Optimizer>) -> AcceleratedOptimizer {
+        let opt = AcceleratedOptimizer::new(inner, self.state.clone(), self.scaler.clone());
+        self.remember_optimizer(&opt);
+        opt
+    }
+
+    pub(super) fn remember_optimizer(&mut self, opt: &AcceleratedOptimizer) {
+        let shared = opt.shared();
+        self.optimizers.retain(|o| !Arc::ptr_eq(o, &shared));
+        self.optimizers.push(shared);
+    }
+
+    pub(super) fn wrap_scheduler(
+        &mut self,
+        schedule: Box<dyn LrSchedule>,
+    ) -> Result<AcceleratedScheduler, PrepareError> {
+        let steps = if self.split_batches {
+            1
+        } else {
+            self.num_processes() as u64
+        };
+        AcceleratedScheduler::new(
+            schedule,
+            self.optimizers.last().cloned(),
+            self.state.clone(),
+            steps,
+        )
+        .map_err(PrepareError::Scheduler)
+    }
+
+    /// How prepared data loaders share batches between processes.
+    pub fn shard(&self) -> Shard {
+        Shard {
+            process_index: self.process_index(),
+            num_processes: self.num_processes(),
+            split_batches: self.split_batches,
+            even_batches: self.even_batches,
+        }
+    }
+
+    /// The accumulation state shared with prepared objects.
+    pub fn gradient_state(&self) -> &GradientState {
+        &self.state
+    }
+
+    /// Micro-batches per optimizer step.
+    pub fn gradient_accumulation_steps(&self) -> usize {
+        self.state.num_steps()
+    }
+
+    /// True when the current micro-batch ends an accumulation group.
+    pub fn sync_gradients(&self) -> bool {
+        self.state.sync_gradients()
+    }
+
+    /// The mixed-precision mode.
+    pub fn mixed_precision(&self) -> MixedPrecision {
+        self.mixed_precision
+    }
+
+    /// Runs one micro-batch's work (Accelerate's `with accumulate(model)`):
+    /// first decides whether it ends an accumulation group — every
+    /// `gradient_accumulation_steps`-th micro-batch and the last batch of a
+    /// prepared loader's epoch do — then runs `f`, without gradient
+    /// synchronisation between processes when it does not.
+    pub fn accumulate<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.state.advance();
+        if self.state.sync_gradients() {
+            f()
+        } else {
+            self.no_sync(f)
+        }
+    }
+
+    /// Runs `f` without synchronising gradients between processes (a world
+    /// of one has nothing to synchronise; the distributed backends use it).
+    pub fn no_sync<R>(&self, f: impl FnOnce() -> R) -> R {
+        f()
+    }
+
+    /// Runs `f` with gradient synchronisation on for its backward pass even
+    /// inside `no_sync` (Accelerate's `trigger_sync_in_backward`).
+    pub fn trigger_sync_in_backward<R>(&self, f: impl FnOnce() -> R) -> R {
+        f()
+    }
+
+    /// Autocast for this accelerator's mixed precision while the guard
+    /// lives (`accelerator.autocast()`); `None` in full precision.
+    pub fn autocast(&self) -> Option<AutocastGuard> {
+        let kind = self.mixed_precision.autocast_kind(self.device)?;
+        Some(AutocastGuard::new(self.device, kind).expect("autocast kinds are valid"))
     }
 
     /// The device this process trains on.
@@ -84,20 +255,135 @@ impl Accelerator {
         }
     }
 
-    /// Computes gradients of `loss` (Accelerate's `accelerator.backward`).
-    pub fn backward(&self, loss: &Tensor) {
-        loss.backward();
+    /// The states of the random generators (CPU and each CUDA device).
+    pub fn rng_state(&self) -> Result<RngState, TchError> {
+        let cuda = (0..cuda_devices())
+            .map(|i| ops::rng_state(Device::Cuda(i)))
+            .collect::<Result<_, _>>()?;
+        Ok(RngState {
+            cpu: ops::rng_state(Device::Cpu)?,
+            cuda,
+        })
     }
 
-    /// Clips the total L2 norm of the parameters' gradients to `max_norm` and
-    /// returns the norm before clipping; see [`super::clip_grad_norm_`].
+    /// Restores generator states saved by [`rng_state`](Self::rng_state).
+    pub fn set_rng_state(&self, state: &RngState) -> Result<(), TchError> {
+        ops::set_rng_state(Device::Cpu, &state.cpu)?;
+        for (i, s) in state.cuda.iter().enumerate().take(cuda_devices()) {
+            ops::set_rng_state(Device::Cuda(i), s)?;
+        }
+        Ok(())
+    }
+
+    /// Computes gradients of `loss` divided by the accumulation steps
+    /// (Accelerate's `accelerator.backward`; a short last group at the end
+    /// of an epoch is divided the same way, as there). Under fp16 the loss
+    /// is multiplied by the scaler's scale first.
+    pub fn backward(&self, loss: &Tensor) -> Result<(), TchError> {
+        let steps = self.state.num_steps();
+        let loss = if steps > 1 {
+            loss / steps as f64
+        } else {
+            loss.shallow_clone()
+        };
+        match &self.scaler {
+            Some(scaler) => scaler.lock().unwrap().scale(&loss).f_backward(),
+            None => loss.f_backward(),
+        }
+    }
+
+    /// Clips the total L2 norm of `optimizer`'s gradients to `max_norm`
+    /// (unscaling them first under fp16) and returns the norm before
+    /// clipping. Accelerate takes the parameters; hearth takes the prepared
+    /// optimizer that holds them, which is what it must unscale.
     pub fn clip_grad_norm_(
         &self,
-        parameters: &[Tensor],
+        optimizer: &mut AcceleratedOptimizer,
         max_norm: f64,
-    ) -> Result<Tensor, tch::TchError> {
-        super::clip_grad_norm_(parameters, max_norm)
+    ) -> Result<Tensor, TchError> {
+        optimizer.unscale_gradients()?;
+        super::clip_grad_norm_(&optimizer.parameters(), max_norm)
     }
+
+    /// Clamps every gradient of `optimizer` to `[-clip_value, clip_value]`
+    /// (unscaling first under fp16).
+    pub fn clip_grad_value_(
+        &self,
+        optimizer: &mut AcceleratedOptimizer,
+        clip_value: f64,
+    ) -> Result<(), TchError> {
+        optimizer.unscale_gradients()?;
+        for p in optimizer.parameters() {
+            let mut g = p.grad();
+            if g.defined() {
+                let _ = g.f_clamp_(-clip_value, clip_value)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// True when the last optimizer step of any prepared optimizer was
+    /// skipped because fp16 gradients overflowed.
+    pub fn optimizer_step_was_skipped(&self) -> bool {
+        self.optimizers
+            .iter()
+            .any(|o| o.lock().unwrap_or_else(|p| p.into_inner()).skipped)
+    }
+
+    /// The current fp16 loss scale, when there is a scaler.
+    pub fn loss_scale(&self) -> Option<f64> {
+        self.scaler.as_ref().map(|s| s.lock().unwrap().get_scale())
+    }
+
+    /// The model without what `prepare` wrapped around it.
+    pub fn unwrap_model<M: Model>(&self, model: PreparedModel<M>) -> M {
+        model.into_inner()
+    }
+
+    /// The model's parameters by name, copied to the CPU in float32 or
+    /// their own kind (what `save_model` writes; `get_state_dict`).
+    pub fn get_state_dict(&self, model: &impl Model) -> Vec<(String, Tensor)> {
+        model
+            .named_parameters()
+            .into_iter()
+            .map(|(n, t)| (n, t.detach().to_device(Device::Cpu)))
+            .collect()
+    }
+
+    /// Drops `objects` (prepared models, optimizers…) and releases cached
+    /// GPU memory (`free_memory`); forgets prepared optimizers no one holds.
+    pub fn free_memory<T>(&mut self, objects: T) -> Result<(), TchError> {
+        drop(objects);
+        self.optimizers.retain(|o| Arc::strong_count(o) > 1);
+        ops::empty_device_cache()
+    }
+
+    /// Gathers `tensor` from every process along dimension 0 (a world of
+    /// one returns it as it is).
+    pub fn gather(&self, tensor: &Tensor) -> Tensor {
+        tensor.shallow_clone()
+    }
+
+    /// Gathers evaluation outputs from every process and drops the samples
+    /// that even batching duplicated at the end of the data (a world of
+    /// one has none).
+    pub fn gather_for_metrics(&self, tensor: &Tensor) -> Tensor {
+        self.gather(tensor)
+    }
+
+    /// Runs `f` on the main process only.
+    pub fn on_main_process<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
+        self.is_main_process().then(f)
+    }
+
+    /// Runs `f` on the first process of each machine only.
+    pub fn on_local_main_process<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
+        self.is_local_main_process().then(f)
+    }
+
+    /// Waits until every process reaches this point (a world of one does
+    /// not wait).
+    pub fn wait_for_everyone(&self) {}
 
     /// Starts `trackers` for this run (Accelerate's `init_trackers`): on the
     /// main process they receive the run's `config` now and every
@@ -134,5 +420,13 @@ impl Accelerator {
         if let Some(hub) = self.trackers.take() {
             hub.finish();
         }
+    }
+}
+
+fn cuda_devices() -> usize {
+    if tch::Cuda::is_available() {
+        tch::Cuda::device_count() as usize
+    } else {
+        0
     }
 }

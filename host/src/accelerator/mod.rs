@@ -1,13 +1,30 @@
-//! The user-facing façade, Accelerate's `Accelerator` for Rust: it owns the
-//! device and the process group and runs the steps of training that depend
-//! on them (backward, gradient clipping, printing once).
+//! The user-facing façade, Accelerate's `Accelerator` for Rust: the builder,
+//! `prepare` and what it wraps (model, optimizer, data loader, scheduler),
+//! backward with accumulation and loss scaling, clipping, the shared
+//! gradient state, trackers, and helpers over nested tensors.
 
 mod builder;
 mod facade;
 mod grad;
+mod loader;
+mod memory;
+mod model;
+mod nested;
+mod optimizer;
+mod prepare;
+mod scheduler;
+mod state;
 mod trackers;
 
-pub use builder::AcceleratorBuilder;
-pub use facade::Accelerator;
+pub use builder::{AcceleratorBuilder, BuildError};
+pub use facade::{Accelerator, RngState};
 pub use grad::clip_grad_norm_;
+pub use loader::{PreparedBatches, PreparedDataLoader};
+pub use memory::{find_executable_batch_size, is_out_of_memory, BatchSizeError};
+pub use model::PreparedModel;
+pub use nested::TensorTree;
+pub use optimizer::AcceleratedOptimizer;
+pub use prepare::{Prepare, PrepareError};
+pub use scheduler::{AcceleratedScheduler, LrSchedule};
+pub use state::GradientState;
 pub use trackers::TrackerHub;

@@ -189,8 +189,8 @@ impl Gpt {
 }
 
 impl Model for Gpt {
-    fn var_store(&self) -> &nn::VarStore {
-        &self.vs
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        super::model::sorted_variables(&self.vs)
     }
     fn module_tree(&self) -> &ModuleTree {
         &self.tree

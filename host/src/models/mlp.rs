@@ -122,8 +122,8 @@ impl Mlp {
 }
 
 impl Model for Mlp {
-    fn var_store(&self) -> &nn::VarStore {
-        &self.vs
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        super::model::sorted_variables(&self.vs)
     }
     fn module_tree(&self) -> &ModuleTree {
         &self.tree

@@ -1,4 +1,4 @@
-//! Built-in models and the module tree that wrap policies will read.
+//! Built-in models, TorchScript models, and the module tree that wrap policies will read.
 //!
 //! A model is a sequence of units (embedding, blocks…, head) that the host
 //! can step through one by one; parameters live in a tch `VarStore` under
@@ -7,9 +7,11 @@
 mod gpt;
 mod mlp;
 mod model;
+mod torchscript;
 mod tree;
 
 pub use gpt::{Gpt, GptConfig};
 pub use mlp::{Mlp, MlpConfig};
-pub use model::{Model, Unit};
+pub use model::{sorted_variables, Model, Unit};
+pub use torchscript::{TorchScriptError, TorchScriptModel};
 pub use tree::{ModuleInfo, ModuleTree};

@@ -15,8 +15,6 @@ pub trait Unit {
 /// A model over token sequences: `[batch, time]` int64 tokens in,
 /// `[batch, time, vocab]` logits out.
 pub trait Model {
-    /// The variables (parameters) of the model.
-    fn var_store(&self) -> &nn::VarStore;
     /// The module tree: every module's path, kind and parameters.
     fn module_tree(&self) -> &ModuleTree;
     /// The units in forward order.
@@ -31,19 +29,37 @@ pub trait Model {
         })
     }
 
-    /// Parameters with their PyTorch names, sorted by name.
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut named: Vec<(String, Tensor)> = self.var_store().variables().into_iter().collect();
-        named.sort_by(|a, b| a.0.cmp(&b.0));
-        named
-    }
+    /// Parameters with their PyTorch names, sorted by name (handles to the
+    /// model's own tensors).
+    fn named_parameters(&self) -> Vec<(String, Tensor)>;
 
     /// Number of scalar parameters.
     fn num_parameters(&self) -> i64 {
-        self.var_store()
-            .variables()
-            .values()
-            .map(Tensor::numel)
+        self.named_parameters()
+            .iter()
+            .map(|(_, t)| t.numel())
             .sum::<usize>() as i64
+    }
+}
+
+/// The parameters of a `VarStore`, sorted by name.
+pub fn sorted_variables(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
+    let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    named
+}
+
+impl<M: Model + ?Sized> Model for Box<M> {
+    fn module_tree(&self) -> &ModuleTree {
+        (**self).module_tree()
+    }
+    fn units(&self) -> Vec<&dyn Unit> {
+        (**self).units()
+    }
+    fn forward_t(&self, tokens: &Tensor, train: bool) -> Tensor {
+        (**self).forward_t(tokens, train)
+    }
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        (**self).named_parameters()
     }
 }

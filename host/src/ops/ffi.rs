@@ -1,11 +1,24 @@
-//! The raw C ABI of `host/csrc/shim.cpp`. Only `foreach.rs` calls these.
+//! The raw C ABI of `host/csrc/shim.cpp`. Only the safe wrappers beside it call these.
 
-use std::os::raw::c_char;
+use std::os::raw::{c_char, c_int};
 use torch_sys::C_tensor;
 
 extern "C" {
     pub fn hearth_free_error(error: *mut c_char);
     pub fn hearth_fused_adamw(
+        params: *const *mut C_tensor,
+        grads: *const *mut C_tensor,
+        exp_avgs: *const *mut C_tensor,
+        exp_avg_sqs: *const *mut C_tensor,
+        steps: *const *mut C_tensor,
+        n: usize,
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        weight_decay: f64,
+        eps: f64,
+    ) -> *mut c_char;
+    pub fn hearth_fused_adam(
         params: *const *mut C_tensor,
         grads: *const *mut C_tensor,
         exp_avgs: *const *mut C_tensor,
@@ -39,5 +52,38 @@ extern "C" {
         tensors: *const *mut C_tensor,
         n: usize,
         factor: *mut C_tensor,
+    ) -> *mut c_char;
+    pub fn hearth_amp_unscale_(
+        grads: *const *mut C_tensor,
+        n: usize,
+        found_inf: *mut C_tensor,
+        inv_scale: *mut C_tensor,
+    ) -> *mut c_char;
+    pub fn hearth_amp_update_scale_(
+        scale: *mut C_tensor,
+        growth_tracker: *mut C_tensor,
+        found_inf: *mut C_tensor,
+        growth_factor: f64,
+        backoff_factor: f64,
+        growth_interval: i64,
+    ) -> *mut c_char;
+    pub fn hearth_autocast_set(
+        device_type: c_int,
+        enabled: bool,
+        dtype: c_int,
+        entering: bool,
+        was_enabled: *mut bool,
+        was_dtype: *mut c_int,
+    ) -> *mut c_char;
+    pub fn hearth_empty_device_cache() -> *mut c_char;
+    pub fn hearth_rng_get_state(
+        device_type: c_int,
+        index: c_int,
+        out: *mut *mut C_tensor,
+    ) -> *mut c_char;
+    pub fn hearth_rng_set_state(
+        device_type: c_int,
+        index: c_int,
+        state: *mut C_tensor,
     ) -> *mut c_char;
 }

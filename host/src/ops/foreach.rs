@@ -7,14 +7,14 @@ use std::os::raw::c_char;
 use tch::{TchError, Tensor};
 use torch_sys::C_tensor;
 
-fn handles(tensors: &[Tensor]) -> Vec<*mut C_tensor> {
+pub(super) fn handles(tensors: &[Tensor]) -> Vec<*mut C_tensor> {
     tensors
         .iter()
         .map(|t| t.as_ptr() as *mut C_tensor)
         .collect()
 }
 
-fn check(error: *mut c_char) -> Result<(), TchError> {
+pub(super) fn check(error: *mut c_char) -> Result<(), TchError> {
     if error.is_null() {
         return Ok(());
     }
@@ -56,17 +56,20 @@ fn same_layout(what: &str, params: &[Tensor], others: &[Tensor]) -> Result<(), T
     Ok(())
 }
 
-/// AdamW hyper-parameters for one fused step (decoupled weight decay).
+/// Adam/AdamW hyper-parameters for one fused step.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AdamWHyper {
+pub struct AdamHyper {
     /// Learning rate.
     pub lr: f64,
     /// Coefficients of the running averages of the gradient and its square.
     pub betas: (f64, f64),
-    /// Decoupled weight decay (multiplies `lr`).
+    /// Weight decay: decoupled (multiplies `lr`) for AdamW, an L2 term
+    /// added to the gradient for Adam.
     pub weight_decay: f64,
     /// Term added to the denominator.
     pub eps: f64,
+    /// AdamW (`true`, `_fused_adamw_`) or Adam (`false`, `_fused_adam_`).
+    pub decoupled: bool,
 }
 
 /// SGD hyper-parameters for one fused step.
@@ -85,15 +88,16 @@ pub struct SgdHyper {
 }
 
 /// One AdamW step with libtorch's `_fused_adamw_` (as
-/// `torch.optim.AdamW(fused=True)`): increments each `steps[i]` (a 0-dim
+/// `torch.optim.AdamW(fused=True)`), or an Adam step with `_fused_adam_`
+/// when `hyper.decoupled` is false: increments each `steps[i]` (a 0-dim
 /// float tensor) and updates `params`, `exp_avgs` and `exp_avg_sqs` in place.
-pub fn fused_adamw(
+pub fn fused_adam(
     params: &[Tensor],
     grads: &[Tensor],
     exp_avgs: &[Tensor],
     exp_avg_sqs: &[Tensor],
     steps: &[Tensor],
-    hyper: AdamWHyper,
+    hyper: AdamHyper,
 ) -> Result<(), TchError> {
     let n = params.len();
     same_len("grads", n, grads.len())?;
@@ -115,7 +119,12 @@ pub fn fused_adamw(
     );
     // SAFETY: every handle points at a live at::Tensor borrowed for the call.
     check(unsafe {
-        ffi::hearth_fused_adamw(
+        let kernel = if hyper.decoupled {
+            ffi::hearth_fused_adamw
+        } else {
+            ffi::hearth_fused_adam
+        };
+        kernel(
             p.as_ptr(),
             g.as_ptr(),
             m.as_ptr(),
@@ -225,13 +234,14 @@ mod tests {
         let m = Tensor::zeros([2], (Kind::Float, Device::Cpu));
         let v = Tensor::zeros([2], (Kind::Float, Device::Cpu));
         let s = Tensor::zeros([], (Kind::Float, Device::Cpu));
-        let hyper = AdamWHyper {
+        let hyper = AdamHyper {
             lr: 1e-3,
             betas: (0.9, 0.999),
             weight_decay: 0.0,
             eps: 1e-8,
+            decoupled: true,
         };
-        let err = fused_adamw(&[p], &[g], &[m], &[v], &[s], hyper)
+        let err = fused_adam(&[p], &[g], &[m], &[v], &[s], hyper)
             .unwrap_err()
             .to_string();
         assert!(err.contains("grads[0]"), "{err}");
@@ -242,14 +252,15 @@ mod tests {
         // Integer parameters: the fused kernel throws, the wrapper reports it.
         let t = || Tensor::zeros([2], (Kind::Int64, Device::Cpu));
         let s = Tensor::zeros([], (Kind::Float, Device::Cpu));
-        let hyper = AdamWHyper {
+        let hyper = AdamHyper {
             lr: 1e-3,
             betas: (0.9, 0.999),
             weight_decay: 0.0,
             eps: 1e-8,
+            decoupled: true,
         };
         assert!(matches!(
-            fused_adamw(&[t()], &[t()], &[t()], &[t()], &[s], hyper),
+            fused_adam(&[t()], &[t()], &[t()], &[t()], &[s], hyper),
             Err(TchError::Torch(_))
         ));
     }

@@ -1,7 +1,12 @@
-//! Typed Rust bindings to libtorch kernels that tch does not expose (the C++
-//! shim in `host/csrc/shim.cpp`): fused optimizer steps and foreach norms.
+//! Typed Rust bindings to libtorch pieces that tch does not expose (the C++
+//! shim in `host/csrc/shim.cpp`): fused optimizer steps, foreach norms, the
+//! gradient scaler's kernels, autocast on any device and generator states.
 
+mod amp;
 mod ffi;
 mod foreach;
+mod rng;
 
-pub use foreach::{foreach_mul_, foreach_norm, fused_adamw, fused_sgd, AdamWHyper, SgdHyper};
+pub use amp::{amp_unscale_, amp_update_scale_, AutocastGuard};
+pub use foreach::{foreach_mul_, foreach_norm, fused_adam, fused_sgd, AdamHyper, SgdHyper};
+pub use rng::{empty_device_cache, rng_state, set_rng_state};

@@ -1,10 +1,9 @@
-//! Training: optimizers, the config file, and the config-driven loop behind
+//! Training: the config file and the config-driven loop behind
 //! `hearth run`.
 
 pub mod config;
 mod eval;
 mod loss;
-pub mod optim;
 mod progress;
 mod runner;
 

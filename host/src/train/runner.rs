@@ -3,13 +3,13 @@
 use super::config::{DataKind, DeviceChoice, ModelKind, OptimizerKind, TrainConfig};
 use super::eval::{evaluate, Evaluation};
 use super::loss::lm_loss;
-use super::optim::{AdamW, Optimizer, Sgd};
 use super::progress::Progress;
-use crate::accelerator::Accelerator;
+use crate::accelerator::{Accelerator, BuildError, PrepareError};
 use crate::checkpoint::{save_safetensors, CheckpointError};
 use crate::data::{RandomTokens, SortDigits, TextFile, TextFileError, TokenDataset};
-use crate::models::{Gpt, GptConfig, Mlp, MlpConfig, Model};
-use crate::ops::{AdamWHyper, SgdHyper};
+use crate::models::{Gpt, GptConfig, Mlp, MlpConfig, Model, TorchScriptError, TorchScriptModel};
+use crate::ops::{AdamHyper, SgdHyper};
+use crate::optim::{Adam, Optimizer, Sgd};
 use crate::plugins::{
     load_scheduler, load_tracker, PluginError, Registry, SchedulerPlugin, SearchPath,
     TrackerPlugin, Value,
@@ -70,6 +70,15 @@ pub enum TrainError {
     /// A libtorch operation failed.
     #[error("libtorch error")]
     Torch(#[from] TchError),
+    /// The TorchScript model could not be loaded.
+    #[error(transparent)]
+    TorchScript(#[from] TorchScriptError),
+    /// An accelerator setting (or `HEARTH_*` variable) is unusable.
+    #[error("cannot set up the accelerator")]
+    Accelerator(#[from] BuildError),
+    /// Preparing the model, optimizer or scheduler failed.
+    #[error("cannot prepare the training objects")]
+    Prepare(#[from] PrepareError),
     /// The run folder could not be written.
     #[error("failed to write {path}")]
     Io {
@@ -117,9 +126,21 @@ fn dataset(config: &TrainConfig) -> Result<Box<dyn TokenDataset>, TrainError> {
     })
 }
 
-fn model(config: &TrainConfig, data: &dyn TokenDataset, device: tch::Device) -> Box<dyn Model> {
+fn model(
+    config: &TrainConfig,
+    data: &dyn TokenDataset,
+    device: tch::Device,
+) -> Result<Box<dyn Model>, TrainError> {
     let m = &config.model;
-    match m.kind {
+    Ok(match m.kind {
+        ModelKind::Torchscript => {
+            let path = config.resolve(
+                m.path
+                    .as_deref()
+                    .expect("validated: torchscript has a path"),
+            );
+            Box::new(TorchScriptModel::load(&path, device)?)
+        }
         ModelKind::Gpt => Box::new(Gpt::new(
             GptConfig {
                 vocab_size: data.vocab_size(),
@@ -139,23 +160,25 @@ fn model(config: &TrainConfig, data: &dyn TokenDataset, device: tch::Device) -> 
             },
             device,
         )),
-    }
+    })
 }
 
-fn optimizer(config: &TrainConfig, params: Vec<Tensor>) -> Box<dyn Optimizer> {
+fn optimizer(config: &TrainConfig, model: &dyn Model) -> Box<dyn Optimizer> {
     let o = &config.optimizer;
+    let groups = o.param_groups(model.named_parameters());
     match o.kind {
-        OptimizerKind::Adamw => Box::new(AdamW::new(
-            params,
-            AdamWHyper {
+        OptimizerKind::Adamw | OptimizerKind::Adam => Box::new(Adam::new(
+            groups,
+            AdamHyper {
                 lr: o.lr(),
                 betas: o.betas(),
                 weight_decay: o.weight_decay(),
                 eps: o.eps(),
+                decoupled: o.kind == OptimizerKind::Adamw,
             },
         )),
         OptimizerKind::Sgd => Box::new(Sgd::new(
-            params,
+            groups,
             SgdHyper {
                 lr: o.lr(),
                 momentum: o.momentum.unwrap_or(0.0),
@@ -217,7 +240,7 @@ fn trackers(
 fn scheduler(
     config: &TrainConfig,
     registry: Option<&Registry>,
-    base_lr: f64,
+    base_lrs: &[f64],
     steps: u64,
 ) -> Result<Option<SchedulerPlugin>, TrainError> {
     let (Some(section), Some(registry)) = (&config.scheduler, registry) else {
@@ -231,7 +254,7 @@ fn scheduler(
     load_scheduler(
         &found.manifest,
         &section.options_json(),
-        &[base_lr],
+        base_lrs,
         Some(steps),
     )
     .map(Some)
@@ -265,10 +288,19 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
     if device_choice == DeviceChoice::Cuda && !tch::Cuda::is_available() {
         return Err(TrainError::NoCuda(config.source.clone()));
     }
-    let mut acc = Accelerator::builder()
-        .cpu(device_choice == DeviceChoice::Cpu)
-        .build();
+    let mut builder = Accelerator::builder();
+    if device_choice != DeviceChoice::Auto {
+        builder = builder.cpu(device_choice == DeviceChoice::Cpu);
+    }
+    if let Some(mode) = config.run.mixed_precision {
+        builder = builder.mixed_precision(mode);
+    }
+    if let Some(ga) = config.run.gradient_accumulation_steps {
+        builder = builder.gradient_accumulation_steps(ga);
+    }
+    let mut acc = builder.build()?;
     let device = acc.device();
+    let accumulation = acc.gradient_accumulation_steps();
     let steps = options.steps.unwrap_or(config.run.steps);
     let seed = config.run.seed;
     let run_dir = options
@@ -292,35 +324,38 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
 
     acc.set_seed(seed, false);
     let data = dataset(config)?;
-    let model = model(config, data.as_ref(), device);
-    let params: Vec<Tensor> = model
-        .named_parameters()
-        .into_iter()
-        .map(|(_, t)| t)
-        .collect();
-    let mut opt = optimizer(config, params);
-    let mut schedule = scheduler(config, registry.as_ref(), opt.lr(), steps)?;
+    let model = model(config, data.as_ref(), device)?;
+    let opt = optimizer(config, model.as_ref());
+    let schedule = scheduler(config, registry.as_ref(), &opt.lrs(), steps)?;
+    let (model, mut opt) = acc.prepare((model, opt))?;
+    let mut schedule = schedule.map(|s| acc.prepare(s)).transpose()?;
     let batch_size = config.data.batch_size;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
 
     acc.print(format!(
-        "hearth run {}: {:?} with {} parameters on {device:?}, {steps} steps of {batch_size} × {} tokens",
+        "hearth run {}: {:?} with {} parameters on {device:?}, {steps} steps of {}{batch_size} × {} tokens{}",
         config.run.name,
         config.model.kind,
         model.num_parameters(),
-        data.seq_len()
+        if accumulation > 1 { format!("{accumulation} × ") } else { String::new() },
+        data.seq_len(),
+        match acc.mixed_precision() {
+            crate::precision::MixedPrecision::No => String::new(),
+            mode => format!(", mixed precision {mode}"),
+        }
     ));
     let progress = Progress::new(steps, options.quiet || !acc.is_main_process());
-    let tokens_per_step = (batch_size * data.seq_len()) as f64;
+    let tokens_per_step = (batch_size * data.seq_len()) as f64 * accumulation as f64;
     // Throughput leaves out the first steps (allocator and kernel warm-up).
     let warmup = (steps / 5).min(10);
     let (mut timer, mut window_start) = (Instant::now(), Instant::now());
-    let (mut window_loss, mut window_steps) = (Tensor::zeros([], (Kind::Float, device)), 0u64);
+    let (mut window_loss, mut window_micro) = (Tensor::zeros([], (Kind::Float, device)), 0u64);
+    let mut window_steps = 0u64;
     let mut final_loss = f64::NAN;
     let run_eval = || {
         let eval = &config.eval;
         evaluate(
-            model.as_ref(),
+            &model,
             data.as_ref(),
             seed,
             eval.samples,
@@ -332,28 +367,34 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
         if step == warmup + 1 {
             timer = Instant::now();
         }
-        let batch = data.sample_batch(batch_size, &mut rng);
-        let (inputs, targets) = (
-            batch.inputs.to_device(device),
-            batch.targets.to_device(device),
-        );
-        let loss = lm_loss(&model.forward_t(&inputs, true), &targets);
-        acc.backward(&loss);
-        if let Some(max_norm) = config.optimizer.max_grad_norm {
-            let _norm = acc.clip_grad_norm_(opt.parameters(), max_norm)?;
+        for _ in 0..accumulation {
+            let batch = data.sample_batch(batch_size, &mut rng);
+            let (inputs, targets) = (
+                batch.inputs.to_device(device),
+                batch.targets.to_device(device),
+            );
+            let loss = acc.accumulate(|| -> Result<Tensor, TrainError> {
+                let loss = lm_loss(&model.forward_t(&inputs, true), &targets);
+                acc.backward(&loss)?;
+                if let (Some(max_norm), true) =
+                    (config.optimizer.max_grad_norm, acc.sync_gradients())
+                {
+                    let _norm = acc.clip_grad_norm_(&mut opt, max_norm)?;
+                }
+                opt.step()?;
+                if let Some(schedule) = schedule.as_mut() {
+                    schedule.step().map_err(TrainError::Scheduler)?;
+                }
+                opt.zero_grad();
+                Ok(loss)
+            })?;
+            window_loss += loss.detach();
+            window_micro += 1;
         }
-        if let Some(schedule) = schedule.as_mut() {
-            // PyTorch's convention: optimizer step k (0-based) runs at lr(k).
-            let lrs = schedule.lrs(step - 1).map_err(TrainError::Scheduler)?;
-            opt.set_lr(lrs[0]);
-        }
-        opt.step()?;
-        opt.zero_grad();
-        window_loss += loss.detach();
         window_steps += 1;
         progress.advance();
         if step % config.run.log_every == 0 || step == steps {
-            final_loss = f64::try_from(&window_loss)? / window_steps as f64;
+            final_loss = f64::try_from(&window_loss)? / window_micro as f64;
             if !final_loss.is_finite() {
                 progress.finish();
                 return Err(TrainError::Diverged {
@@ -363,16 +404,17 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
             }
             let rate = window_steps as f64 * tokens_per_step / window_start.elapsed().as_secs_f64();
             progress.report(step, steps, final_loss, opt.lr(), rate);
-            acc.log(
-                vec![
-                    ("loss".into(), Value::Float(final_loss)),
-                    ("lr".into(), Value::Float(opt.lr())),
-                    ("tokens_per_sec".into(), Value::Float(rate)),
-                ],
-                step,
-            );
+            let mut values = vec![
+                ("loss".into(), Value::Float(final_loss)),
+                ("lr".into(), Value::Float(opt.lr())),
+                ("tokens_per_sec".into(), Value::Float(rate)),
+            ];
+            if let Some(scale) = acc.loss_scale() {
+                values.push(("loss_scale".into(), Value::Float(scale)));
+            }
+            acc.log(values, step);
             window_loss = Tensor::zeros([], (Kind::Float, device));
-            window_steps = 0;
+            (window_micro, window_steps) = (0, 0);
             window_start = Instant::now();
         }
         if let Some(every) = config.eval.every {
@@ -414,7 +456,7 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
     };
     if acc.is_main_process() {
         std::fs::create_dir_all(&run_dir).map_err(io_err(&run_dir))?;
-        save_safetensors(&model_path, &model.named_parameters())?;
+        save_safetensors(&model_path, &acc.get_state_dict(&model))?;
         let config_copy = run_dir.join("config.toml");
         if let Ok(text) = std::fs::read_to_string(&config.source) {
             std::fs::write(&config_copy, text).map_err(io_err(&config_copy))?;

@@ -1,5 +1,5 @@
-//! `[model]`: a built-in model and its sizes. The vocabulary size and the
-//! longest sequence come from the dataset.
+//! `[model]`: a built-in model and its sizes (the vocabulary size and the
+//! longest sequence come from the dataset), or a TorchScript file.
 
 use super::{only_for, ConfigError, Invalid};
 use serde::Deserialize;
@@ -12,14 +12,19 @@ pub enum ModelKind {
     Gpt,
     /// A context-window MLP language model (`models::Mlp`).
     Mlp,
+    /// A model exported from PyTorch with `torch.jit.script(m).save(path)`
+    /// that maps `[batch, time]` tokens to `[batch, time, vocab]` logits.
+    Torchscript,
 }
 
 /// The `[model]` section.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ModelSection {
-    /// `gpt` or `mlp`.
+    /// `gpt`, `mlp` or `torchscript`.
     pub kind: ModelKind,
+    /// TorchScript: the saved module, relative to the config file.
+    pub path: Option<std::path::PathBuf>,
     /// Embedding / residual width (default 128).
     #[serde(default = "default_d_model")]
     pub d_model: i64,
@@ -65,7 +70,20 @@ impl ModelSection {
             }
         };
         positive("model.d-model", self.d_model)?;
+        if self.kind != ModelKind::Torchscript {
+            only_for(&self.path, "model.path", "\"torchscript\"", invalid)?;
+        }
         match self.kind {
+            ModelKind::Torchscript => {
+                if self.path.is_none() {
+                    return Err(invalid(
+                        "model.path",
+                        "is required for kind = \"torchscript\": the file torch.jit.script(model).save(path) wrote".into(),
+                    ));
+                }
+                only_for(&self.context, "model.context", "\"mlp\"", invalid)?;
+                only_for(&self.hidden, "model.hidden", "\"mlp\"", invalid)?;
+            }
             ModelKind::Gpt => {
                 only_for(&self.context, "model.context", "\"mlp\"", invalid)?;
                 only_for(&self.hidden, "model.hidden", "\"mlp\"", invalid)?;

@@ -1,4 +1,5 @@
-//! `[optimizer]`: AdamW or SGD, weight decay and gradient clipping.
+//! `[optimizer]`: AdamW, Adam or SGD, weight decay (and which parameters
+//! are exempt from it) and gradient clipping.
 
 use super::{only_for, ConfigError, Invalid};
 use serde::Deserialize;
@@ -10,6 +11,8 @@ pub enum OptimizerKind {
     /// AdamW with decoupled weight decay (default).
     #[default]
     Adamw,
+    /// Adam with L2 weight decay added to the gradient.
+    Adam,
     /// SGD with optional momentum and Nesterov.
     Sgd,
 }
@@ -18,13 +21,17 @@ pub enum OptimizerKind {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct OptimizerSection {
-    /// `adamw` (default) or `sgd`.
+    /// `adamw` (default), `adam` or `sgd`.
     #[serde(default)]
     pub kind: OptimizerKind,
     /// Learning rate (default 1e-3).
     pub lr: Option<f64>,
-    /// Weight decay (default 0.01 for AdamW, 0 for SGD).
+    /// Weight decay (default 0.01 for AdamW, 0 for Adam and SGD).
     pub weight_decay: Option<f64>,
+    /// Parameters whose name contains one of these strings go in a second
+    /// parameter group without weight decay (e.g. `["bias", "ln"]`).
+    #[serde(default)]
+    pub no_decay: Vec<String>,
     /// AdamW: `[beta1, beta2]` (default `[0.9, 0.999]`).
     pub betas: Option<[f64; 2]>,
     /// AdamW: denominator term (default 1e-8).
@@ -48,8 +55,22 @@ impl OptimizerSection {
     pub fn weight_decay(&self) -> f64 {
         self.weight_decay.unwrap_or(match self.kind {
             OptimizerKind::Adamw => 0.01,
-            OptimizerKind::Sgd => 0.0,
+            OptimizerKind::Adam | OptimizerKind::Sgd => 0.0,
         })
+    }
+    /// Splits named parameters into the groups `no_decay` describes: the
+    /// rest first, then (when any matched) those without weight decay.
+    pub fn param_groups(&self, named: Vec<(String, tch::Tensor)>) -> Vec<crate::optim::ParamGroup> {
+        let (exempt, decayed): (Vec<_>, Vec<_>) = named
+            .into_iter()
+            .partition(|(name, _)| self.no_decay.iter().any(|s| name.contains(s.as_str())));
+        let take =
+            |v: Vec<(String, tch::Tensor)>| v.into_iter().map(|(_, t)| t).collect::<Vec<_>>();
+        let mut groups = vec![crate::optim::ParamGroup::new(take(decayed))];
+        if !exempt.is_empty() {
+            groups.push(crate::optim::ParamGroup::new(take(exempt)).weight_decay(0.0));
+        }
+        groups
     }
     /// AdamW betas.
     pub fn betas(&self) -> (f64, f64) {
@@ -83,7 +104,7 @@ impl OptimizerSection {
             }
         }
         match self.kind {
-            OptimizerKind::Adamw => {
+            OptimizerKind::Adamw | OptimizerKind::Adam => {
                 only_for(&self.momentum, "optimizer.momentum", "\"sgd\"", invalid)?;
                 only_for(&self.dampening, "optimizer.dampening", "\"sgd\"", invalid)?;
                 only_for(&self.nesterov, "optimizer.nesterov", "\"sgd\"", invalid)?;
@@ -96,8 +117,13 @@ impl OptimizerSection {
                 }
             }
             OptimizerKind::Sgd => {
-                only_for(&self.betas, "optimizer.betas", "\"adamw\"", invalid)?;
-                only_for(&self.eps, "optimizer.eps", "\"adamw\"", invalid)?;
+                only_for(
+                    &self.betas,
+                    "optimizer.betas",
+                    "\"adamw\" or \"adam\"",
+                    invalid,
+                )?;
+                only_for(&self.eps, "optimizer.eps", "\"adamw\" or \"adam\"", invalid)?;
                 let momentum = self.momentum.unwrap_or(0.0);
                 if self.nesterov == Some(true)
                     && (momentum <= 0.0 || self.dampening.unwrap_or(0.0) != 0.0)

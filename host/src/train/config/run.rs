@@ -40,6 +40,13 @@ pub struct RunSection {
     /// `auto` (default), `cpu` or `cuda`.
     #[serde(default)]
     pub device: DeviceChoice,
+    /// Micro-batches of `data.batch-size` whose gradients add up before each
+    /// optimizer step (default: `HEARTH_GRADIENT_ACCUMULATION_STEPS`, else 1).
+    pub gradient_accumulation_steps: Option<usize>,
+    /// `no`, `bf16` or `fp16` (default: `HEARTH_MIXED_PRECISION`, else `no`).
+    /// fp16 scales the loss on a GPU; on the CPU it trains in float32, as
+    /// Accelerate does.
+    pub mixed_precision: Option<crate::precision::MixedPrecision>,
 }
 
 fn default_output_dir() -> PathBuf {
@@ -68,6 +75,12 @@ impl RunSection {
         }
         if self.steps == 0 {
             return Err(invalid("run.steps", "must be at least 1".into()));
+        }
+        if self.gradient_accumulation_steps == Some(0) {
+            return Err(invalid(
+                "run.gradient-accumulation-steps",
+                "must be at least 1".into(),
+            ));
         }
         if self.log_every == 0 {
             return Err(invalid("run.log-every", "must be at least 1".into()));

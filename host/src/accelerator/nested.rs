@@ -1,0 +1,209 @@
+//! Operations over nested structures of tensors — Accelerate's
+//! `recursively_apply`, `send_to_device`, `convert_to_fp32`, `concatenate`,
+//! `slice_tensors` and `listify` — as one trait that tensors, vectors,
+//! options, tuples, string-keyed maps and token batches implement.
+
+use crate::data::Batch;
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+use tch::{Device, Kind, Tensor};
+
+/// A value made of tensors. Implement [`map_tensors`](Self::map_tensors),
+/// [`tensors`](Self::tensors) and [`concatenate`](Self::concatenate) for a
+/// new container; the rest follows.
+pub trait TensorTree: Sized {
+    /// The same structure with `f` applied to every tensor
+    /// (`recursively_apply`).
+    fn map_tensors(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self;
+    /// Every tensor, depth first.
+    fn tensors(&self) -> Vec<&Tensor>;
+    /// Joins values of the same structure, tensors along dimension 0.
+    fn concatenate(parts: Vec<Self>) -> Self;
+
+    /// Every tensor moved to `device` (`send_to_device`).
+    fn to_device(&self, device: Device) -> Self {
+        self.map_tensors(&mut |t| t.to_device(device))
+    }
+    /// Half and bfloat16 tensors as float32, the rest unchanged
+    /// (`convert_to_fp32`).
+    fn to_fp32(&self) -> Self {
+        self.map_tensors(&mut |t| match t.kind() {
+            Kind::Half | Kind::BFloat16 => t.to_kind(Kind::Float),
+            _ => t.shallow_clone(),
+        })
+    }
+    /// Rows `start..end` of every tensor (`slice_tensors`).
+    fn slice_rows(&self, start: i64, end: i64) -> Self {
+        self.map_tensors(&mut |t| t.narrow(0, start, (end - start).min(t.size()[0] - start).max(0)))
+    }
+    /// The values as JSON numbers in nested lists (`listify`).
+    fn listify(&self) -> Vec<Value> {
+        self.tensors().into_iter().map(tensor_to_json).collect()
+    }
+}
+
+fn tensor_to_json(t: &Tensor) -> Value {
+    let t = t.to_device(Device::Cpu).to_kind(Kind::Double);
+    if t.dim() == 0 {
+        return serde_json::json!(f64::try_from(&t).unwrap_or(f64::NAN));
+    }
+    Value::Array(
+        (0..t.size()[0])
+            .map(|i| tensor_to_json(&t.get(i)))
+            .collect(),
+    )
+}
+
+impl TensorTree for Tensor {
+    fn map_tensors(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        f(self)
+    }
+    fn tensors(&self) -> Vec<&Tensor> {
+        vec![self]
+    }
+    fn concatenate(parts: Vec<Self>) -> Self {
+        Tensor::cat(&parts, 0)
+    }
+}
+
+impl<T: TensorTree> TensorTree for Vec<T> {
+    fn map_tensors(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        self.iter().map(|x| x.map_tensors(f)).collect()
+    }
+    fn tensors(&self) -> Vec<&Tensor> {
+        self.iter().flat_map(TensorTree::tensors).collect()
+    }
+    fn concatenate(parts: Vec<Self>) -> Self {
+        let width = parts.first().map_or(0, Vec::len);
+        let mut columns: Vec<Vec<T>> = (0..width).map(|_| Vec::new()).collect();
+        for part in parts {
+            assert_eq!(part.len(), width, "concatenate: lists of different lengths");
+            for (c, x) in columns.iter_mut().zip(part) {
+                c.push(x);
+            }
+        }
+        columns.into_iter().map(T::concatenate).collect()
+    }
+}
+
+impl<T: TensorTree> TensorTree for Option<T> {
+    fn map_tensors(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        self.as_ref().map(|x| x.map_tensors(f))
+    }
+    fn tensors(&self) -> Vec<&Tensor> {
+        self.as_ref().map_or_else(Vec::new, TensorTree::tensors)
+    }
+    fn concatenate(parts: Vec<Self>) -> Self {
+        let present: Option<Vec<T>> = parts.into_iter().collect();
+        present.map(T::concatenate)
+    }
+}
+
+impl<A: TensorTree, B: TensorTree> TensorTree for (A, B) {
+    fn map_tensors(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        (self.0.map_tensors(f), self.1.map_tensors(f))
+    }
+    fn tensors(&self) -> Vec<&Tensor> {
+        let mut all = self.0.tensors();
+        all.extend(self.1.tensors());
+        all
+    }
+    fn concatenate(parts: Vec<Self>) -> Self {
+        let (a, b): (Vec<A>, Vec<B>) = parts.into_iter().unzip();
+        (A::concatenate(a), B::concatenate(b))
+    }
+}
+
+macro_rules! string_map {
+    ($map:ident) => {
+        impl<T: TensorTree> TensorTree for $map<String, T> {
+            fn map_tensors(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+                self.iter()
+                    .map(|(k, v)| (k.clone(), v.map_tensors(f)))
+                    .collect()
+            }
+            fn tensors(&self) -> Vec<&Tensor> {
+                let mut keys: Vec<&String> = self.keys().collect();
+                keys.sort();
+                keys.into_iter().flat_map(|k| self[k].tensors()).collect()
+            }
+            fn concatenate(parts: Vec<Self>) -> Self {
+                let mut columns: $map<String, Vec<T>> = $map::new();
+                for part in parts {
+                    for (k, v) in part {
+                        columns.entry(k).or_default().push(v);
+                    }
+                }
+                columns
+                    .into_iter()
+                    .map(|(k, v)| (k, T::concatenate(v)))
+                    .collect()
+            }
+        }
+    };
+}
+string_map!(BTreeMap);
+string_map!(HashMap);
+
+impl TensorTree for Batch {
+    fn map_tensors(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        Batch {
+            inputs: f(&self.inputs),
+            targets: f(&self.targets),
+        }
+    }
+    fn tensors(&self) -> Vec<&Tensor> {
+        vec![&self.inputs, &self.targets]
+    }
+    fn concatenate(parts: Vec<Self>) -> Self {
+        let (inputs, targets): (Vec<Tensor>, Vec<Tensor>) =
+            parts.into_iter().map(|b| (b.inputs, b.targets)).unzip();
+        Batch {
+            inputs: Tensor::cat(&inputs, 0),
+            targets: Tensor::cat(&targets, 0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(v: &[f32]) -> Tensor {
+        Tensor::from_slice(v)
+    }
+
+    #[test]
+    fn maps_through_every_container() {
+        let mut m = BTreeMap::new();
+        m.insert("a".to_string(), vec![(t(&[1.0]), Some(t(&[2.0])))]);
+        let doubled = m.map_tensors(&mut |x| x * 2);
+        assert_eq!(
+            doubled.listify(),
+            vec![serde_json::json!([2.0]), serde_json::json!([4.0])]
+        );
+    }
+
+    #[test]
+    fn concatenates_matching_structures_and_slices_rows() {
+        let parts = vec![
+            (t(&[1.0, 2.0]), vec![t(&[3.0])]),
+            (t(&[4.0]), vec![t(&[5.0, 6.0])]),
+        ];
+        let (a, b) = <(Tensor, Vec<Tensor>)>::concatenate(parts);
+        assert_eq!(Vec::<f32>::try_from(&a).unwrap(), vec![1.0, 2.0, 4.0]);
+        assert_eq!(Vec::<f32>::try_from(&b[0]).unwrap(), vec![3.0, 5.0, 6.0]);
+        let sliced = (a, b).slice_rows(1, 10);
+        assert_eq!(Vec::<f32>::try_from(&sliced.0).unwrap(), vec![2.0, 4.0]);
+    }
+
+    #[test]
+    fn converts_only_half_precision_to_fp32() {
+        let x = vec![
+            t(&[1.0]).to_kind(Kind::BFloat16),
+            Tensor::from_slice(&[1i64]),
+        ];
+        let y = x.to_fp32();
+        assert_eq!((y[0].kind(), y[1].kind()), (Kind::Float, Kind::Int64));
+    }
+}

@@ -1,0 +1,176 @@
+//! `Prepare`: what `Accelerator::prepare` accepts — models, optimizers,
+//! data loaders and schedulers, alone or in tuples, in any order.
+
+use super::{
+    AcceleratedOptimizer, AcceleratedScheduler, Accelerator, LrSchedule, PreparedDataLoader,
+    PreparedModel, TensorTree,
+};
+use crate::data::{BatchSource, DataLoader};
+use crate::models::{Gpt, Mlp, Model, TorchScriptModel};
+use crate::optim::{Adam, Optimizer, Sgd};
+use crate::plugins::{PluginError, SchedulerPlugin};
+
+/// Why `prepare` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// A scheduler could not give its first rates.
+    #[error("the scheduler failed while being prepared")]
+    Scheduler(#[source] PluginError),
+}
+
+/// Something [`Accelerator::prepare`] can wrap. Preparing what is already
+/// prepared returns it unchanged, so preparing twice is harmless.
+pub trait Prepare: Sized {
+    /// What preparing gives back.
+    type Prepared;
+    /// Schedulers are prepared after everything else in the same call, so
+    /// they bind to an optimizer given beside them.
+    const AFTER_OPTIMIZERS: bool = false;
+    /// Prepares `self` for `acc`.
+    fn prepare_with(self, acc: &mut Accelerator) -> Result<Self::Prepared, PrepareError>;
+}
+
+macro_rules! optimizer {
+    ($($t:ty),*) => {$(
+        impl Prepare for $t {
+            type Prepared = AcceleratedOptimizer;
+            fn prepare_with(self, acc: &mut Accelerator) -> Result<AcceleratedOptimizer, PrepareError> {
+                Ok(acc.wrap_optimizer(Box::new(self)))
+            }
+        }
+    )*};
+}
+optimizer!(Adam, Sgd);
+
+impl Prepare for Box<dyn Optimizer> {
+    type Prepared = AcceleratedOptimizer;
+    fn prepare_with(self, acc: &mut Accelerator) -> Result<AcceleratedOptimizer, PrepareError> {
+        Ok(acc.wrap_optimizer(self))
+    }
+}
+
+impl Prepare for AcceleratedOptimizer {
+    type Prepared = AcceleratedOptimizer;
+    fn prepare_with(self, acc: &mut Accelerator) -> Result<AcceleratedOptimizer, PrepareError> {
+        acc.remember_optimizer(&self);
+        Ok(self)
+    }
+}
+
+macro_rules! model {
+    ($($t:ty),*) => {$(
+        impl Prepare for $t {
+            type Prepared = PreparedModel<$t>;
+            fn prepare_with(self, acc: &mut Accelerator) -> Result<PreparedModel<$t>, PrepareError> {
+                Ok(PreparedModel::new(self, acc.device(), acc.mixed_precision()))
+            }
+        }
+    )*};
+}
+model!(Gpt, Mlp, TorchScriptModel, Box<dyn Model>);
+
+/// A custom model's variables: moved to the accelerator's device. Run its
+/// forward pass inside [`Accelerator::autocast`] for mixed precision.
+impl Prepare for tch::nn::VarStore {
+    type Prepared = tch::nn::VarStore;
+    fn prepare_with(mut self, acc: &mut Accelerator) -> Result<Self, PrepareError> {
+        self.set_device(acc.device());
+        Ok(self)
+    }
+}
+
+impl<M: Model> Prepare for PreparedModel<M> {
+    type Prepared = PreparedModel<M>;
+    fn prepare_with(self, _: &mut Accelerator) -> Result<Self, PrepareError> {
+        Ok(self)
+    }
+}
+
+impl<S: BatchSource> Prepare for DataLoader<S>
+where
+    S::Item: TensorTree,
+{
+    type Prepared = PreparedDataLoader<S>;
+    fn prepare_with(self, acc: &mut Accelerator) -> Result<PreparedDataLoader<S>, PrepareError> {
+        let loader = self.sharded(acc.shard());
+        Ok(PreparedDataLoader::new(
+            loader,
+            acc.gradient_state().clone(),
+            acc.device(),
+        ))
+    }
+}
+
+impl<S: BatchSource> Prepare for PreparedDataLoader<S>
+where
+    S::Item: TensorTree,
+{
+    type Prepared = PreparedDataLoader<S>;
+    fn prepare_with(self, _: &mut Accelerator) -> Result<Self, PrepareError> {
+        Ok(self)
+    }
+}
+
+impl Prepare for SchedulerPlugin {
+    type Prepared = AcceleratedScheduler;
+    const AFTER_OPTIMIZERS: bool = true;
+    fn prepare_with(self, acc: &mut Accelerator) -> Result<AcceleratedScheduler, PrepareError> {
+        acc.wrap_scheduler(Box::new(self))
+    }
+}
+
+impl Prepare for Box<dyn LrSchedule> {
+    type Prepared = AcceleratedScheduler;
+    const AFTER_OPTIMIZERS: bool = true;
+    fn prepare_with(self, acc: &mut Accelerator) -> Result<AcceleratedScheduler, PrepareError> {
+        acc.wrap_scheduler(self)
+    }
+}
+
+impl Prepare for AcceleratedScheduler {
+    type Prepared = AcceleratedScheduler;
+    fn prepare_with(self, _: &mut Accelerator) -> Result<Self, PrepareError> {
+        Ok(self)
+    }
+}
+
+/// An element of a tuple between the two passes.
+enum Stage<T: Prepare> {
+    Done(T::Prepared),
+    Later(T),
+}
+
+fn first<T: Prepare>(x: T, acc: &mut Accelerator) -> Result<Stage<T>, PrepareError> {
+    Ok(if T::AFTER_OPTIMIZERS {
+        Stage::Later(x)
+    } else {
+        Stage::Done(x.prepare_with(acc)?)
+    })
+}
+
+fn second<T: Prepare>(s: Stage<T>, acc: &mut Accelerator) -> Result<T::Prepared, PrepareError> {
+    match s {
+        Stage::Done(p) => Ok(p),
+        Stage::Later(x) => x.prepare_with(acc),
+    }
+}
+
+macro_rules! tuple {
+    ($($name:ident),+) => {
+        impl<$($name: Prepare),+> Prepare for ($($name,)+) {
+            type Prepared = ($($name::Prepared,)+);
+            #[allow(non_snake_case)]
+            fn prepare_with(self, acc: &mut Accelerator) -> Result<Self::Prepared, PrepareError> {
+                let ($($name,)+) = self;
+                $(let $name = first($name, acc)?;)+
+                Ok(($(second($name, acc)?,)+))
+            }
+        }
+    };
+}
+tuple!(A);
+tuple!(A, B);
+tuple!(A, B, C);
+tuple!(A, B, C, D);
+tuple!(A, B, C, D, E);
+tuple!(A, B, C, D, E, F);

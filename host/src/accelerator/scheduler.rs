@@ -1,0 +1,137 @@
+//! `AcceleratedScheduler`: a learning-rate schedule that advances only when
+//! the optimizer really stepped.
+
+use super::optimizer::SharedOptimizer;
+use super::GradientState;
+use crate::plugins::{PluginError, SchedulerPlugin};
+
+/// A learning-rate schedule: the rate of each parameter group after `step`
+/// scheduler steps (PyTorch's convention: step 0 is the rate before any).
+/// The built-in schedules are Wasm plugins ([`SchedulerPlugin`]); a Rust
+/// closure-like schedule can implement this too.
+pub trait LrSchedule {
+    /// Rates per parameter group after `step` scheduler steps.
+    fn lrs(&mut self, step: u64) -> Result<Vec<f64>, PluginError>;
+    /// Feeds a metric (reduce-on-plateau uses it; others ignore it).
+    fn observe(&mut self, _metric: f64) -> Result<(), PluginError> {
+        Ok(())
+    }
+    /// The schedule's own state, for checkpoints.
+    fn save(&mut self) -> Result<Vec<u8>, PluginError> {
+        Ok(Vec::new())
+    }
+    /// Restores what [`save`](Self::save) returned.
+    fn load(&mut self, _state: &[u8]) -> Result<(), PluginError> {
+        Ok(())
+    }
+}
+
+impl LrSchedule for SchedulerPlugin {
+    fn lrs(&mut self, step: u64) -> Result<Vec<f64>, PluginError> {
+        SchedulerPlugin::lrs(self, step)
+    }
+    fn observe(&mut self, metric: f64) -> Result<(), PluginError> {
+        SchedulerPlugin::observe(self, metric)
+    }
+    fn save(&mut self) -> Result<Vec<u8>, PluginError> {
+        SchedulerPlugin::save(self)
+    }
+    fn load(&mut self, state: &[u8]) -> Result<(), PluginError> {
+        SchedulerPlugin::load(self, state)
+    }
+}
+
+/// A schedule prepared by the accelerator (Accelerate's
+/// `AcceleratedScheduler`), bound to the optimizer prepared before it or in
+/// the same `prepare` call: preparing sets that optimizer's rates to the
+/// schedule's first ones. [`step`](Self::step) does nothing on
+/// micro-batches that do not end an accumulation group or when the fp16
+/// optimizer step was skipped; otherwise it advances `num_processes` steps
+/// (one with `split_batches`, where each process sees the batches the
+/// schedule was written for) and sets the optimizer's rates.
+pub struct AcceleratedScheduler {
+    schedule: Box<dyn LrSchedule>,
+    optimizer: Option<SharedOptimizer>,
+    state: GradientState,
+    steps_per_step: u64,
+    step: u64,
+    last_lrs: Vec<f64>,
+}
+
+impl AcceleratedScheduler {
+    pub(super) fn new(
+        schedule: Box<dyn LrSchedule>,
+        optimizer: Option<SharedOptimizer>,
+        state: GradientState,
+        steps_per_step: u64,
+    ) -> Result<Self, PluginError> {
+        let mut s = Self {
+            schedule,
+            optimizer,
+            state,
+            steps_per_step,
+            step: 0,
+            last_lrs: Vec::new(),
+        };
+        s.apply()?;
+        Ok(s)
+    }
+
+    /// Advances the schedule after the optimizer stepped (call it after
+    /// `optimizer.step()` on every micro-batch, as with Accelerate).
+    pub fn step(&mut self) -> Result<(), PluginError> {
+        if !self.state.sync_gradients() {
+            return Ok(());
+        }
+        if let Some(opt) = &self.optimizer {
+            if opt.lock().unwrap_or_else(|p| p.into_inner()).skipped {
+                return Ok(());
+            }
+        }
+        self.step += self.steps_per_step;
+        self.apply()
+    }
+
+    /// Sets the optimizer's rates to the schedule's at the current step.
+    fn apply(&mut self) -> Result<(), PluginError> {
+        let lrs = self.schedule.lrs(self.step)?;
+        if let Some(opt) = &self.optimizer {
+            let mut core = opt.lock().unwrap_or_else(|p| p.into_inner());
+            if lrs.len() == core.inner.lrs().len() {
+                core.inner.set_lrs(&lrs);
+            } else if let [lr] = lrs[..] {
+                core.inner.set_lr(lr);
+            }
+        }
+        self.last_lrs = lrs;
+        Ok(())
+    }
+
+    /// Feeds an evaluation metric to the schedule.
+    pub fn observe(&mut self, metric: f64) -> Result<(), PluginError> {
+        self.schedule.observe(metric)
+    }
+
+    /// The rates set last (PyTorch's `get_last_lr`).
+    pub fn last_lrs(&self) -> &[f64] {
+        &self.last_lrs
+    }
+
+    /// Scheduler steps taken so far.
+    pub fn steps(&self) -> u64 {
+        self.step
+    }
+
+    /// The step count and the schedule's own state, for checkpoints.
+    pub fn state(&mut self) -> Result<(u64, Vec<u8>), PluginError> {
+        Ok((self.step, self.schedule.save()?))
+    }
+
+    /// Restores what [`state`](Self::state) returned and sets the
+    /// optimizer's rates to match.
+    pub fn load_state(&mut self, step: u64, state: &[u8]) -> Result<(), PluginError> {
+        self.schedule.load(state)?;
+        self.step = step;
+        self.apply()
+    }
+}

@@ -1,0 +1,61 @@
+//! Device-wide state: libtorch's default random generators (CPU and each CUDA
+//! device), as `torch.get_rng_state` / `torch.cuda.get_rng_state` give it,
+//! and the GPU memory cache.
+
+use super::ffi;
+use super::foreach::check;
+use tch::{Device, TchError, Tensor};
+use torch_sys::C_tensor;
+
+fn device_args(device: Device) -> (i32, i32) {
+    match device {
+        Device::Cuda(i) => (1, i as i32),
+        _ => (0, -1),
+    }
+}
+
+/// A copy of the default generator's state of `device` (a uint8 tensor on
+/// the CPU; 5056 bytes for the CPU generator).
+pub fn rng_state(device: Device) -> Result<Tensor, TchError> {
+    let (dt, index) = device_args(device);
+    let mut out: *mut C_tensor = std::ptr::null_mut();
+    // SAFETY: on success `out` is a new at::Tensor owned by us from here on.
+    check(unsafe { ffi::hearth_rng_get_state(dt, index, &mut out) })?;
+    Ok(unsafe { Tensor::from_ptr(out) })
+}
+
+/// Restores a state [`rng_state`] returned for the same device.
+pub fn set_rng_state(device: Device, state: &Tensor) -> Result<(), TchError> {
+    let (dt, index) = device_args(device);
+    // SAFETY: a live handle borrowed for the call.
+    check(unsafe { ffi::hearth_rng_set_state(dt, index, state.as_ptr() as *mut C_tensor) })
+}
+
+/// Releases the GPU's cached, unused memory (`torch.cuda.empty_cache`);
+/// nothing without a GPU.
+pub fn empty_device_cache() -> Result<(), TchError> {
+    // SAFETY: no arguments.
+    check(unsafe { ffi::hearth_empty_device_cache() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Kind;
+
+    #[test]
+    fn restoring_the_cpu_state_replays_the_same_numbers() {
+        tch::manual_seed(3);
+        let state = rng_state(Device::Cpu).unwrap();
+        let first = Tensor::rand([4], (Kind::Float, Device::Cpu));
+        set_rng_state(Device::Cpu, &state).unwrap();
+        let again = Tensor::rand([4], (Kind::Float, Device::Cpu));
+        assert!(first.equal(&again));
+    }
+
+    #[test]
+    fn a_truncated_state_is_an_error_not_a_crash() {
+        let bad = Tensor::zeros([7], (Kind::Uint8, Device::Cpu));
+        assert!(set_rng_state(Device::Cpu, &bad).is_err());
+    }
+}

@@ -1,0 +1,140 @@
+//! Optimizers that hearth owns: their state tensors live here (not inside
+//! libtorch's C++ optimizers), so checkpoints and sharding can reach them.
+//! Each step is one libtorch fused kernel per parameter group:
+//! `_fused_adamw_`/`_fused_adam_` for AdamW/Adam and `_fused_sgd_` for SGD,
+//! on CPU and CUDA. Parameter groups carry their own learning rate and
+//! weight decay, as in PyTorch.
+
+mod adam;
+mod sgd;
+
+pub use adam::Adam;
+pub use sgd::Sgd;
+
+use tch::{TchError, Tensor};
+
+/// Parameters that share a learning rate and weight decay (PyTorch's
+/// `param_groups` entry). Unset values take the optimizer's defaults.
+#[derive(Debug)]
+pub struct ParamGroup {
+    /// The tensors (leaves that require grad).
+    pub params: Vec<Tensor>,
+    /// This group's learning rate, if not the optimizer's.
+    pub lr: Option<f64>,
+    /// This group's weight decay, if not the optimizer's.
+    pub weight_decay: Option<f64>,
+}
+
+impl ParamGroup {
+    /// A group with the optimizer's defaults.
+    pub fn new(params: Vec<Tensor>) -> Self {
+        Self {
+            params,
+            lr: None,
+            weight_decay: None,
+        }
+    }
+    /// Sets this group's learning rate.
+    pub fn lr(mut self, lr: f64) -> Self {
+        self.lr = Some(lr);
+        self
+    }
+    /// Sets this group's weight decay.
+    pub fn weight_decay(mut self, weight_decay: f64) -> Self {
+        self.weight_decay = Some(weight_decay);
+        self
+    }
+}
+
+/// What an optimizer can be built over: one list of tensors (one group),
+/// one [`ParamGroup`], or several.
+pub trait IntoParamGroups {
+    /// The groups.
+    fn into_param_groups(self) -> Vec<ParamGroup>;
+}
+
+impl IntoParamGroups for Vec<Tensor> {
+    fn into_param_groups(self) -> Vec<ParamGroup> {
+        vec![ParamGroup::new(self)]
+    }
+}
+
+impl IntoParamGroups for ParamGroup {
+    fn into_param_groups(self) -> Vec<ParamGroup> {
+        vec![self]
+    }
+}
+
+impl IntoParamGroups for Vec<ParamGroup> {
+    fn into_param_groups(self) -> Vec<ParamGroup> {
+        self
+    }
+}
+
+/// An optimizer over fixed parameter groups.
+pub trait Optimizer: Send {
+    /// Applies one update from the parameters' current gradients (parameters
+    /// without a gradient are left alone, as in PyTorch).
+    fn step(&mut self) -> Result<(), TchError>;
+    /// Clears the gradients.
+    fn zero_grad(&mut self);
+    /// The learning rate of each group.
+    fn lrs(&self) -> Vec<f64>;
+    /// Sets the learning rate of each group (one value per group).
+    fn set_lrs(&mut self, lrs: &[f64]);
+    /// All parameters, group by group, in the order given at construction.
+    fn parameters(&self) -> Vec<Tensor>;
+
+    /// The learning rate of the first group.
+    fn lr(&self) -> f64 {
+        self.lrs()[0]
+    }
+    /// Sets every group's learning rate.
+    fn set_lr(&mut self, lr: f64) {
+        let n = self.lrs().len();
+        self.set_lrs(&vec![lr; n]);
+    }
+}
+
+/// A group with its values resolved against the optimizer's defaults.
+struct Group {
+    params: Vec<Tensor>,
+    lr: f64,
+    weight_decay: f64,
+}
+
+fn resolve(groups: impl IntoParamGroups, lr: f64, weight_decay: f64) -> Vec<Group> {
+    groups
+        .into_param_groups()
+        .into_iter()
+        .map(|g| Group {
+            params: g.params,
+            lr: g.lr.unwrap_or(lr),
+            weight_decay: g.weight_decay.unwrap_or(weight_decay),
+        })
+        .collect()
+}
+
+fn set_group_lrs(groups: &mut [Group], lrs: &[f64]) {
+    assert_eq!(
+        lrs.len(),
+        groups.len(),
+        "one learning rate per parameter group"
+    );
+    for (g, &lr) in groups.iter_mut().zip(lrs) {
+        g.lr = lr;
+    }
+}
+
+fn all_params(groups: &[Group]) -> Vec<Tensor> {
+    groups
+        .iter()
+        .flat_map(|g| g.params.iter().map(Tensor::shallow_clone))
+        .collect()
+}
+
+fn zero_grads(groups: &mut [Group]) {
+    for p in groups.iter_mut().flat_map(|g| g.params.iter_mut()) {
+        p.zero_grad();
+    }
+}

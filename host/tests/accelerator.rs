@@ -1,0 +1,377 @@
+//! The Accelerator against Accelerate and PyTorch: accumulation (sync
+//! pattern and scheduler rates from Accelerate itself), GA=k×b equals
+//! GA=1×kb, the fp16 step logic, the data loader's seeded order and
+//! sharding (from Accelerate's samplers), resumable loader state, RNG state
+//! and `find_executable_batch_size` on a real libtorch out-of-memory error.
+
+mod common;
+
+use common::oracle;
+use hearth::accelerator::{find_executable_batch_size, Accelerator, BatchSizeError, LrSchedule};
+use hearth::data::{batches, epoch_order, shard_batches, DataLoader, Shard};
+use hearth::ops::SgdHyper;
+use hearth::optim::Sgd;
+use hearth::plugins::PluginError;
+use hearth::precision::MixedPrecision;
+use serde_json::Value;
+use tch::nn::{self, Module};
+use tch::{Device, Kind, Reduction, Tensor};
+
+fn sgd(lr: f64, momentum: f64) -> SgdHyper {
+    SgdHyper {
+        lr,
+        momentum,
+        dampening: 0.0,
+        weight_decay: 0.0,
+        nesterov: false,
+    }
+}
+
+/// PyTorch's `LambdaLR` with `1 - step / total` (floored at 0).
+struct Linear {
+    base: f64,
+    total: f64,
+}
+
+impl LrSchedule for Linear {
+    fn lrs(&mut self, step: u64) -> Result<Vec<f64>, PluginError> {
+        Ok(vec![self.base * (1.0 - step as f64 / self.total).max(0.0)])
+    }
+}
+
+#[test]
+fn accumulation_syncs_and_schedules_exactly_like_accelerate() {
+    let expected: Vec<(bool, f64)> = serde_json::from_str::<Vec<(bool, f64)>>(&oracle(
+        "accelerate_accumulation.py",
+        &["2", "5", "2", "10"],
+    ))
+    .unwrap();
+    let mut acc = Accelerator::builder()
+        .cpu(true)
+        .gradient_accumulation_steps(2)
+        .build()
+        .unwrap();
+    let vs = nn::VarStore::new(Device::Cpu);
+    let layer = nn::linear(vs.root(), 1, 1, Default::default());
+    let opt = Sgd::new(vs.trainable_variables(), sgd(1.0, 0.0));
+    let data: Vec<Tensor> = (0..5)
+        .map(|_| Tensor::ones([1], (Kind::Float, Device::Cpu)))
+        .collect();
+    let schedule: Box<dyn LrSchedule> = Box::new(Linear {
+        base: 1.0,
+        total: 10.0,
+    });
+    // Any order: the scheduler comes first and still binds to the optimizer.
+    let (mut sched, _vs, mut opt, loader) = acc
+        .prepare((schedule, vs, opt, DataLoader::new(data, 1)))
+        .unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        for x in loader.iter() {
+            acc.accumulate(|| {
+                acc.backward(&layer.forward(&x).sum(Kind::Float)).unwrap();
+                opt.step().unwrap();
+                sched.step().unwrap();
+                opt.zero_grad();
+            });
+            seen.push((acc.sync_gradients(), opt.lr()));
+        }
+    }
+    let flags: Vec<bool> = seen.iter().map(|s| s.0).collect();
+    assert_eq!(
+        flags,
+        [false, true, false, true, true, false, true, false, true, true]
+    );
+    assert_eq!(seen.len(), expected.len());
+    for (i, (ours, theirs)) in seen.iter().zip(&expected).enumerate() {
+        assert_eq!(ours.0, theirs.0, "sync at micro-batch {i}");
+        assert!(
+            (ours.1 - theirs.1).abs() < 1e-12,
+            "lr at micro-batch {i}: {} vs Accelerate's {}",
+            ours.1,
+            theirs.1
+        );
+    }
+}
+
+/// Trains a linear regression on 12 examples for 2 epochs with batch `b`
+/// and `ga` accumulation steps; returns the final weights.
+fn train_linear(b: usize, ga: usize) -> Tensor {
+    tch::manual_seed(11);
+    let xs = Tensor::randn([12, 3], (Kind::Float, Device::Cpu));
+    let ys = Tensor::randn([12, 2], (Kind::Float, Device::Cpu));
+    let data: Vec<(Tensor, Tensor)> = (0..12).map(|i| (xs.get(i), ys.get(i))).collect();
+    let vs = nn::VarStore::new(Device::Cpu);
+    let layer = nn::linear(vs.root(), 3, 2, Default::default());
+    let mut acc = Accelerator::builder()
+        .cpu(true)
+        .gradient_accumulation_steps(ga)
+        .build()
+        .unwrap();
+    let opt = Sgd::new(vs.trainable_variables(), sgd(0.1, 0.9));
+    let (mut opt, loader) = acc
+        .prepare((opt, DataLoader::new(data, b).shuffle(5)))
+        .unwrap();
+    for _ in 0..2 {
+        for (x, y) in loader.iter() {
+            acc.accumulate(|| {
+                let loss = layer.forward(&x).mse_loss(&y, Reduction::Mean);
+                acc.backward(&loss).unwrap();
+                opt.step().unwrap();
+                opt.zero_grad();
+            });
+        }
+    }
+    Tensor::cat(
+        &[layer.ws.flatten(0, -1), layer.bs.unwrap().flatten(0, -1)],
+        0,
+    )
+}
+
+#[test]
+fn accumulating_k_batches_of_b_equals_one_batch_of_k_times_b() {
+    let one_big = train_linear(6, 1);
+    let accumulated = train_linear(2, 3);
+    let diff = f64::try_from((&one_big - &accumulated).abs().max()).unwrap();
+    assert!(diff < 1e-6, "GA=3 × 2 and GA=1 × 6 differ by {diff}");
+    // And it did train: different from no accumulation at batch 2.
+    let plain = train_linear(2, 1);
+    assert!(f64::try_from((&one_big - &plain).abs().max()).unwrap() > 1e-3);
+}
+
+#[test]
+fn a_prepared_optimizer_waits_for_the_sync_step() {
+    let mut acc = Accelerator::builder()
+        .cpu(true)
+        .gradient_accumulation_steps(2)
+        .build()
+        .unwrap();
+    let p = Tensor::zeros([1], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let mut opt = acc
+        .prepare(Sgd::new(vec![p.shallow_clone()], sgd(1.0, 0.0)))
+        .unwrap();
+    let micro = |opt: &mut hearth::accelerator::AcceleratedOptimizer| {
+        acc.accumulate(|| {
+            acc.backward(&(&p * 2.0).sum(Kind::Float)).unwrap();
+            opt.step().unwrap();
+            opt.zero_grad();
+        })
+    };
+    micro(&mut opt);
+    assert_eq!(f64::try_from(&p).unwrap(), 0.0, "no step before the sync");
+    assert_eq!(
+        f64::try_from(p.grad()).unwrap(),
+        1.0,
+        "gradients kept (2 / GA)"
+    );
+    micro(&mut opt);
+    assert_eq!(
+        f64::try_from(&p).unwrap(),
+        -2.0,
+        "one step with the summed gradient"
+    );
+    assert_eq!(
+        f64::try_from(p.grad()).unwrap(),
+        0.0,
+        "zeroed after the sync"
+    );
+}
+
+#[test]
+fn fp16_skips_an_overflowing_step_and_halves_the_scale() {
+    let mut acc = Accelerator::builder()
+        .cpu(true)
+        .mixed_precision(MixedPrecision::Fp16)
+        .cpu_loss_scaling(true)
+        .build()
+        .unwrap();
+    let p = Tensor::ones([2], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let opt = Sgd::new(vec![p.shallow_clone()], sgd(0.1, 0.0));
+    let schedule: Box<dyn LrSchedule> = Box::new(Linear {
+        base: 0.1,
+        total: 10.0,
+    });
+    let (mut opt, mut sched) = acc.prepare((opt, schedule)).unwrap();
+    let mut step = |scale_by: f64| {
+        acc.backward(&(&p * scale_by).sum(Kind::Float)).unwrap();
+        let norm = acc.clip_grad_norm_(&mut opt, 100.0).unwrap();
+        opt.step().unwrap();
+        sched.step().unwrap();
+        opt.zero_grad();
+        (
+            opt.step_was_skipped(),
+            acc.loss_scale().unwrap(),
+            f64::try_from(norm).unwrap(),
+            sched.steps(),
+        )
+    };
+    let (skipped, scale, norm, _) = step(1.0);
+    assert!(!skipped && scale == 65536.0);
+    assert!(
+        (norm - 2f64.sqrt()).abs() < 1e-5,
+        "clipping saw unscaled gradients: {norm}"
+    );
+    let after_clean: Vec<f32> = Vec::try_from(&p).unwrap();
+    assert_eq!(after_clean, vec![0.9, 0.9]);
+    let (skipped, scale, _, sched_steps) = step(f64::NAN);
+    assert!(skipped && acc.optimizer_step_was_skipped());
+    assert_eq!(scale, 32768.0);
+    assert_eq!(
+        Vec::<f32>::try_from(&p).unwrap(),
+        after_clean,
+        "a skipped step leaves the weights"
+    );
+    assert_eq!(
+        sched_steps, 1,
+        "the scheduler does not step when the optimizer skipped"
+    );
+    let (skipped, scale, _, sched_steps) = step(1.0);
+    assert!(!skipped && scale == 32768.0);
+    assert_eq!(sched_steps, 2);
+}
+
+#[test]
+fn fp16_on_the_cpu_trains_in_float32_as_accelerate_does() {
+    let acc = Accelerator::builder()
+        .cpu(true)
+        .mixed_precision(MixedPrecision::Fp16)
+        .build()
+        .unwrap();
+    assert_eq!(acc.loss_scale(), None);
+    assert!(acc.autocast().is_none());
+}
+
+#[test]
+fn seeded_order_and_sharding_match_accelerate() {
+    let worlds = [
+        "2:0:1:0", "2:0:0:0", "3:0:1:0", "2:1:1:0", "2:1:0:0", "3:0:1:1", "4:1:1:0",
+    ];
+    let mut args = vec!["10", "4", "42", "3"];
+    args.extend(worlds);
+    let theirs: Value = serde_json::from_str(&oracle("accelerate_sampler.py", &args)).unwrap();
+    for epoch in 0..3u64 {
+        let ours = epoch_order(10, true, 42, epoch);
+        let expected: Vec<usize> =
+            serde_json::from_value(theirs["orders"][epoch as usize].clone()).unwrap();
+        assert_eq!(ours, expected, "epoch {epoch} order");
+    }
+    let order: Vec<usize> = (0..10).collect();
+    for w in worlds {
+        let f: Vec<usize> = w.split(':').map(|x| x.parse().unwrap()).collect();
+        let all = batches(&order, 4, f[3] == 1);
+        for rank in 0..f[0] {
+            let shard = Shard {
+                process_index: rank,
+                num_processes: f[0],
+                split_batches: f[1] == 1,
+                even_batches: f[2] == 1,
+            };
+            let expected: Vec<Vec<usize>> =
+                serde_json::from_value(theirs["shards"][w][rank].clone()).unwrap();
+            assert_eq!(
+                shard_batches(&all, 4, f[3] == 1, shard),
+                expected,
+                "world {w}, rank {rank}"
+            );
+        }
+    }
+}
+
+fn ids(n: i64) -> Vec<Tensor> {
+    (0..n).map(Tensor::from).collect()
+}
+
+fn values(batch: &Tensor) -> Vec<i64> {
+    Vec::try_from(batch).unwrap()
+}
+
+#[test]
+fn skip_first_batches_applies_to_the_resumed_epoch_only() {
+    let loader = DataLoader::new(ids(16), 4);
+    loader.skip_first_batches(2);
+    let resumed: Vec<Vec<i64>> = loader.iter().map(|b| values(&b)).collect();
+    assert_eq!(resumed, vec![vec![8, 9, 10, 11], vec![12, 13, 14, 15]]);
+    assert_eq!(loader.iter().count(), 4, "the next epoch is whole");
+}
+
+#[test]
+fn a_restored_loader_sees_exactly_the_batches_the_first_would_have() {
+    let make = || DataLoader::new(ids(10), 3).shuffle(7).drop_last(false);
+    let first = make();
+    let mut all_first = Vec::new();
+    let mut saved = None;
+    for epoch in 0..3 {
+        for (i, b) in first.iter().enumerate() {
+            if epoch == 1 && i == 2 {
+                saved = Some(first.state());
+            }
+            all_first.push(values(&b));
+        }
+    }
+    let state = saved.unwrap();
+    // Saved while the third batch of epoch 1 was in hand: three are taken.
+    assert_eq!((state.epoch, state.batches_seen, state.seed), (1, 3, 7));
+    let second = make();
+    second.load_state(state);
+    let mut resumed = Vec::new();
+    while second.state().epoch < 3 {
+        resumed.extend(second.iter().map(|b| values(&b)));
+    }
+    // Epoch 0 has 4 batches; epoch 1's first three were taken before the save.
+    assert_eq!(resumed, all_first[7..].to_vec());
+    assert_ne!(
+        all_first[..4],
+        all_first[4..8],
+        "epochs are shuffled differently"
+    );
+}
+
+#[test]
+fn the_last_batch_of_an_epoch_is_known_before_it_is_used() {
+    let acc = Accelerator::builder()
+        .cpu(true)
+        .gradient_accumulation_steps(3)
+        .build()
+        .unwrap();
+    let mut acc = acc;
+    let loader = acc.prepare(DataLoader::new(ids(4), 1)).unwrap();
+    let ends: Vec<bool> = loader
+        .iter()
+        .map(|_| acc.gradient_state().end_of_dataloader())
+        .collect();
+    assert_eq!(ends, [false, false, false, true]);
+    assert!(
+        !acc.gradient_state().end_of_dataloader(),
+        "reset once the epoch is over"
+    );
+}
+
+#[test]
+fn rng_state_round_trips() {
+    let acc = Accelerator::builder().cpu(true).build().unwrap();
+    acc.set_seed(123, false);
+    let state = acc.rng_state().unwrap();
+    let a = Tensor::randn([5], (Kind::Float, Device::Cpu));
+    let _ = Tensor::randn([7], (Kind::Float, Device::Cpu));
+    acc.set_rng_state(&state).unwrap();
+    let b = Tensor::randn([5], (Kind::Float, Device::Cpu));
+    assert!(a.equal(&b));
+}
+
+#[test]
+fn find_executable_batch_size_backs_off_on_a_real_out_of_memory_error() {
+    let mut tried = Vec::new();
+    let fits = find_executable_batch_size(64, |bs| {
+        tried.push(bs);
+        // Above 40, ask libtorch for a petabyte: its allocator refuses.
+        let elems = if bs > 40 { 1i64 << 48 } else { 16 };
+        Tensor::f_empty([elems], (Kind::Float, Device::Cpu)).map(|_| bs)
+    })
+    .unwrap();
+    assert_eq!(fits, 40);
+    assert_eq!(tried, vec![64, 57, 51, 45, 40]);
+    let other = find_executable_batch_size(8, |_| {
+        Tensor::f_zeros([2], (Kind::Float, Device::Cpu)).and_then(|t| t.f_view([3]))
+    });
+    assert!(matches!(other, Err(BatchSizeError::Failed(_))));
+}
