@@ -242,7 +242,7 @@ fn fp16_on_the_cpu_trains_in_float32_as_accelerate_does() {
 }
 
 #[test]
-fn seeded_order_and_sharding_match_accelerate() {
+fn seeded_order_and_sharding_match_accelerate_for_maps_and_streams() {
     let worlds = [
         "2:0:1:0", "2:0:0:0", "3:0:1:0", "2:1:1:0", "2:1:0:0", "3:0:1:1", "4:1:1:0",
     ];
@@ -273,6 +273,17 @@ fn seeded_order_and_sharding_match_accelerate() {
                 expected,
                 "world {w}, rank {rank}"
             );
+            if let Some(streams) = theirs["streams"].get(w) {
+                let expected: Vec<Vec<i64>> =
+                    serde_json::from_value(streams[rank].clone()).unwrap();
+                let ours: Vec<Vec<i64>> = DataLoader::iterable(Counter(10), 4)
+                    .drop_last(f[3] == 1)
+                    .sharded(shard)
+                    .iter()
+                    .map(|b| values(&b))
+                    .collect();
+                assert_eq!(ours, expected, "stream world {w}, rank {rank}");
+            }
         }
     }
 }
@@ -374,4 +385,172 @@ fn find_executable_batch_size_backs_off_on_a_real_out_of_memory_error() {
         Tensor::f_zeros([2], (Kind::Float, Device::Cpu)).and_then(|t| t.f_view([3]))
     });
     assert!(matches!(other, Err(BatchSizeError::Failed(_))));
+}
+
+/// A world of `n` processes in which this one has index `rank`; nothing
+/// is communicated (enough for what is decided per process).
+struct FakeWorld {
+    rank: usize,
+    n: usize,
+}
+
+impl hearth::dist::ProcessGroup for FakeWorld {
+    fn process_index(&self) -> usize {
+        self.rank
+    }
+    fn num_processes(&self) -> usize {
+        self.n
+    }
+    fn local_process_index(&self) -> usize {
+        self.rank
+    }
+    fn num_local_processes(&self) -> usize {
+        self.n
+    }
+    fn backend(&self) -> &'static str {
+        "fake"
+    }
+}
+
+#[test]
+fn a_scheduler_steps_once_per_process_unless_batches_are_split() {
+    for (split, per_step) in [(false, 2), (true, 1)] {
+        let mut acc = Accelerator::builder()
+            .cpu(true)
+            .process_group(Box::new(FakeWorld { rank: 0, n: 2 }))
+            .split_batches(split)
+            .build()
+            .unwrap();
+        let p = Tensor::zeros([1], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let opt = Sgd::new(vec![p.shallow_clone()], sgd(1.0, 0.0));
+        let schedule: Box<dyn LrSchedule> = Box::new(Linear {
+            base: 1.0,
+            total: 10.0,
+        });
+        let (mut opt, mut sched) = acc.prepare((opt, schedule)).unwrap();
+        for _ in 0..3 {
+            acc.accumulate(|| {
+                acc.backward(&p.sum(Kind::Float)).unwrap();
+                opt.step().unwrap();
+                sched.step().unwrap();
+                opt.zero_grad();
+            });
+        }
+        assert_eq!(sched.steps(), 3 * per_step, "split_batches = {split}");
+        assert!((opt.lr() - (1.0 - (3 * per_step) as f64 / 10.0)).abs() < 1e-12);
+    }
+}
+
+#[test]
+fn a_prepared_loader_reads_its_rank_s_share() {
+    let mut acc = Accelerator::builder()
+        .cpu(true)
+        .process_group(Box::new(FakeWorld { rank: 1, n: 2 }))
+        .build()
+        .unwrap();
+    let loader = acc.prepare(DataLoader::new(ids(10), 3)).unwrap();
+    let got: Vec<Vec<i64>> = loader.iter().map(|b| values(&b)).collect();
+    // Batches [0 1 2] [3 4 5] [6 7 8] [9 + 0 1]: rank 1 takes the 2nd and 4th.
+    assert_eq!(got, vec![vec![3, 4, 5], vec![9, 0, 1]]);
+}
+
+#[test]
+fn scheduler_state_round_trips_and_sets_the_rate() {
+    let mut acc = Accelerator::builder().cpu(true).build().unwrap();
+    let make = |acc: &mut Accelerator| {
+        let p = Tensor::zeros([1], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let opt = Sgd::new(vec![p.shallow_clone()], sgd(1.0, 0.0));
+        let schedule: Box<dyn LrSchedule> = Box::new(Linear {
+            base: 1.0,
+            total: 10.0,
+        });
+        let prepared = acc.prepare((opt, schedule)).unwrap();
+        (p, prepared)
+    };
+    let (p, (mut opt, mut sched)) = make(&mut acc);
+    for _ in 0..4 {
+        acc.accumulate(|| {
+            acc.backward(&p.sum(Kind::Float)).unwrap();
+            opt.step().unwrap();
+            sched.step().unwrap();
+            opt.zero_grad();
+        });
+    }
+    let (step, bytes) = sched.state().unwrap();
+    let (_, (opt2, mut sched2)) = make(&mut acc);
+    assert_eq!(opt2.lr(), 1.0);
+    sched2.load_state(step, &bytes).unwrap();
+    assert_eq!(sched2.steps(), 4);
+    assert!((opt2.lr() - 0.6).abs() < 1e-12 && (opt.lr() - 0.6).abs() < 1e-12);
+}
+
+#[test]
+fn prepare_twice_is_harmless_and_unwrap_gives_the_model_back() {
+    use hearth::models::{Gpt, GptConfig, Model};
+    let mut acc = Accelerator::builder().cpu(true).build().unwrap();
+    let gpt = Gpt::new(
+        GptConfig {
+            vocab_size: 11,
+            block_size: 8,
+            d_model: 16,
+            layers: 1,
+            heads: 2,
+        },
+        Device::Cpu,
+    );
+    let names: Vec<String> = gpt.named_parameters().into_iter().map(|(n, _)| n).collect();
+    let opt = Sgd::new(
+        gpt.named_parameters()
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect::<Vec<_>>(),
+        sgd(0.1, 0.0),
+    );
+    let (model, opt) = acc.prepare((gpt, opt)).unwrap();
+    let (model, opt) = acc.prepare((model, opt)).unwrap();
+    assert_eq!(opt.parameters().len(), names.len());
+    let state = acc.get_state_dict(&model);
+    assert_eq!(
+        state.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>(),
+        names
+    );
+    let gpt: Gpt = acc.unwrap_model(model);
+    assert_eq!(gpt.named_parameters().len(), names.len());
+    acc.free_memory(opt).unwrap();
+}
+
+/// An endless stream 0, 1, 2, … (a new one each epoch).
+struct Counter(i64);
+
+impl hearth::data::IterableDataset for Counter {
+    type Item = Tensor;
+    fn stream(&self, _epoch: u64) -> Box<dyn Iterator<Item = Tensor> + '_> {
+        Box::new((0..self.0).map(Tensor::from))
+    }
+}
+
+#[test]
+fn iterable_datasets_batch_drop_and_shard_like_accelerate() {
+    let all: Vec<Vec<i64>> = DataLoader::iterable(Counter(7), 3)
+        .iter()
+        .map(|b| values(&b))
+        .collect();
+    assert_eq!(all, vec![vec![0, 1, 2], vec![3, 4, 5], vec![6]]);
+    let dropped = DataLoader::iterable(Counter(7), 3).drop_last(true);
+    assert_eq!(dropped.iter().count(), 2);
+    // Two processes: each takes its 3 of every 6; the short tail is
+    // completed from the start (IterableDatasetShard without drop_last).
+    let rank = |r| {
+        DataLoader::iterable(Counter(7), 3)
+            .sharded(Shard {
+                process_index: r,
+                num_processes: 2,
+                ..Shard::default()
+            })
+            .iter()
+            .map(|b| values(&b))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(rank(0), vec![vec![0, 1, 2], vec![6, 0, 1]]);
+    assert_eq!(rank(1), vec![vec![3, 4, 5], vec![2, 3, 4]]);
 }

@@ -107,9 +107,12 @@ impl AcceleratedScheduler {
         Ok(())
     }
 
-    /// Feeds an evaluation metric to the schedule.
+    /// Feeds an evaluation metric to the schedule and sets the rates it
+    /// gives now (reduce-on-plateau lowers them at once, as PyTorch's
+    /// `ReduceLROnPlateau.step(metric)` does).
     pub fn observe(&mut self, metric: f64) -> Result<(), PluginError> {
-        self.schedule.observe(metric)
+        self.schedule.observe(metric)?;
+        self.apply()
     }
 
     /// The rates set last (PyTorch's `get_last_lr`).

@@ -173,13 +173,13 @@ where
 /// An iterable dataset as a batch source: each process takes its slice of
 /// every `batch_size × num_processes` examples (of every `batch_size` when
 /// batches are split), as Accelerate's `IterableDatasetShard`; a short tail
-/// is dropped with `drop_last`, else completed from the epoch's first
-/// examples.
+/// is dropped with `drop_last`, else (with several processes) completed
+/// from the epoch's first examples.
 pub struct Stream<I>(pub I);
 
 impl<I: IterableDataset> BatchSource for Stream<I>
 where
-    I::Item: Collate + Clone,
+    I::Item: Collate + CloneItem,
 {
     type Item = I::Item;
     fn batches(
@@ -203,15 +203,19 @@ where
                 return None;
             }
             if first.is_empty() {
-                first = buf.clone();
+                first = buf.iter().map(CloneItem::clone_item).collect();
             }
             if buf.len() < chunk {
                 if drop_last {
                     return None;
                 }
+                if n == 1 {
+                    // A world of one is not sharded: the tail stays short.
+                    return Some(buf);
+                }
                 let mut i = 0;
                 while buf.len() < chunk {
-                    buf.push(first[i % first.len()].clone());
+                    buf.push(first[i % first.len()].clone_item());
                     i += 1;
                 }
             }
@@ -248,7 +252,7 @@ where
 
 impl<I: IterableDataset> DataLoader<Stream<I>>
 where
-    I::Item: Collate + Clone,
+    I::Item: Collate + CloneItem,
 {
     /// A loader over an iterable dataset.
     pub fn iterable(dataset: I, batch_size: usize) -> Self {

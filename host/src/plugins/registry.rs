@@ -74,8 +74,17 @@ impl SearchPath {
         if let Some(dir) = std::env::var_os("HEARTH_BUILTIN_PLUGINS") {
             return Some(dir.into());
         }
+        // `target/<profile>/hearth` → `target/plugins`; an example binary
+        // sits one folder deeper (`target/<profile>/examples/`).
         let exe = std::env::current_exe().ok()?;
-        Some(exe.parent()?.parent()?.join("plugins"))
+        let mut candidates = exe.ancestors().skip(2).take(2).map(|d| d.join("plugins"));
+        let first = candidates.next()?;
+        Some(
+            std::iter::once(first.clone())
+                .chain(candidates)
+                .find(|d| d.is_dir())
+                .unwrap_or(first),
+        )
     }
 
     /// The folders, in order.

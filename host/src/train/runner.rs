@@ -367,6 +367,9 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
         if step == warmup + 1 {
             timer = Instant::now();
         }
+        // The rate this optimizer step uses (the scheduler moves it on
+        // once the step is taken).
+        let step_lr = opt.lr();
         for _ in 0..accumulation {
             let batch = data.sample_batch(batch_size, &mut rng);
             let (inputs, targets) = (
@@ -403,10 +406,10 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
                 });
             }
             let rate = window_steps as f64 * tokens_per_step / window_start.elapsed().as_secs_f64();
-            progress.report(step, steps, final_loss, opt.lr(), rate);
+            progress.report(step, steps, final_loss, step_lr, rate);
             let mut values = vec![
                 ("loss".into(), Value::Float(final_loss)),
-                ("lr".into(), Value::Float(opt.lr())),
+                ("lr".into(), Value::Float(step_lr)),
                 ("tokens_per_sec".into(), Value::Float(rate)),
             ];
             if let Some(scale) = acc.loss_scale() {

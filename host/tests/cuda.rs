@@ -1,0 +1,148 @@
+//! The GPU paths: fp16 with loss scaling, bf16 autocast, CUDA generator
+//! state. They need a CUDA device, so they are ignored by default; on a GPU
+//! machine run `cargo test --release -p hearth --test cuda -- --ignored`.
+
+use hearth::accelerator::{Accelerator, LrSchedule};
+use hearth::models::{Gpt, GptConfig, Model};
+use hearth::ops::{AdamHyper, SgdHyper};
+use hearth::optim::{Adam, Sgd};
+use hearth::plugins::PluginError;
+use hearth::precision::MixedPrecision;
+use tch::{Device, Kind, Tensor};
+
+fn cuda() -> Device {
+    assert!(tch::Cuda::is_available(), "this test needs a CUDA GPU");
+    Device::Cuda(0)
+}
+
+struct Constant;
+impl LrSchedule for Constant {
+    fn lrs(&mut self, _: u64) -> Result<Vec<f64>, PluginError> {
+        Ok(vec![0.1])
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fp16_on_cuda_scales_skips_and_backs_off() {
+    let device = cuda();
+    let mut acc = Accelerator::builder()
+        .mixed_precision(MixedPrecision::Fp16)
+        .build()
+        .unwrap();
+    assert_eq!(acc.device(), device);
+    let p = Tensor::ones([4], (Kind::Float, device)).set_requires_grad(true);
+    let opt = Sgd::new(
+        vec![p.shallow_clone()],
+        SgdHyper {
+            lr: 0.1,
+            momentum: 0.0,
+            dampening: 0.0,
+            weight_decay: 0.0,
+            nesterov: false,
+        },
+    );
+    let schedule: Box<dyn LrSchedule> = Box::new(Constant);
+    let (mut opt, mut sched) = acc.prepare((opt, schedule)).unwrap();
+    let mut step = |factor: f64| {
+        let y = {
+            let _autocast = acc.autocast().expect("fp16 autocasts on CUDA");
+            let w = Tensor::ones([4, 4], (Kind::Float, device));
+            let y = p.unsqueeze(0).matmul(&w);
+            assert_eq!(y.kind(), Kind::Half, "matmul runs in fp16 under autocast");
+            y
+        };
+        acc.backward(&(y.to_kind(Kind::Float).sum(Kind::Float) * factor))
+            .unwrap();
+        let norm = f64::try_from(acc.clip_grad_norm_(&mut opt, 1e9).unwrap()).unwrap();
+        opt.step().unwrap();
+        sched.step().unwrap();
+        opt.zero_grad();
+        (opt.step_was_skipped(), acc.loss_scale().unwrap(), norm)
+    };
+    let (skipped, scale, norm) = step(1.0);
+    assert!(!skipped);
+    assert_eq!(scale, 65536.0);
+    assert!((norm - 8.0).abs() < 1e-3, "unscaled gradient norm {norm}");
+    let (skipped, scale, _) = step(f64::NAN);
+    assert!(skipped && scale == 32768.0);
+    let (skipped, _, _) = step(1.0);
+    assert!(!skipped);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_gpt_trains_under_bf16_and_fp16_on_cuda() {
+    let device = cuda();
+    for mode in [MixedPrecision::Bf16, MixedPrecision::Fp16] {
+        tch::manual_seed(0);
+        let mut acc = Accelerator::builder()
+            .mixed_precision(mode)
+            .gradient_accumulation_steps(2)
+            .build()
+            .unwrap();
+        let config = GptConfig {
+            vocab_size: 16,
+            block_size: 8,
+            d_model: 64,
+            layers: 2,
+            heads: 4,
+        };
+        let model = Gpt::new(config, Device::Cpu);
+        let opt = Adam::new(
+            model
+                .named_parameters()
+                .into_iter()
+                .map(|(_, t)| t)
+                .collect::<Vec<_>>(),
+            AdamHyper {
+                lr: 3e-3,
+                betas: (0.9, 0.999),
+                weight_decay: 0.0,
+                eps: 1e-8,
+                decoupled: true,
+            },
+        );
+        let (model, mut opt) = acc.prepare((model, opt)).unwrap();
+        assert!(model
+            .named_parameters()
+            .iter()
+            .all(|(_, t)| t.device() == device));
+        let x = Tensor::randint(16, [8, 8], (Kind::Int64, device));
+        let mut losses = Vec::new();
+        for _ in 0..60 {
+            let loss = acc.accumulate(|| {
+                let logits = model.forward_t(&x, true);
+                assert_eq!(logits.kind(), Kind::Float, "prepared outputs are fp32");
+                let loss = logits
+                    .view([-1, 16])
+                    .cross_entropy_for_logits(&x.view([-1]));
+                acc.backward(&loss).unwrap();
+                opt.step().unwrap();
+                opt.zero_grad();
+                f64::try_from(&loss).unwrap()
+            });
+            losses.push(loss);
+        }
+        assert!(
+            losses[losses.len() - 1] < losses[0] * 0.5,
+            "{mode}: loss {} → {}",
+            losses[0],
+            losses[losses.len() - 1]
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_generator_state_round_trips() {
+    let device = cuda();
+    let acc = Accelerator::builder().build().unwrap();
+    acc.set_seed(5, false);
+    let state = acc.rng_state().unwrap();
+    assert!(!state.cuda.is_empty());
+    let a = Tensor::randn([8], (Kind::Float, device));
+    acc.set_rng_state(&state).unwrap();
+    let b = Tensor::randn([8], (Kind::Float, device));
+    assert!(a.equal(&b));
+}
