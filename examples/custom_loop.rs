@@ -62,9 +62,7 @@ fn main() -> Result<()> {
             total += acc.accumulate(|| -> Result<f64> {
                 let loss = net.forward(&x).mse_loss(&y, Reduction::Mean);
                 acc.backward(&loss)?;
-                if acc.sync_gradients() {
-                    let _norm = acc.clip_grad_norm_(&mut opt, 1.0)?;
-                }
+                acc.clip_grad_norm_(&mut opt, 1.0)?; // only at the sync step
                 opt.step()?;
                 sched.step()?;
                 opt.zero_grad();

@@ -7,6 +7,7 @@
 // across the C boundary, and returns NULL on success or an error message that
 // the caller releases with `hearth_free_error`.
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/DeviceAccelerator.h>
 #include <ATen/autocast_mode.h>
@@ -15,6 +16,7 @@
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/_amp_update_scale.h>
 #include <ATen/ops/_fused_adam.h>
+#include <ATen/ops/randperm.h>
 #include <ATen/ops/_foreach_add.h>
 #include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/_foreach_norm.h>
@@ -146,8 +148,8 @@ char *hearth_autocast_set(int device_type, bool enabled, int dtype, bool enterin
     auto dev = static_cast<c10::DeviceType>(device_type);
     *was_enabled = at::autocast::is_autocast_enabled(dev);
     *was_dtype = static_cast<int>(at::autocast::get_autocast_dtype(dev));
-    at::autocast::set_autocast_enabled(dev, enabled);
     at::autocast::set_autocast_dtype(dev, static_cast<c10::ScalarType>(dtype));
+    at::autocast::set_autocast_enabled(dev, enabled);
     if (entering) {
       at::autocast::increment_nesting();
     } else if (at::autocast::decrement_nesting() == 0) {
@@ -174,6 +176,22 @@ char *hearth_rng_set_state(int device_type, int index, at::Tensor *state) {
     auto gen = at::globalContext().defaultGenerator(dev);
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(*state);
+  });
+}
+
+// torch.randperm(n, generator=torch.Generator().manual_seed(seed)) with a
+// private generator, so no global generator (CPU or CUDA) is touched.
+char *hearth_randperm(int64_t n, uint64_t seed, at::Tensor **out) {
+  return guarded([&] {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    *out = new at::Tensor(at::randperm(n, gen, at::TensorOptions().dtype(at::kLong)));
+  });
+}
+
+// Drops the gradients of `n` tensors (PyTorch's zero_grad(set_to_none=True)).
+char *hearth_clear_grads(at::Tensor **tensors, size_t n) {
+  return guarded([&] {
+    for (size_t i = 0; i < n; ++i) tensors[i]->mutable_grad().reset();
   });
 }
 

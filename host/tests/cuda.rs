@@ -54,7 +54,7 @@ fn fp16_on_cuda_scales_skips_and_backs_off() {
         };
         acc.backward(&(y.to_kind(Kind::Float).sum(Kind::Float) * factor))
             .unwrap();
-        let norm = f64::try_from(acc.clip_grad_norm_(&mut opt, 1e9).unwrap()).unwrap();
+        let norm = f64::try_from(acc.clip_grad_norm_(&mut opt, 1e9).unwrap().unwrap()).unwrap();
         opt.step().unwrap();
         sched.step().unwrap();
         opt.zero_grad();

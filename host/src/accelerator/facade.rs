@@ -245,7 +245,7 @@ impl Accelerator {
     /// `device_specific` each process adds its index so ranks differ.
     pub fn set_seed(&self, seed: u64, device_specific: bool) {
         let seed = if device_specific {
-            seed + self.process_index() as u64
+            seed.wrapping_add(self.process_index() as u64)
         } else {
             seed
         };
@@ -295,23 +295,33 @@ impl Accelerator {
     /// Clips the total L2 norm of `optimizer`'s gradients to `max_norm`
     /// (unscaling them first under fp16) and returns the norm before
     /// clipping. Accelerate takes the parameters; hearth takes the prepared
-    /// optimizer that holds them, which is what it must unscale.
+    /// optimizer that holds them, which is what it must unscale. On a
+    /// micro-batch that does not end an accumulation group the gradients
+    /// are still adding up: nothing is clipped and the norm is `None`
+    /// (Accelerate's examples clip under `if accelerator.sync_gradients`).
     pub fn clip_grad_norm_(
         &self,
         optimizer: &mut AcceleratedOptimizer,
         max_norm: f64,
-    ) -> Result<Tensor, TchError> {
+    ) -> Result<Option<Tensor>, TchError> {
+        if !self.sync_gradients() {
+            return Ok(None);
+        }
         optimizer.unscale_gradients()?;
-        super::clip_grad_norm_(&optimizer.parameters(), max_norm)
+        super::clip_grad_norm_(&optimizer.parameters(), max_norm).map(Some)
     }
 
     /// Clamps every gradient of `optimizer` to `[-clip_value, clip_value]`
-    /// (unscaling first under fp16).
+    /// (unscaling first under fp16); nothing on a micro-batch that does not
+    /// end an accumulation group.
     pub fn clip_grad_value_(
         &self,
         optimizer: &mut AcceleratedOptimizer,
         clip_value: f64,
     ) -> Result<(), TchError> {
+        if !self.sync_gradients() {
+            return Ok(());
+        }
         optimizer.unscale_gradients()?;
         for p in optimizer.parameters() {
             let mut g = p.grad();

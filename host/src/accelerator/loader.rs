@@ -63,7 +63,8 @@ where
     }
 }
 
-/// One epoch of a prepared loader.
+/// One epoch of a prepared loader. Dropping it (a loop left early) clears
+/// the end-of-epoch mark, so later micro-batches accumulate normally.
 pub struct PreparedBatches<'a, S: BatchSource> {
     inner: Batches<'a, S>,
     state: GradientState,
@@ -86,5 +87,11 @@ where
                 None
             }
         }
+    }
+}
+
+impl<S: BatchSource> Drop for PreparedBatches<'_, S> {
+    fn drop(&mut self) {
+        self.state.set_end_of_dataloader(false);
     }
 }

@@ -1,10 +1,11 @@
 //! `PreparedModel`: a model placed on the accelerator's device whose
 //! forward pass runs under the configured mixed precision.
 
+use super::TensorTree;
 use crate::models::{Model, ModuleTree, Unit};
 use crate::ops::AutocastGuard;
 use crate::precision::MixedPrecision;
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 /// A model prepared by the accelerator. Its forward pass runs under
 /// autocast when mixed precision is on and returns float32 outputs (as
@@ -65,12 +66,7 @@ impl<M: Model> Model for PreparedModel<M> {
             Some(kind) => {
                 let _guard =
                     AutocastGuard::new(self.device, kind).expect("autocast kinds are valid");
-                let out = self.inner.forward_t(tokens, train);
-                if out.is_floating_point() {
-                    out.to_kind(Kind::Float)
-                } else {
-                    out
-                }
+                self.inner.forward_t(tokens, train).to_fp32()
             }
             None => self.inner.forward_t(tokens, train),
         }

@@ -34,7 +34,14 @@ pub trait TensorTree: Sized {
     }
     /// Rows `start..end` of every tensor (`slice_tensors`).
     fn slice_rows(&self, start: i64, end: i64) -> Self {
-        self.map_tensors(&mut |t| t.narrow(0, start, (end - start).min(t.size()[0] - start).max(0)))
+        self.map_tensors(&mut |t| {
+            if t.dim() == 0 {
+                return t.shallow_clone();
+            }
+            let rows = t.size()[0];
+            let lo = start.clamp(0, rows);
+            t.narrow(0, lo, end.clamp(lo, rows) - lo)
+        })
     }
     /// The values as JSON numbers in nested lists (`listify`).
     fn listify(&self) -> Vec<Value> {

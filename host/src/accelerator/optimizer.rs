@@ -78,10 +78,12 @@ impl AcceleratedOptimizer {
         updated
     }
 
-    /// Clears the gradients when gradients are synchronised.
+    /// Drops the gradients when gradients are synchronised.
     pub fn zero_grad(&mut self) {
         if self.state.sync_gradients() {
-            self.core().inner.zero_grad();
+            let mut core = self.core();
+            core.found_inf = None;
+            core.inner.zero_grad();
         }
     }
 
@@ -92,11 +94,16 @@ impl AcceleratedOptimizer {
     }
 
     /// Divides the gradients by the loss scale, once per step; nothing
-    /// without a scaler. Clipping calls it first.
+    /// without a scaler, and nothing on a micro-batch that does not end an
+    /// accumulation group (the gradients are still adding up, scaled).
+    /// Clipping calls it first.
     pub fn unscale_gradients(&mut self) -> Result<(), TchError> {
         let Some(scaler) = &self.scaler else {
             return Ok(());
         };
+        if !self.state.sync_gradients() {
+            return Ok(());
+        }
         let mut core = self.core();
         if core.found_inf.is_none() {
             let grads: Vec<Tensor> = core.inner.parameters().iter().map(Tensor::grad).collect();

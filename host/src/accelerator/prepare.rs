@@ -16,6 +16,14 @@ pub enum PrepareError {
     /// A scheduler could not give its first rates.
     #[error("the scheduler failed while being prepared")]
     Scheduler(#[source] PluginError),
+    /// `split_batches` with a batch size the processes cannot share evenly.
+    #[error("split_batches: the loader's batch size {batch_size} does not divide by the {processes} processes; use a multiple of {processes} or turn split_batches off")]
+    SplitBatches {
+        /// The loader's batch size.
+        batch_size: usize,
+        /// The number of processes.
+        processes: usize,
+    },
 }
 
 /// Something [`Accelerator::prepare`] can wrap. Preparing what is already
@@ -92,7 +100,15 @@ where
 {
     type Prepared = PreparedDataLoader<S>;
     fn prepare_with(self, acc: &mut Accelerator) -> Result<PreparedDataLoader<S>, PrepareError> {
-        let loader = self.sharded(acc.shard());
+        let shard = acc.shard();
+        let batch_size = self.options().batch_size;
+        if shard.split_batches && shard.num_processes > 1 && batch_size % shard.num_processes != 0 {
+            return Err(PrepareError::SplitBatches {
+                batch_size,
+                processes: shard.num_processes,
+            });
+        }
+        let loader = self.sharded(shard);
         Ok(PreparedDataLoader::new(
             loader,
             acc.gradient_state().clone(),

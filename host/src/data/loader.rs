@@ -293,7 +293,8 @@ impl<S: BatchSource> DataLoader<S> {
     }
 
     /// Reads only this process's share of every epoch (set by the
-    /// accelerator's `prepare`).
+    /// accelerator's `prepare`, which checks what this asserts: with
+    /// `split_batches` the batch size divides by the number of processes).
     pub fn sharded(mut self, shard: Shard) -> Self {
         if shard.split_batches && shard.num_processes > 1 {
             assert!(
@@ -333,9 +334,10 @@ impl<S: BatchSource> DataLoader<S> {
     }
 
     /// Continues from `state` (from [`state`](Self::state) of an earlier run):
-    /// the next iteration reads the rest of that epoch.
+    /// the next iteration reads the rest of that epoch, in that seed's order.
     pub fn load_state(&self, state: LoaderState) {
         *self.state.lock().unwrap() = state;
+        *self.skip_once.lock().unwrap() = state.batches_seen;
     }
 
     /// Skips `n` more batches at the start of the next iteration only (for
@@ -344,26 +346,37 @@ impl<S: BatchSource> DataLoader<S> {
         *self.skip_once.lock().unwrap() += n;
     }
 
-    /// Reads the current epoch. The iterator knows, after each batch,
-    /// whether it was the epoch's last ([`Batches::at_end`]): it reads one
-    /// batch ahead.
+    /// Reads the current epoch: from its start, less what
+    /// [`load_state`](Self::load_state) or
+    /// [`skip_first_batches`](Self::skip_first_batches) asked to skip. An
+    /// iteration left early reads the same epoch again next time (as
+    /// Accelerate does); handing out an epoch's last batch moves the state
+    /// to the next epoch. The iterator knows, after each batch, whether it
+    /// was the epoch's last ([`Batches::at_end`]): it reads one batch ahead.
     pub fn iter(&self) -> Batches<'_, S> {
-        let state = *self.state.lock().unwrap();
-        let skip = state.batches_seen + std::mem::take(&mut *self.skip_once.lock().unwrap());
-        let mut inner = self.source.batches(&self.options, self.shard, state.epoch);
+        let skip = std::mem::take(&mut *self.skip_once.lock().unwrap());
+        let state = {
+            let mut state = self.state.lock().unwrap();
+            state.batches_seen = skip;
+            *state
+        };
+        let options = LoaderOptions {
+            seed: state.seed,
+            ..self.options
+        };
+        let mut inner = self.source.batches(&options, self.shard, state.epoch);
         for _ in 0..skip {
             if inner.next().is_none() {
                 break;
             }
         }
-        self.state.lock().unwrap().batches_seen = skip;
         let ahead = inner.next().map(S::Item::collate);
         Batches {
             at_end: ahead.is_none(),
             inner,
             ahead,
             state: &self.state,
-            done: false,
+            yielded: false,
         }
     }
 }
@@ -374,7 +387,7 @@ pub struct Batches<'a, S: BatchSource> {
     ahead: Option<S::Item>,
     state: &'a Mutex<LoaderState>,
     at_end: bool,
-    done: bool,
+    yielded: bool,
 }
 
 impl<S: BatchSource> Batches<'_, S> {
@@ -382,23 +395,33 @@ impl<S: BatchSource> Batches<'_, S> {
     pub fn at_end(&self) -> bool {
         self.at_end
     }
+
+    fn next_epoch(&self) {
+        let mut state = self.state.lock().unwrap();
+        state.epoch += 1;
+        state.batches_seen = 0;
+    }
 }
 
 impl<S: BatchSource> Iterator for Batches<'_, S> {
     type Item = S::Item;
     fn next(&mut self) -> Option<S::Item> {
         let Some(current) = self.ahead.take() else {
-            if !self.done {
-                self.done = true;
-                let mut state = self.state.lock().unwrap();
-                state.epoch += 1;
-                state.batches_seen = 0;
+            if !self.yielded {
+                // An epoch with nothing (left) to read is over too.
+                self.yielded = true;
+                self.next_epoch();
             }
             return None;
         };
+        self.yielded = true;
         self.ahead = self.inner.next().map(S::Item::collate);
         self.at_end = self.ahead.is_none();
-        self.state.lock().unwrap().batches_seen += 1;
+        if self.at_end {
+            self.next_epoch();
+        } else {
+            self.state.lock().unwrap().batches_seen += 1;
+        }
         Some(current)
     }
 }

@@ -2,8 +2,7 @@
 //! batches belong to this process — Accelerate's `SeedableRandomSampler`
 //! and `BatchSamplerShard`, index for index.
 
-use crate::ops::{rng_state, set_rng_state};
-use tch::{Device, Kind, Tensor};
+use crate::ops::randperm;
 
 /// This process's place in the world and how batches are shared out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,18 +31,15 @@ impl Default for Shard {
 }
 
 /// The sample order of one epoch: `torch.randperm(n)` from a generator
-/// seeded with `seed + epoch` (the same order PyTorch gives, so a run can
-/// be compared with one made by Accelerate's seedable sampler), or `0..n`
-/// without shuffling. libtorch's global CPU generator is borrowed and
-/// restored, so drawing an order does not disturb the training's stream.
+/// seeded with `seed + epoch` (the order Accelerate's seedable sampler
+/// gives, so a run can be compared with one made by Accelerate), or `0..n`
+/// without shuffling. The generator is private: the training's random
+/// streams (CPU and CUDA) are not touched.
 pub fn epoch_order(n: usize, shuffle: bool, seed: u64, epoch: u64) -> Vec<usize> {
     if !shuffle {
         return (0..n).collect();
     }
-    let saved = rng_state(Device::Cpu).expect("the CPU generator has a state");
-    tch::manual_seed(seed.wrapping_add(epoch) as i64);
-    let perm = Tensor::randperm(n as i64, (Kind::Int64, Device::Cpu));
-    set_rng_state(Device::Cpu, &saved).expect("a state just read restores");
+    let perm = randperm(n as i64, seed.wrapping_add(epoch)).expect("randperm of a length");
     Vec::<i64>::try_from(perm)
         .expect("randperm gives int64")
         .into_iter()
@@ -178,6 +174,7 @@ mod tests {
 
     #[test]
     fn drawing_an_order_leaves_the_global_generator_alone() {
+        use tch::{Device, Kind, Tensor};
         tch::manual_seed(5);
         let expected = Tensor::rand([3], (Kind::Float, Device::Cpu));
         tch::manual_seed(5);

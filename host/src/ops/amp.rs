@@ -89,12 +89,15 @@ fn kind_of(scalar_type: c_int) -> Kind {
 /// Autocast enabled for one device type while it lives (PyTorch's
 /// `torch.autocast(device_type, dtype)`): eligible operations (matmul,
 /// linear, convolution…) run in `kind`, the rest in float32. Dropping it
-/// restores the previous state, so guards nest.
+/// restores the previous state, so guards nest — drop them in the reverse
+/// order of creation. Autocast state is per thread, so a guard cannot leave
+/// its thread.
 #[must_use = "autocast ends when the guard is dropped"]
 pub struct AutocastGuard {
     device_type: c_int,
     was_enabled: bool,
     was_dtype: c_int,
+    _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl AutocastGuard {
@@ -110,6 +113,7 @@ impl AutocastGuard {
             device_type: dt,
             was_enabled,
             was_dtype,
+            _not_send: std::marker::PhantomData,
         })
     }
 

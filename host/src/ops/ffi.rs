@@ -76,6 +76,8 @@ extern "C" {
         was_dtype: *mut c_int,
     ) -> *mut c_char;
     pub fn hearth_empty_device_cache() -> *mut c_char;
+    pub fn hearth_randperm(n: i64, seed: u64, out: *mut *mut C_tensor) -> *mut c_char;
+    pub fn hearth_clear_grads(tensors: *const *mut C_tensor, n: usize) -> *mut c_char;
     pub fn hearth_rng_get_state(
         device_type: c_int,
         index: c_int,

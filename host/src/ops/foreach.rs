@@ -178,6 +178,15 @@ pub fn fused_sgd(
     })
 }
 
+/// Drops the gradients of `tensors` (PyTorch's `zero_grad(set_to_none=True)`):
+/// the next backward allocates fresh ones, and an optimizer skips
+/// parameters that got none.
+pub fn clear_grads(tensors: &[Tensor]) -> Result<(), TchError> {
+    let t = handles(tensors);
+    // SAFETY: live handles borrowed for the call.
+    check(unsafe { ffi::hearth_clear_grads(t.as_ptr(), t.len()) })
+}
+
 /// The L2 norm of each tensor, as 0-dim tensors on the tensors' device.
 pub fn foreach_norm(tensors: &[Tensor]) -> Result<Vec<Tensor>, TchError> {
     if tensors.is_empty() {

@@ -8,5 +8,7 @@ mod foreach;
 mod rng;
 
 pub use amp::{amp_unscale_, amp_update_scale_, AutocastGuard};
-pub use foreach::{foreach_mul_, foreach_norm, fused_adam, fused_sgd, AdamHyper, SgdHyper};
-pub use rng::{empty_device_cache, rng_state, set_rng_state};
+pub use foreach::{
+    clear_grads, foreach_mul_, foreach_norm, fused_adam, fused_sgd, AdamHyper, SgdHyper,
+};
+pub use rng::{empty_device_cache, randperm, rng_state, set_rng_state};

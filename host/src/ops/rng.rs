@@ -31,6 +31,15 @@ pub fn set_rng_state(device: Device, state: &Tensor) -> Result<(), TchError> {
     check(unsafe { ffi::hearth_rng_set_state(dt, index, state.as_ptr() as *mut C_tensor) })
 }
 
+/// `torch.randperm(n, generator=torch.Generator().manual_seed(seed))`, drawn
+/// from a private generator: no global generator is read or changed.
+pub fn randperm(n: i64, seed: u64) -> Result<Tensor, TchError> {
+    let mut out: *mut C_tensor = std::ptr::null_mut();
+    // SAFETY: on success `out` is a new at::Tensor owned by us from here on.
+    check(unsafe { ffi::hearth_randperm(n, seed, &mut out) })?;
+    Ok(unsafe { Tensor::from_ptr(out) })
+}
+
 /// Releases the GPU's cached, unused memory (`torch.cuda.empty_cache`);
 /// nothing without a GPU.
 pub fn empty_device_cache() -> Result<(), TchError> {

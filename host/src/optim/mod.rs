@@ -76,7 +76,7 @@ pub trait Optimizer: Send {
     /// Applies one update from the parameters' current gradients (parameters
     /// without a gradient are left alone, as in PyTorch).
     fn step(&mut self) -> Result<(), TchError>;
-    /// Clears the gradients.
+    /// Drops the gradients (PyTorch's default `set_to_none=True`).
     fn zero_grad(&mut self);
     /// The learning rate of each group.
     fn lrs(&self) -> Vec<f64>;
@@ -134,7 +134,6 @@ fn all_params(groups: &[Group]) -> Vec<Tensor> {
 }
 
 fn zero_grads(groups: &mut [Group]) {
-    for p in groups.iter_mut().flat_map(|g| g.params.iter_mut()) {
-        p.zero_grad();
-    }
+    let params = all_params(groups);
+    crate::ops::clear_grads(&params).expect("dropping gradients cannot fail");
 }

@@ -14,7 +14,8 @@ pub enum MixedPrecision {
     /// Float32 throughout.
     #[default]
     No,
-    /// Autocast to bfloat16 (CPU and CUDA); no loss scaling.
+    /// Autocast to bfloat16 (CPU and CUDA; other devices run float32); no
+    /// loss scaling.
     Bf16,
     /// Autocast to float16 with a dynamic loss scaler (CUDA). On the CPU,
     /// as in Accelerate, there is no fp16 autocast and no scaler: training
@@ -26,7 +27,7 @@ impl MixedPrecision {
     /// The kind autocast casts to on `device`, if any.
     pub fn autocast_kind(self, device: Device) -> Option<Kind> {
         match (self, device) {
-            (Self::Bf16, _) => Some(Kind::BFloat16),
+            (Self::Bf16, Device::Cpu | Device::Cuda(_)) => Some(Kind::BFloat16),
             (Self::Fp16, Device::Cuda(_)) => Some(Kind::Half),
             _ => None,
         }
@@ -114,27 +115,32 @@ impl GradScaler {
             .get_or_insert_with(|| Tensor::full([1], init, (Kind::Float, device)))
     }
 
-    /// `loss × scale`.
+    /// `loss × scale`, in float32 (the scale is a 1-element float32 tensor,
+    /// as in PyTorch, so an fp16 loss does not overflow at 65536).
     pub fn scale(&mut self, loss: &Tensor) -> Tensor {
         let scale = self.scale_on(loss.device());
-        loss * scale.to_kind(loss.kind()).squeeze()
+        loss * scale
     }
 
     /// Divides `grads` by the scale in place and returns a 1-element tensor
     /// that is non-zero when any of them holds an inf or NaN.
     pub fn unscale_(&mut self, grads: &[Tensor]) -> Result<Tensor, TchError> {
-        let device = grads.first().map_or(Device::Cpu, Tensor::device);
+        let grads: Vec<Tensor> = grads
+            .iter()
+            .filter(|g| g.defined())
+            .map(Tensor::shallow_clone)
+            .collect();
+        let device = match (&self.scale, grads.first()) {
+            (Some(scale), _) => scale.device(),
+            (None, Some(g)) => g.device(),
+            (None, None) => Device::Cpu,
+        };
         let scale = self.scale_on(device);
         let inv = scale
             .to_kind(Kind::Double)
             .reciprocal()
             .to_kind(Kind::Float);
         let found_inf = Tensor::zeros([1], (Kind::Float, device));
-        let grads: Vec<Tensor> = grads
-            .iter()
-            .filter(|g| g.defined())
-            .map(Tensor::shallow_clone)
-            .collect();
         amp_unscale_(&grads, &found_inf, &inv)?;
         Ok(found_inf)
     }

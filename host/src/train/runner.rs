@@ -379,9 +379,8 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
             let loss = acc.accumulate(|| -> Result<Tensor, TrainError> {
                 let loss = lm_loss(&model.forward_t(&inputs, true), &targets);
                 acc.backward(&loss)?;
-                if let (Some(max_norm), true) =
-                    (config.optimizer.max_grad_norm, acc.sync_gradients())
-                {
+                if let Some(max_norm) = config.optimizer.max_grad_norm {
+                    // Clips (and unscales) only at the accumulation group's end.
                     let _norm = acc.clip_grad_norm_(&mut opt, max_norm)?;
                 }
                 opt.step()?;
