@@ -190,3 +190,23 @@ def test_the_rust_example_learns(tmp_path):
     lrs = [float(m) for m in re.findall(r"lr ([0-9.e+-]+)", out.stdout)]
     assert len(mse) == 6 and mse[-1] < mse[0] / 3 and mse[-1] < 0.01, out.stdout
     assert lrs[0] > lrs[-1] and lrs[-1] < 1e-6, "the cosine schedule decays to zero"
+
+
+def test_a_small_shard_size_saves_an_hf_index_that_loads_the_same_weights(hearth, tmp_path):
+    whole, _ = train(hearth, tmp_path, "whole", gpt_job())
+    sharded, _ = train(hearth, tmp_path, "sharded", gpt_job(extra='max-shard-size = "20KB"'))
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 2 and all(f.startswith("model-0000") for f in files)
+    assert not (sharded / "model.safetensors").exists()
+    loaded = {}
+    for f in files:
+        loaded.update(load_file(sharded / f))
+    reference = load_file(whole / "model.safetensors")
+    assert set(loaded) == set(reference) == set(index["weight_map"])
+    assert all(torch.equal(loaded[k], reference[k]) for k in reference)
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in reference.values())
+    summary = json.loads((sharded / "summary.json").read_text())
+    assert summary["model_path"].endswith("model.safetensors.index.json")
+    out = hearth("run", write_config(tmp_path, gpt_job(extra='max-shard-size = "lots"')), "-q")
+    assert out.returncode == 2 and "run.max-shard-size" in out.stderr

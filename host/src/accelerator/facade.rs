@@ -360,6 +360,23 @@ impl Accelerator {
             .collect()
     }
 
+    /// Writes the model's weights into `dir` on the main process
+    /// (Accelerate's `save_model`): `model.safetensors`, or shards of at
+    /// most `max_shard_size` bytes with their index (see
+    /// [`crate::checkpoint::save_model`]). Other processes write nothing and
+    /// get `None`.
+    pub fn save_model(
+        &self,
+        model: &impl Model,
+        dir: &std::path::Path,
+        max_shard_size: u64,
+    ) -> Result<Option<crate::checkpoint::SavedModel>, crate::checkpoint::CheckpointError> {
+        if !self.is_main_process() {
+            return Ok(None);
+        }
+        crate::checkpoint::save_model(dir, &self.get_state_dict(model), max_shard_size).map(Some)
+    }
+
     /// Drops `objects` (prepared models, optimizers…) and releases cached
     /// GPU memory (`free_memory`); forgets prepared optimizers no one holds.
     pub fn free_memory<T>(&mut self, objects: T) -> Result<(), TchError> {

@@ -28,6 +28,26 @@ pub enum CheckpointError {
         /// What the parser said.
         message: String,
     },
+    /// A tensor in a file does not fit the model's tensor of that name.
+    #[error("{path}: tensor `{name}` does not fit the model: {message}")]
+    Mismatch {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        name: String,
+        /// Both shapes or dtypes.
+        message: String,
+    },
+    /// With `strict`, the checkpoint and the model hold different names.
+    #[error("{path} does not match the model (strict load): missing {missing:?}, unexpected {unexpected:?}; load with strict off to skip them")]
+    Keys {
+        /// The checkpoint.
+        path: PathBuf,
+        /// In the model, not in the checkpoint.
+        missing: Vec<String>,
+        /// In the checkpoint, not in the model.
+        unexpected: Vec<String>,
+    },
     /// A tensor has a dtype safetensors cannot store.
     #[error("tensor `{name}` has dtype {kind:?}, which hearth cannot store in safetensors")]
     Dtype {
@@ -54,7 +74,7 @@ fn dtype_of(kind: Kind) -> Option<Dtype> {
     })
 }
 
-fn kind_of(dtype: Dtype) -> Option<Kind> {
+pub(super) fn kind_of(dtype: Dtype) -> Option<Kind> {
     Some(match dtype {
         Dtype::F32 => Kind::Float,
         Dtype::F64 => Kind::Double,
@@ -143,22 +163,39 @@ pub fn save_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(),
     })
 }
 
-/// Reads every tensor of a safetensors file (memory-mapped) onto `device`.
-pub fn load_safetensors(
-    path: &Path,
-    device: Device,
-) -> Result<Vec<(String, Tensor)>, CheckpointError> {
+/// A safetensors file mapped into memory.
+pub(super) struct Mapped(memmap2::Mmap);
+
+impl Mapped {
+    /// Parses the header (cheap: the data stays on disk until read).
+    pub(super) fn tensors(&self, path: &Path) -> Result<SafeTensors<'_>, CheckpointError> {
+        SafeTensors::deserialize(&self.0).map_err(|e| CheckpointError::Format {
+            path: path.into(),
+            message: e.to_string(),
+        })
+    }
+}
+
+/// Maps `path` read-only.
+pub(super) fn open_mapped(path: &Path) -> Result<Mapped, CheckpointError> {
     let io = |source| CheckpointError::Io {
         path: path.into(),
         source,
     };
     let file = std::fs::File::open(path).map_err(io)?;
-    // SAFETY: the mapping is read-only and dropped before this returns.
+    // SAFETY: a read-only mapping; hearth never writes a file in place (all
+    // writes go to a new file renamed over the old one).
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-    let st = SafeTensors::deserialize(&map).map_err(|e| CheckpointError::Format {
-        path: path.into(),
-        message: e.to_string(),
-    })?;
+    Ok(Mapped(map))
+}
+
+/// Reads every tensor of a safetensors file (memory-mapped) onto `device`.
+pub fn load_safetensors(
+    path: &Path,
+    device: Device,
+) -> Result<Vec<(String, Tensor)>, CheckpointError> {
+    let map = open_mapped(path)?;
+    let st = map.tensors(path)?;
     let mut out = Vec::new();
     for (name, view) in st.tensors() {
         out.push((

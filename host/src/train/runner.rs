@@ -5,7 +5,7 @@ use super::eval::{evaluate, Evaluation};
 use super::loss::lm_loss;
 use super::progress::Progress;
 use crate::accelerator::{Accelerator, BuildError, PrepareError};
-use crate::checkpoint::{save_safetensors, CheckpointError};
+use crate::checkpoint::CheckpointError;
 use crate::data::{RandomTokens, SortDigits, TextFile, TextFileError, TokenDataset};
 use crate::models::{Gpt, GptConfig, Mlp, MlpConfig, Model, TorchScriptError, TorchScriptModel};
 use crate::ops::{AdamHyper, SgdHyper};
@@ -445,7 +445,11 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
         acc.log(values, steps);
     }
     acc.end_training();
-    let model_path = run_dir.join("model.safetensors");
+    // The weights: model.safetensors, or shards and their index.
+    let saved = acc.save_model(&model, &run_dir, config.run.max_shard_size())?;
+    let model_path = saved
+        .map(|s| s.index.unwrap_or_else(|| s.files[0].clone()))
+        .unwrap_or_else(|| run_dir.join(crate::checkpoint::SAFE_WEIGHTS_NAME));
     let summary = RunSummary {
         run_dir: run_dir.clone(),
         model_path: model_path.clone(),
@@ -458,7 +462,6 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
     };
     if acc.is_main_process() {
         std::fs::create_dir_all(&run_dir).map_err(io_err(&run_dir))?;
-        save_safetensors(&model_path, &acc.get_state_dict(&model))?;
         let config_copy = run_dir.join("config.toml");
         if let Ok(text) = std::fs::read_to_string(&config.source) {
             std::fs::write(&config_copy, text).map_err(io_err(&config_copy))?;

@@ -47,6 +47,10 @@ pub struct RunSection {
     /// fp16 scales the loss on a GPU; on the CPU it trains in float32, as
     /// Accelerate does.
     pub mixed_precision: Option<crate::precision::MixedPrecision>,
+    /// Largest weight file of the saved model (`"10GB"` by default, as
+    /// Accelerate's `save_model`); a larger model is saved in shards with
+    /// `model.safetensors.index.json`.
+    pub max_shard_size: Option<String>,
 }
 
 fn default_output_dir() -> PathBuf {
@@ -55,6 +59,16 @@ fn default_output_dir() -> PathBuf {
 
 fn default_project() -> String {
     "hearth".into()
+}
+
+impl RunSection {
+    /// The shard size limit in bytes (default 10 GB).
+    pub fn max_shard_size(&self) -> u64 {
+        self.max_shard_size
+            .as_deref()
+            .and_then(|s| crate::checkpoint::parse_size(s).ok())
+            .unwrap_or(10_000_000_000)
+    }
 }
 
 fn default_log_every() -> u64 {
@@ -81,6 +95,10 @@ impl RunSection {
                 "run.gradient-accumulation-steps",
                 "must be at least 1".into(),
             ));
+        }
+        if let Some(size) = &self.max_shard_size {
+            crate::checkpoint::parse_size(size)
+                .map_err(|why| invalid("run.max-shard-size", why))?;
         }
         if self.log_every == 0 {
             return Err(invalid("run.log-every", "must be at least 1".into()));
