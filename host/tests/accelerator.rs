@@ -17,6 +17,14 @@ use serde_json::Value;
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Reduction, Tensor};
 
+/// Tests that seed or draw from libtorch's global generator run one at a
+/// time (the test harness runs tests on several threads).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn sgd(lr: f64, momentum: f64) -> SgdHyper {
     SgdHyper {
         lr,
@@ -41,6 +49,7 @@ impl LrSchedule for Linear {
 
 #[test]
 fn accumulation_syncs_and_schedules_exactly_like_accelerate() {
+    let _serial = serial();
     let expected: Vec<(bool, f64)> = serde_json::from_str::<Vec<(bool, f64)>>(&oracle(
         "accelerate_accumulation.py",
         &["2", "5", "2", "10"],
@@ -130,6 +139,7 @@ fn train_linear(b: usize, ga: usize) -> Tensor {
 
 #[test]
 fn accumulating_k_batches_of_b_equals_one_batch_of_k_times_b() {
+    let _serial = serial();
     let one_big = train_linear(6, 1);
     let accumulated = train_linear(2, 3);
     let diff = f64::try_from((&one_big - &accumulated).abs().max()).unwrap();
@@ -358,6 +368,7 @@ fn the_last_batch_of_an_epoch_is_known_before_it_is_used() {
 
 #[test]
 fn rng_state_round_trips() {
+    let _serial = serial();
     let acc = Accelerator::builder().cpu(true).build().unwrap();
     acc.set_seed(123, false);
     let state = acc.rng_state().unwrap();
@@ -485,6 +496,7 @@ fn scheduler_state_round_trips_and_sets_the_rate() {
 
 #[test]
 fn prepare_twice_is_harmless_and_unwrap_gives_the_model_back() {
+    let _serial = serial();
     use hearth::models::{Gpt, GptConfig, Model};
     let mut acc = Accelerator::builder().cpu(true).build().unwrap();
     let gpt = Gpt::new(

@@ -36,6 +36,7 @@ pub struct AcceleratorBuilder {
     even_batches: Option<bool>,
     scaler: GradScalerConfig,
     cpu_loss_scaling: bool,
+    project: super::ProjectConfiguration,
 }
 
 /// A bad option or environment variable.
@@ -137,6 +138,13 @@ impl AcceleratorBuilder {
         self
     }
 
+    /// Where checkpoints go and how they are named and rotated
+    /// (Accelerate's `project_config`).
+    pub fn project_config(mut self, project: super::ProjectConfiguration) -> Self {
+        self.project = project;
+        self
+    }
+
     /// Creates the accelerator.
     pub fn build(self) -> Result<Accelerator, BuildError> {
         let mixed_precision = match self.mixed_precision {
@@ -178,6 +186,7 @@ impl AcceleratorBuilder {
             even_batches: self.even_batches.unwrap_or(true),
             scaler: self.scaler,
             cpu_loss_scaling: self.cpu_loss_scaling,
+            project: self.project,
         }))
     }
 }

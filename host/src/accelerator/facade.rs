@@ -1,6 +1,7 @@
 //! The `Accelerator` itself.
 
 use super::builder::AcceleratorBuilder;
+use super::checkpointing::{ProjectConfiguration, Registered};
 use super::optimizer::SharedOptimizer;
 use super::prepare::{Prepare, PrepareError};
 use super::{
@@ -40,15 +41,18 @@ use tch::{Device, TchError, Tensor};
 /// # Ok(()) }
 /// ```
 pub struct Accelerator {
-    device: Device,
+    pub(super) device: Device,
     group: Box<dyn ProcessGroup>,
     trackers: Option<TrackerHub>,
     mixed_precision: MixedPrecision,
-    state: GradientState,
+    pub(super) state: GradientState,
     split_batches: bool,
     even_batches: bool,
-    scaler: Option<Arc<Mutex<GradScaler>>>,
-    optimizers: Vec<SharedOptimizer>,
+    pub(super) scaler: Option<Arc<Mutex<GradScaler>>>,
+    pub(super) optimizers: Vec<SharedOptimizer>,
+    pub(super) registered: Registered,
+    pub(super) project: ProjectConfiguration,
+    pub(super) micro_steps: std::sync::atomic::AtomicU64,
 }
 
 /// What the builder decided.
@@ -61,6 +65,7 @@ pub(super) struct Settings {
     pub even_batches: bool,
     pub scaler: GradScalerConfig,
     pub cpu_loss_scaling: bool,
+    pub project: ProjectConfiguration,
 }
 
 /// The random generators' states of a process (Accelerate saves them as
@@ -93,6 +98,9 @@ impl Accelerator {
             even_batches: s.even_batches,
             scaler,
             optimizers: Vec::new(),
+            registered: Registered::default(),
+            project: s.project,
+            micro_steps: Default::default(),
         }
     }
 
@@ -126,13 +134,15 @@ impl Accelerator {
         } else {
             self.num_processes() as u64
         };
-        AcceleratedScheduler::new(
+        let scheduler = AcceleratedScheduler::new(
             schedule,
             self.optimizers.last().cloned(),
             self.state.clone(),
             steps,
         )
-        .map_err(PrepareError::Scheduler)
+        .map_err(PrepareError::Scheduler)?;
+        self.remember_scheduler(scheduler.shared());
+        Ok(scheduler)
     }
 
     /// How prepared data loaders share batches between processes.
@@ -172,6 +182,8 @@ impl Accelerator {
     /// synchronisation between processes when it does not.
     pub fn accumulate<R>(&self, f: impl FnOnce() -> R) -> R {
         self.state.advance();
+        self.micro_steps
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if self.state.sync_gradients() {
             f()
         } else {

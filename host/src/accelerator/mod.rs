@@ -1,9 +1,11 @@
 //! The user-facing façade, Accelerate's `Accelerator` for Rust: the builder,
 //! `prepare` and what it wraps (model, optimizer, data loader, scheduler),
 //! backward with accumulation and loss scaling, clipping, the shared
-//! gradient state, trackers, and helpers over nested tensors.
+//! gradient state, checkpoints (`save_state`/`load_state`), trackers, and
+//! helpers over nested tensors.
 
 mod builder;
+mod checkpointing;
 mod facade;
 mod grad;
 mod loader;
@@ -17,6 +19,7 @@ mod state;
 mod trackers;
 
 pub use builder::{AcceleratorBuilder, BuildError};
+pub use checkpointing::{Checkpointable, ProjectConfiguration, TrainerState};
 pub use facade::{Accelerator, RngState};
 pub use grad::clip_grad_norm_;
 pub use loader::{PreparedBatches, PreparedDataLoader};

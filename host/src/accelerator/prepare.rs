@@ -70,7 +70,9 @@ macro_rules! model {
         impl Prepare for $t {
             type Prepared = PreparedModel<$t>;
             fn prepare_with(self, acc: &mut Accelerator) -> Result<PreparedModel<$t>, PrepareError> {
-                Ok(PreparedModel::new(self, acc.device(), acc.mixed_precision()))
+                let model = PreparedModel::new(self, acc.device(), acc.mixed_precision());
+                acc.remember_model(model.named_parameters());
+                Ok(model)
             }
         }
     )*};
@@ -83,6 +85,7 @@ impl Prepare for tch::nn::VarStore {
     type Prepared = tch::nn::VarStore;
     fn prepare_with(mut self, acc: &mut Accelerator) -> Result<Self, PrepareError> {
         self.set_device(acc.device());
+        acc.remember_model(crate::models::sorted_variables(&self));
         Ok(self)
     }
 }
@@ -109,6 +112,7 @@ where
             });
         }
         let loader = self.sharded(shard);
+        acc.remember_loader(loader.handle());
         Ok(PreparedDataLoader::new(
             loader,
             acc.gradient_state().clone(),

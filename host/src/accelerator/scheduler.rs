@@ -4,12 +4,13 @@
 use super::optimizer::SharedOptimizer;
 use super::GradientState;
 use crate::plugins::{PluginError, SchedulerPlugin};
+use std::sync::{Arc, Mutex};
 
 /// A learning-rate schedule: the rate of each parameter group after `step`
 /// scheduler steps (PyTorch's convention: step 0 is the rate before any).
 /// The built-in schedules are Wasm plugins ([`SchedulerPlugin`]); a Rust
 /// closure-like schedule can implement this too.
-pub trait LrSchedule {
+pub trait LrSchedule: Send {
     /// Rates per parameter group after `step` scheduler steps.
     fn lrs(&mut self, step: u64) -> Result<Vec<f64>, PluginError>;
     /// Feeds a metric (reduce-on-plateau uses it; others ignore it).
@@ -50,48 +51,22 @@ impl LrSchedule for SchedulerPlugin {
 /// (one with `split_batches`, where each process sees the batches the
 /// schedule was written for) and sets the optimizer's rates.
 pub struct AcceleratedScheduler {
-    schedule: Box<dyn LrSchedule>,
-    optimizer: Option<SharedOptimizer>,
+    core: SharedScheduler,
     state: GradientState,
     steps_per_step: u64,
+}
+
+/// The part of a prepared scheduler the accelerator keeps for checkpoints.
+pub(super) type SharedScheduler = Arc<Mutex<SchedulerCore>>;
+
+pub(super) struct SchedulerCore {
+    schedule: Box<dyn LrSchedule>,
+    optimizer: Option<SharedOptimizer>,
     step: u64,
     last_lrs: Vec<f64>,
 }
 
-impl AcceleratedScheduler {
-    pub(super) fn new(
-        schedule: Box<dyn LrSchedule>,
-        optimizer: Option<SharedOptimizer>,
-        state: GradientState,
-        steps_per_step: u64,
-    ) -> Result<Self, PluginError> {
-        let mut s = Self {
-            schedule,
-            optimizer,
-            state,
-            steps_per_step,
-            step: 0,
-            last_lrs: Vec::new(),
-        };
-        s.apply()?;
-        Ok(s)
-    }
-
-    /// Advances the schedule after the optimizer stepped (call it after
-    /// `optimizer.step()` on every micro-batch, as with Accelerate).
-    pub fn step(&mut self) -> Result<(), PluginError> {
-        if !self.state.sync_gradients() {
-            return Ok(());
-        }
-        if let Some(opt) = &self.optimizer {
-            if opt.lock().unwrap_or_else(|p| p.into_inner()).skipped {
-                return Ok(());
-            }
-        }
-        self.step += self.steps_per_step;
-        self.apply()
-    }
-
+impl SchedulerCore {
     /// Sets the optimizer's rates to the schedule's at the current step.
     fn apply(&mut self) -> Result<(), PluginError> {
         let lrs = self.schedule.lrs(self.step)?;
@@ -107,34 +82,92 @@ impl AcceleratedScheduler {
         Ok(())
     }
 
-    /// Feeds an evaluation metric to the schedule and sets the rates it
-    /// gives now (reduce-on-plateau lowers them at once, as PyTorch's
-    /// `ReduceLROnPlateau.step(metric)` does).
-    pub fn observe(&mut self, metric: f64) -> Result<(), PluginError> {
-        self.schedule.observe(metric)?;
-        self.apply()
-    }
-
-    /// The rates set last (PyTorch's `get_last_lr`).
-    pub fn last_lrs(&self) -> &[f64] {
-        &self.last_lrs
-    }
-
-    /// Scheduler steps taken so far.
-    pub fn steps(&self) -> u64 {
-        self.step
-    }
-
     /// The step count and the schedule's own state, for checkpoints.
-    pub fn state(&mut self) -> Result<(u64, Vec<u8>), PluginError> {
+    pub(super) fn state(&mut self) -> Result<(u64, Vec<u8>), PluginError> {
         Ok((self.step, self.schedule.save()?))
     }
 
     /// Restores what [`state`](Self::state) returned and sets the
     /// optimizer's rates to match.
-    pub fn load_state(&mut self, step: u64, state: &[u8]) -> Result<(), PluginError> {
+    pub(super) fn load_state(&mut self, step: u64, state: &[u8]) -> Result<(), PluginError> {
         self.schedule.load(state)?;
         self.step = step;
         self.apply()
+    }
+}
+
+impl AcceleratedScheduler {
+    pub(super) fn new(
+        schedule: Box<dyn LrSchedule>,
+        optimizer: Option<SharedOptimizer>,
+        state: GradientState,
+        steps_per_step: u64,
+    ) -> Result<Self, PluginError> {
+        let mut core = SchedulerCore {
+            schedule,
+            optimizer,
+            step: 0,
+            last_lrs: Vec::new(),
+        };
+        core.apply()?;
+        Ok(Self {
+            core: Arc::new(Mutex::new(core)),
+            state,
+            steps_per_step,
+        })
+    }
+
+    pub(super) fn shared(&self) -> SharedScheduler {
+        self.core.clone()
+    }
+
+    fn core(&self) -> std::sync::MutexGuard<'_, SchedulerCore> {
+        self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Advances the schedule after the optimizer stepped (call it after
+    /// `optimizer.step()` on every micro-batch, as with Accelerate).
+    pub fn step(&mut self) -> Result<(), PluginError> {
+        if !self.state.sync_gradients() {
+            return Ok(());
+        }
+        let mut core = self.core();
+        if let Some(opt) = &core.optimizer {
+            if opt.lock().unwrap_or_else(|p| p.into_inner()).skipped {
+                return Ok(());
+            }
+        }
+        core.step += self.steps_per_step;
+        core.apply()
+    }
+
+    /// Feeds an evaluation metric to the schedule and sets the rates it
+    /// gives now (reduce-on-plateau lowers them at once, as PyTorch's
+    /// `ReduceLROnPlateau.step(metric)` does).
+    pub fn observe(&mut self, metric: f64) -> Result<(), PluginError> {
+        let mut core = self.core();
+        core.schedule.observe(metric)?;
+        core.apply()
+    }
+
+    /// The rates set last (PyTorch's `get_last_lr`).
+    pub fn last_lrs(&self) -> Vec<f64> {
+        self.core().last_lrs.clone()
+    }
+
+    /// Scheduler steps taken so far.
+    pub fn steps(&self) -> u64 {
+        self.core().step
+    }
+
+    /// The step count and the schedule's own state, for checkpoints.
+    pub fn state(&mut self) -> Result<(u64, Vec<u8>), PluginError> {
+        self.core().state()
+    }
+
+    /// Restores what [`state`](Self::state) returned and sets the
+    /// optimizer's rates to match.
+    pub fn load_state(&mut self, step: u64, state: &[u8]) -> Result<(), PluginError> {
+        self.core().load_state(step, state)
     }
 }

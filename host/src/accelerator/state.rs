@@ -48,6 +48,16 @@ impl GradientState {
         self.0.sync_gradients.store(sync, Relaxed);
     }
 
+    /// The position inside the current accumulation group (saved with a
+    /// checkpoint so a resumed run syncs on the same micro-batches).
+    pub fn accumulation_position(&self) -> usize {
+        self.0.step.load(Relaxed)
+    }
+
+    pub(crate) fn set_accumulation_position(&self, position: usize) {
+        self.0.step.store(position, Relaxed);
+    }
+
     pub(crate) fn set_end_of_dataloader(&self, end: bool) {
         self.0.end_of_dataloader.store(end, Relaxed);
     }

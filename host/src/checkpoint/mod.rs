@@ -1,14 +1,19 @@
 //! Checkpoint files: tensors in safetensors (the Hugging Face layout, with
 //! `{"format": "pt"}` metadata so PyTorch loaders accept them), written
 //! atomically; model weights whole or sharded with an index, and loaded
-//! back into a model with strict name, shape and dtype checks. State
-//! folders, rotation and resume join this module.
+//! back into a model with strict name, shape and dtype checks. Checkpoint
+//! folders are written whole or not at all, numbered, rotated and found.
 
 mod model_files;
 mod safetensors_io;
+mod state_dir;
 
 pub use model_files::{
     load_checkpoint_in_model, parse_size, plan_shards, save_model, LoadReport, SavedModel,
     ShardIndex, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,
 };
 pub use safetensors_io::{load_safetensors, save_safetensors, CheckpointError};
+pub use state_dir::{
+    newest_complete, numbered_checkpoints, rotate, verify_complete, Manifest, ManifestFile,
+    StagedCheckpoint, MANIFEST_NAME,
+};

@@ -48,6 +48,28 @@ pub enum CheckpointError {
         /// In the checkpoint, not in the model.
         unexpected: Vec<String>,
     },
+    /// A save would overwrite this existing folder.
+    #[error("{0} already exists; a checkpoint is never overwritten — save under another name or remove it")]
+    Exists(PathBuf),
+    /// The folder is not a complete checkpoint.
+    #[error("{path} is not a complete checkpoint: {why}")]
+    Incomplete {
+        /// The folder.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+    /// No checkpoint where one was looked for.
+    #[error("no complete checkpoint in {0}")]
+    NotFound(PathBuf),
+    /// A checkpoint does not fit what is being restored.
+    #[error("{path}: {message}")]
+    State {
+        /// The file or folder.
+        path: PathBuf,
+        /// What does not fit, and what to do.
+        message: String,
+    },
     /// A tensor has a dtype safetensors cannot store.
     #[error("tensor `{name}` has dtype {kind:?}, which hearth cannot store in safetensors")]
     Dtype {

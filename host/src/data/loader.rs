@@ -328,6 +328,15 @@ impl<S: BatchSource> DataLoader<S> {
         self.len() == Some(0)
     }
 
+    /// A handle to this loader's state that outlives borrows of the loader
+    /// (the accelerator keeps one to save and restore it).
+    pub fn handle(&self) -> LoaderHandle {
+        LoaderHandle {
+            state: self.state.clone(),
+            skip_once: self.skip_once.clone(),
+        }
+    }
+
     /// Where the loader stands.
     pub fn state(&self) -> LoaderState {
         *self.state.lock().unwrap()
@@ -336,8 +345,7 @@ impl<S: BatchSource> DataLoader<S> {
     /// Continues from `state` (from [`state`](Self::state) of an earlier run):
     /// the next iteration reads the rest of that epoch, in that seed's order.
     pub fn load_state(&self, state: LoaderState) {
-        *self.state.lock().unwrap() = state;
-        *self.skip_once.lock().unwrap() = state.batches_seen;
+        self.handle().load_state(state)
     }
 
     /// Skips `n` more batches at the start of the next iteration only (for
@@ -378,6 +386,26 @@ impl<S: BatchSource> DataLoader<S> {
             state: &self.state,
             yielded: false,
         }
+    }
+}
+
+/// A shared handle to a loader's state; see [`DataLoader::handle`].
+#[derive(Debug, Clone)]
+pub struct LoaderHandle {
+    state: Arc<Mutex<LoaderState>>,
+    skip_once: Arc<Mutex<usize>>,
+}
+
+impl LoaderHandle {
+    /// Where the loader stands.
+    pub fn state(&self) -> LoaderState {
+        *self.state.lock().unwrap()
+    }
+
+    /// As [`DataLoader::load_state`].
+    pub fn load_state(&self, state: LoaderState) {
+        *self.state.lock().unwrap() = state;
+        *self.skip_once.lock().unwrap() = state.batches_seen;
     }
 }
 

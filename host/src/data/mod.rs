@@ -15,8 +15,8 @@ mod text_file;
 
 pub use batch::{Batch, GenerationSet, TokenDataset, IGNORE_INDEX};
 pub use loader::{
-    BatchSource, Batches, CloneItem, Collate, DataLoader, Dataset, IterableDataset, LoaderOptions,
-    LoaderState, MapStyle, Stream,
+    BatchSource, Batches, CloneItem, Collate, DataLoader, Dataset, IterableDataset, LoaderHandle,
+    LoaderOptions, LoaderState, MapStyle, Stream,
 };
 pub use random_tokens::RandomTokens;
 pub use sampler::{batches, epoch_order, shard_batches, Shard};

@@ -1,7 +1,10 @@
 //! Adam and AdamW (Loshchilov & Hutter), as `torch.optim.Adam(fused=True)`
 //! and `torch.optim.AdamW(fused=True)`.
 
-use super::{all_params, resolve, set_group_lrs, zero_grads, Group, IntoParamGroups, Optimizer};
+use super::{
+    all_params, apply_groups, group_states, resolve, restore, set_group_lrs, zero_grads, Group,
+    IntoParamGroups, Optimizer, OptimizerState,
+};
 use crate::ops::{self, AdamHyper};
 use tch::{Kind, TchError, Tensor};
 
@@ -82,5 +85,52 @@ impl Optimizer for Adam {
     }
     fn parameters(&self) -> Vec<Tensor> {
         all_params(&self.groups)
+    }
+    fn state_dict(&self) -> OptimizerState {
+        let mut tensors = Vec::new();
+        for (i, st) in self.state.iter().flatten().enumerate() {
+            if let Some(st) = st {
+                tensors.push((format!("state.{i}.exp_avg"), st.exp_avg.shallow_clone()));
+                tensors.push((
+                    format!("state.{i}.exp_avg_sq"),
+                    st.exp_avg_sq.shallow_clone(),
+                ));
+                tensors.push((format!("state.{i}.step"), st.step.shallow_clone()));
+            }
+        }
+        OptimizerState {
+            tensors,
+            groups: group_states(&self.groups),
+        }
+    }
+    fn load_state_dict(&mut self, state: &OptimizerState) -> Result<(), String> {
+        let saved = apply_groups(&mut self.groups, state)?;
+        let params = all_params(&self.groups);
+        let mut restored = Vec::with_capacity(params.len());
+        for (i, p) in params.iter().enumerate() {
+            let m = restore(&saved, i, "exp_avg", p, true)?;
+            let v = restore(&saved, i, "exp_avg_sq", p, true)?;
+            let s = restore(&saved, i, "step", p, false)?;
+            restored.push(match (m, v, s) {
+                (Some(exp_avg), Some(exp_avg_sq), Some(step)) => Some(AdamState {
+                    exp_avg,
+                    exp_avg_sq,
+                    step: step.to_kind(Kind::Float),
+                }),
+                (None, None, None) => None,
+                _ => {
+                    return Err(format!(
+                        "parameter {i}: the checkpoint holds part of its Adam state"
+                    ))
+                }
+            });
+        }
+        let mut it = restored.into_iter();
+        for slots in &mut self.state {
+            for slot in slots.iter_mut() {
+                *slot = it.next().expect("one per parameter");
+            }
+        }
+        Ok(())
     }
 }

@@ -84,6 +84,13 @@ pub trait Optimizer: Send {
     fn set_lrs(&mut self, lrs: &[f64]);
     /// All parameters, group by group, in the order given at construction.
     fn parameters(&self) -> Vec<Tensor>;
+    /// The state a checkpoint saves: per-parameter tensors named
+    /// `state.<i>.<name>` (`i` counts parameters across groups, as PyTorch's
+    /// optimizer `state_dict`) and each group's settings.
+    fn state_dict(&self) -> OptimizerState;
+    /// Restores what [`state_dict`](Self::state_dict) gave, onto the
+    /// parameters' devices; an error names what does not fit.
+    fn load_state_dict(&mut self, state: &OptimizerState) -> Result<(), String>;
 
     /// The learning rate of the first group.
     fn lr(&self) -> f64 {
@@ -94,6 +101,79 @@ pub trait Optimizer: Send {
         let n = self.lrs().len();
         self.set_lrs(&vec![lr; n]);
     }
+}
+
+/// An optimizer's checkpointable state.
+#[derive(Debug)]
+pub struct OptimizerState {
+    /// `state.<i>.<name>` tensors.
+    pub tensors: Vec<(String, Tensor)>,
+    /// Per group: `lr`, `weight_decay` and the parameter count.
+    pub groups: Vec<GroupState>,
+}
+
+/// One parameter group's settings in a checkpoint.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GroupState {
+    /// Learning rate.
+    pub lr: f64,
+    /// Weight decay.
+    pub weight_decay: f64,
+    /// Number of parameters in the group.
+    pub params: usize,
+}
+
+fn group_states(groups: &[Group]) -> Vec<GroupState> {
+    groups
+        .iter()
+        .map(|g| GroupState {
+            lr: g.lr,
+            weight_decay: g.weight_decay,
+            params: g.params.len(),
+        })
+        .collect()
+}
+
+/// Checks `state`'s groups against `groups`, applies their settings, and
+/// returns a lookup of the state tensors by name.
+fn apply_groups<'a>(
+    groups: &mut [Group],
+    state: &'a OptimizerState,
+) -> Result<std::collections::HashMap<&'a str, &'a Tensor>, String> {
+    let shape: Vec<usize> = groups.iter().map(|g| g.params.len()).collect();
+    let saved: Vec<usize> = state.groups.iter().map(|g| g.params).collect();
+    if shape != saved {
+        return Err(format!(
+            "the checkpoint's parameter groups hold {saved:?} parameters, this optimizer's {shape:?}"
+        ));
+    }
+    for (g, s) in groups.iter_mut().zip(&state.groups) {
+        g.lr = s.lr;
+        g.weight_decay = s.weight_decay;
+    }
+    Ok(state.tensors.iter().map(|(n, t)| (n.as_str(), t)).collect())
+}
+
+/// The saved tensor `state.<i>.<name>` shaped like `like`, on its device.
+fn restore(
+    saved: &std::collections::HashMap<&str, &Tensor>,
+    i: usize,
+    name: &str,
+    like: &Tensor,
+    same_shape: bool,
+) -> Result<Option<Tensor>, String> {
+    let key = format!("state.{i}.{name}");
+    let Some(t) = saved.get(key.as_str()) else {
+        return Ok(None);
+    };
+    if same_shape && t.size() != like.size() {
+        return Err(format!(
+            "`{key}` has shape {:?}, its parameter {:?}",
+            t.size(),
+            like.size()
+        ));
+    }
+    Ok(Some(t.to_device(like.device()).copy()))
 }
 
 /// A group with its values resolved against the optimizer's defaults.

@@ -1,7 +1,10 @@
 //! SGD with momentum, dampening, Nesterov and weight decay, as
 //! `torch.optim.SGD(fused=True)`.
 
-use super::{all_params, resolve, set_group_lrs, zero_grads, Group, IntoParamGroups, Optimizer};
+use super::{
+    all_params, apply_groups, group_states, resolve, restore, set_group_lrs, zero_grads, Group,
+    IntoParamGroups, Optimizer, OptimizerState,
+};
 use crate::ops::{self, SgdHyper};
 use tch::{TchError, Tensor};
 
@@ -75,5 +78,36 @@ impl Optimizer for Sgd {
     }
     fn parameters(&self) -> Vec<Tensor> {
         all_params(&self.groups)
+    }
+    fn state_dict(&self) -> OptimizerState {
+        let tensors = self
+            .buffers
+            .iter()
+            .flatten()
+            .enumerate()
+            .filter_map(|(i, b)| {
+                b.as_ref()
+                    .map(|b| (format!("state.{i}.momentum_buffer"), b.shallow_clone()))
+            })
+            .collect();
+        OptimizerState {
+            tensors,
+            groups: group_states(&self.groups),
+        }
+    }
+    fn load_state_dict(&mut self, state: &OptimizerState) -> Result<(), String> {
+        let saved = apply_groups(&mut self.groups, state)?;
+        let params = all_params(&self.groups);
+        let mut restored = Vec::with_capacity(params.len());
+        for (i, p) in params.iter().enumerate() {
+            restored.push(restore(&saved, i, "momentum_buffer", p, true)?);
+        }
+        let mut it = restored.into_iter();
+        for slots in &mut self.buffers {
+            for slot in slots.iter_mut() {
+                *slot = it.next().expect("one per parameter");
+            }
+        }
+        Ok(())
     }
 }

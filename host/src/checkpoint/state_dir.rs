@@ -1,0 +1,213 @@
+//! Checkpoint folders that are complete or absent: a save is written into a
+//! hidden temporary folder beside its destination, every file fsynced, a
+//! manifest (`hearth_checkpoint.json`, names and sizes) written last, and
+//! the folder renamed into place. A folder without a valid manifest is
+//! incomplete and never loaded. Numbered checkpoints
+//! (`checkpoints/checkpoint_<n>`) are listed, rotated and found here.
+
+use super::safetensors_io::{save_safetensors, CheckpointError};
+use crate::durable::write_atomically;
+use serde::{Deserialize, Serialize};
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use tch::Tensor;
+
+/// The manifest that marks a checkpoint folder complete.
+pub const MANIFEST_NAME: &str = "hearth_checkpoint.json";
+
+/// What `hearth_checkpoint.json` records.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Layout version (1).
+    pub version: u32,
+    /// Every file of the checkpoint with its size in bytes.
+    pub files: Vec<ManifestFile>,
+}
+
+/// One file of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ManifestFile {
+    /// Name inside the folder.
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io {
+        path: path.into(),
+        source,
+    }
+}
+
+/// A checkpoint being written; [`commit`](Self::commit) puts it in place.
+/// Dropped without commit, it removes its temporary folder.
+pub struct StagedCheckpoint {
+    tmp: PathBuf,
+    dest: PathBuf,
+    files: Vec<ManifestFile>,
+    committed: bool,
+}
+
+impl StagedCheckpoint {
+    /// Starts a checkpoint that will become `dest`, which must not exist.
+    pub fn begin(dest: &Path) -> Result<Self, CheckpointError> {
+        if dest.exists() {
+            return Err(CheckpointError::Exists(dest.into()));
+        }
+        let parent = dest
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        fs::create_dir_all(parent).map_err(io(parent))?;
+        let name = dest
+            .file_name()
+            .ok_or_else(|| CheckpointError::Exists(dest.into()))?
+            .to_string_lossy();
+        let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+        if tmp.exists() {
+            fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+        }
+        fs::create_dir(&tmp).map_err(io(&tmp))?;
+        Ok(Self {
+            tmp,
+            dest: dest.into(),
+            files: Vec::new(),
+            committed: false,
+        })
+    }
+
+    fn record(&mut self, name: &str) -> Result<(), CheckpointError> {
+        let path = self.tmp.join(name);
+        let size = fs::metadata(&path).map_err(io(&path))?.len();
+        self.files.push(ManifestFile {
+            name: name.into(),
+            size,
+        });
+        Ok(())
+    }
+
+    /// Writes named tensors as `name` (safetensors).
+    pub fn tensors(
+        &mut self,
+        name: &str,
+        tensors: &[(String, Tensor)],
+    ) -> Result<(), CheckpointError> {
+        save_safetensors(&self.tmp.join(name), tensors)?;
+        self.record(name)
+    }
+
+    /// Writes raw bytes as `name`.
+    pub fn bytes(&mut self, name: &str, bytes: &[u8]) -> Result<(), CheckpointError> {
+        let path = self.tmp.join(name);
+        write_atomically(&path, |f| f.write_all(bytes)).map_err(io(&path))?;
+        self.record(name)
+    }
+
+    /// Writes `value` as pretty JSON in `name`.
+    pub fn json<T: Serialize>(&mut self, name: &str, value: &T) -> Result<(), CheckpointError> {
+        let text = serde_json::to_vec_pretty(value).expect("checkpoint JSON serialises");
+        self.bytes(name, &text)
+    }
+
+    /// Writes the manifest and renames the folder into place; returns it.
+    pub fn commit(mut self) -> Result<PathBuf, CheckpointError> {
+        let manifest = Manifest {
+            version: 1,
+            files: std::mem::take(&mut self.files),
+        };
+        let path = self.tmp.join(MANIFEST_NAME);
+        let text = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
+        write_atomically(&path, |f| f.write_all(&text)).map_err(io(&path))?;
+        File::open(&self.tmp)
+            .and_then(|d| d.sync_all())
+            .map_err(io(&self.tmp))?;
+        if self.dest.exists() {
+            return Err(CheckpointError::Exists(self.dest.clone()));
+        }
+        fs::rename(&self.tmp, &self.dest).map_err(io(&self.dest))?;
+        let parent = self.dest.parent().unwrap_or(Path::new("."));
+        File::open(parent)
+            .and_then(|d| d.sync_all())
+            .map_err(io(parent))?;
+        self.committed = true;
+        Ok(self.dest.clone())
+    }
+}
+
+impl Drop for StagedCheckpoint {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = fs::remove_dir_all(&self.tmp);
+        }
+    }
+}
+
+/// Reads and checks the manifest of `dir`: every file it names is there
+/// with its recorded size. An error says why the folder is not a complete
+/// checkpoint.
+pub fn verify_complete(dir: &Path) -> Result<Manifest, CheckpointError> {
+    let path = dir.join(MANIFEST_NAME);
+    let incomplete = |why: String| CheckpointError::Incomplete {
+        path: dir.into(),
+        why,
+    };
+    let text = fs::read(&path).map_err(|_| incomplete(format!("it has no {MANIFEST_NAME}")))?;
+    let manifest: Manifest = serde_json::from_slice(&text)
+        .map_err(|e| incomplete(format!("{MANIFEST_NAME} is unreadable: {e}")))?;
+    for f in &manifest.files {
+        match fs::metadata(dir.join(&f.name)) {
+            Ok(m) if m.len() == f.size => {}
+            Ok(m) => {
+                return Err(incomplete(format!(
+                    "{} has {} bytes, the manifest says {}",
+                    f.name,
+                    m.len(),
+                    f.size
+                )))
+            }
+            Err(_) => return Err(incomplete(format!("{} is missing", f.name))),
+        }
+    }
+    Ok(manifest)
+}
+
+/// The numbered checkpoints `checkpoint_<n>` in `folder`, by number.
+pub fn numbered_checkpoints(folder: &Path) -> Vec<(u64, PathBuf)> {
+    let mut found: Vec<(u64, PathBuf)> = fs::read_dir(folder)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let n = name.strip_prefix("checkpoint_")?.parse().ok()?;
+            e.path().is_dir().then(|| (n, e.path()))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// The newest complete numbered checkpoint in `folder`; newer incomplete
+/// ones are skipped with a warning.
+pub fn newest_complete(folder: &Path) -> Option<(u64, PathBuf)> {
+    for (n, dir) in numbered_checkpoints(folder).into_iter().rev() {
+        match verify_complete(&dir) {
+            Ok(_) => return Some((n, dir)),
+            Err(e) => tracing::warn!("skipping checkpoint: {e}"),
+        }
+    }
+    None
+}
+
+/// Keeps the newest `limit` numbered checkpoints in `folder` (by number)
+/// and removes the others.
+pub fn rotate(folder: &Path, limit: usize) -> Result<(), CheckpointError> {
+    let all = numbered_checkpoints(folder);
+    let excess = all.len().saturating_sub(limit);
+    for (_, dir) in all.into_iter().take(excess) {
+        fs::remove_dir_all(&dir).map_err(io(&dir))?;
+    }
+    Ok(())
+}
