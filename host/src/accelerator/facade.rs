@@ -165,6 +165,12 @@ impl Accelerator {
         self.state.num_steps()
     }
 
+    /// Micro-batches run through [`accumulate`](Self::accumulate) so far
+    /// (restored by `load_state`; Accelerate's `accelerator.step`).
+    pub fn step(&self) -> u64 {
+        self.micro_steps.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// True when the current micro-batch ends an accumulation group.
     pub fn sync_gradients(&self) -> bool {
         self.state.sync_gradients()

@@ -132,6 +132,7 @@ impl StagedCheckpoint {
             .and_then(|d| d.sync_all())
             .map_err(io(parent))?;
         self.committed = true;
+        remove_abandoned(parent);
         Ok(self.dest.clone())
     }
 }
@@ -140,6 +141,28 @@ impl Drop for StagedCheckpoint {
     fn drop(&mut self) {
         if !self.committed {
             let _ = fs::remove_dir_all(&self.tmp);
+        }
+    }
+}
+
+/// Removes the temporary folders that saves killed before their commit
+/// left in `folder` (`.<name>.tmp-<pid>` of processes no longer running).
+pub fn remove_abandoned(folder: &Path) {
+    if !Path::new("/proc/self").exists() {
+        return; // cannot tell whether a writer is still alive
+    }
+    for entry in fs::read_dir(folder).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .starts_with('.')
+            .then(|| name.rsplit_once(".tmp-"))
+            .flatten()
+            .and_then(|(_, pid)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = fs::remove_dir_all(entry.path());
         }
     }
 }

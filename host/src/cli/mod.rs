@@ -1,6 +1,7 @@
 //! The `hearth` command line. `main.rs` only calls [`main`]; each
 //! subcommand has its own file.
 
+mod checkpoint;
 mod plugins;
 mod run;
 
@@ -33,6 +34,8 @@ enum Command {
     Run(run::RunArgs),
     /// List, inspect and check WebAssembly plugins.
     Plugins(plugins::PluginsArgs),
+    /// Inspect and verify checkpoints written by save_state.
+    Checkpoint(checkpoint::CheckpointArgs),
 }
 
 fn init_logging() {
@@ -53,6 +56,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run::execute(args),
         Command::Plugins(args) => plugins::execute(args),
+        Command::Checkpoint(args) => checkpoint::execute(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -25,6 +25,9 @@ pub(super) struct RunArgs {
     /// Also look for plugins here (before HEARTH_PLUGIN_PATH, the project's plugins/ and the built-ins).
     #[arg(long = "plugin-dir", value_name = "DIR")]
     plugin_dirs: Vec<PathBuf>,
+    /// Continue from the newest complete checkpoint in the run folder (see run.save-every).
+    #[arg(long)]
+    resume: bool,
 }
 
 pub(super) fn execute(args: RunArgs) -> Result<(), Failure> {
@@ -35,6 +38,7 @@ pub(super) fn execute(args: RunArgs) -> Result<(), Failure> {
         cpu: args.cpu,
         quiet: args.quiet,
         plugin_dirs: args.plugin_dirs,
+        resume: args.resume,
     };
     let summary = train::run(&config, &options).map_err(|e| match e {
         TrainError::Data(_) | TrainError::NoCuda(_) | TrainError::Plugin { .. } => {

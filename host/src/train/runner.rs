@@ -35,6 +35,8 @@ pub struct RunOptions {
     /// Folders searched for plugins before `HEARTH_PLUGIN_PATH`, the
     /// project's `plugins/` and the built-ins.
     pub plugin_dirs: Vec<PathBuf>,
+    /// Continue from the newest complete checkpoint of the run folder.
+    pub resume: bool,
 }
 
 /// What a finished run reports (also written as `summary.json`).
@@ -104,6 +106,9 @@ pub enum TrainError {
     /// the run needs its rates).
     #[error("training stopped: the scheduler failed")]
     Scheduler(#[source] PluginError),
+    /// Saving or loading a checkpoint failed.
+    #[error("checkpoint")]
+    State(#[source] CheckpointError),
     /// The loss became NaN or infinite.
     #[error("training diverged at step {step}: the loss is {loss}; lower optimizer.lr or set optimizer.max-grad-norm")]
     Diverged {
@@ -261,6 +266,37 @@ fn scheduler(
     .map_err(plugin_err)
 }
 
+/// The training data stream (a seeded ChaCha generator) as a checkpointed
+/// object, so a resumed run draws the batches it would have drawn.
+struct DataStream(ChaCha8Rng);
+
+impl crate::accelerator::Checkpointable for DataStream {
+    fn state_dict(&self) -> Vec<u8> {
+        let mut bytes = self.0.get_seed().to_vec();
+        bytes.extend(self.0.get_stream().to_le_bytes());
+        bytes.extend(self.0.get_word_pos().to_le_bytes());
+        bytes
+    }
+    fn load_state_dict(&mut self, state: &[u8]) -> Result<(), String> {
+        if state.len() != 56 {
+            return Err(format!(
+                "the data stream state is 56 bytes, not {}",
+                state.len()
+            ));
+        }
+        let seed: [u8; 32] = state[..32].try_into().expect("32 bytes");
+        let mut rng = ChaCha8Rng::from_seed(seed);
+        rng.set_stream(u64::from_le_bytes(
+            state[32..40].try_into().expect("8 bytes"),
+        ));
+        rng.set_word_pos(u128::from_le_bytes(
+            state[40..].try_into().expect("16 bytes"),
+        ));
+        self.0 = rng;
+        Ok(())
+    }
+}
+
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
     move |source| TrainError::Io {
         path: path.into(),
@@ -298,9 +334,6 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
     if let Some(ga) = config.run.gradient_accumulation_steps {
         builder = builder.gradient_accumulation_steps(ga);
     }
-    let mut acc = builder.build()?;
-    let device = acc.device();
-    let accumulation = acc.gradient_accumulation_steps();
     let steps = options.steps.unwrap_or(config.run.steps);
     let seed = config.run.seed;
     let run_dir = options
@@ -308,6 +341,15 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
         .clone()
         .unwrap_or_else(|| config.run.output_dir.clone())
         .join(&config.run.name);
+    builder = builder.project_config(crate::accelerator::ProjectConfiguration {
+        project_dir: run_dir.clone(),
+        automatic_checkpoint_naming: true,
+        iteration: 0,
+        total_limit: config.run.keep_checkpoints,
+    });
+    let mut acc = builder.build()?;
+    let device = acc.device();
+    let accumulation = acc.gradient_accumulation_steps();
 
     let registry = plugin_registry(config, options)?;
     let trackers = if acc.is_main_process() {
@@ -330,7 +372,19 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
     let (model, mut opt) = acc.prepare((model, opt))?;
     let mut schedule = schedule.map(|s| acc.prepare(s)).transpose()?;
     let batch_size = config.data.batch_size;
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let stream = std::sync::Arc::new(std::sync::Mutex::new(DataStream(
+        ChaCha8Rng::seed_from_u64(seed),
+    )));
+    acc.register_for_checkpointing(stream.clone());
+    let mut first_step = 1;
+    if options.resume {
+        let from = acc.load_state(None).map_err(TrainError::State)?;
+        first_step = acc.step() / accumulation as u64 + 1;
+        acc.print(format!(
+            "resumed from {} at step {first_step}",
+            from.display()
+        ));
+    }
 
     acc.print(format!(
         "hearth run {}: {:?} with {} parameters on {device:?}, {steps} steps of {}{batch_size} × {} tokens{}",
@@ -363,15 +417,15 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
             device,
         )
     };
-    for step in 1..=steps {
-        if step == warmup + 1 {
+    for step in first_step..=steps {
+        if step == first_step + warmup {
             timer = Instant::now();
         }
         // The rate this optimizer step uses (the scheduler moves it on
         // once the step is taken).
         let step_lr = opt.lr();
         for _ in 0..accumulation {
-            let batch = data.sample_batch(batch_size, &mut rng);
+            let batch = data.sample_batch(batch_size, &mut stream.lock().unwrap().0);
             let (inputs, targets) = (
                 batch.inputs.to_device(device),
                 batch.targets.to_device(device),
@@ -433,8 +487,12 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
                 }
             }
         }
+        if config.run.save_every.is_some_and(|every| step % every == 0) {
+            let saved = acc.save_state(None).map_err(TrainError::State)?;
+            progress.log(format!("step {step}: checkpoint {}", saved.display()));
+        }
     }
-    let timed_steps = steps - warmup;
+    let timed_steps = (steps + 1).saturating_sub(first_step + warmup);
     let tokens_per_sec = timed_steps as f64 * tokens_per_step / timer.elapsed().as_secs_f64();
     progress.finish();
 

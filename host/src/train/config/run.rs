@@ -51,6 +51,12 @@ pub struct RunSection {
     /// Accelerate's `save_model`); a larger model is saved in shards with
     /// `model.safetensors.index.json`.
     pub max_shard_size: Option<String>,
+    /// Save a checkpoint (`save_state`) every this many steps into
+    /// `<run folder>/checkpoints/checkpoint_<n>` (default: never); resume
+    /// with `hearth run --resume`.
+    pub save_every: Option<u64>,
+    /// Keep only the newest this many checkpoints (default: all).
+    pub keep_checkpoints: Option<usize>,
 }
 
 fn default_output_dir() -> PathBuf {
@@ -94,6 +100,15 @@ impl RunSection {
             return Err(invalid(
                 "run.gradient-accumulation-steps",
                 "must be at least 1".into(),
+            ));
+        }
+        if self.save_every == Some(0) {
+            return Err(invalid("run.save-every", "must be at least 1".into()));
+        }
+        if self.keep_checkpoints == Some(0) {
+            return Err(invalid(
+                "run.keep-checkpoints",
+                "must be at least 1 (leave it out to keep all)".into(),
             ));
         }
         if let Some(size) = &self.max_shard_size {

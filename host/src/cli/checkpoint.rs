@@ -1,0 +1,120 @@
+//! `hearth checkpoint inspect|verify PATH`.
+
+use super::Failure;
+use crate::checkpoint::{is_checkpoint_dir, tensor_infos, verify_checkpoint, TensorInfo};
+use clap::{Args, Subcommand};
+use std::path::{Path, PathBuf};
+
+/// Arguments of `hearth checkpoint`.
+#[derive(Debug, Args)]
+pub(super) struct CheckpointArgs {
+    #[command(subcommand)]
+    command: CheckpointCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum CheckpointCommand {
+    /// List what a checkpoint folder (or a .safetensors file) holds: files,
+    /// tensors with dtypes, shapes and sizes, and which state is present.
+    Inspect {
+        /// A checkpoint folder (from save_state) or a .safetensors file.
+        path: PathBuf,
+    },
+    /// Check a checkpoint folder completely: manifest, sizes, every tensor's
+    /// bytes, every JSON file. Exit status 1 when it is damaged.
+    Verify {
+        /// A checkpoint folder (from save_state).
+        path: PathBuf,
+    },
+}
+
+fn print_tensors(tensors: &[TensorInfo]) {
+    for t in tensors {
+        println!(
+            "    {:<40} {:<5} {:?} ({} bytes)",
+            t.name, t.dtype, t.shape, t.bytes
+        );
+    }
+}
+
+/// Which kinds of state the files of a checkpoint hold.
+fn kinds(names: &[String]) -> String {
+    let count = |stem: &str| {
+        names
+            .iter()
+            .filter(|n| {
+                n.starts_with(stem)
+                    && (n.ends_with(".safetensors") || n.ends_with(".json") || n.ends_with(".bin"))
+            })
+            .filter(|n| !(stem == "optimizer" && n.ends_with(".json")))
+            .filter(|n| !(stem == "scheduler" && n.ends_with(".json")))
+            .count()
+    };
+    let mut parts = Vec::new();
+    for (stem, what) in [
+        ("model", "models"),
+        ("optimizer", "optimizers"),
+        ("scheduler", "schedulers"),
+        ("dataloader", "data loaders"),
+        ("random_states_", "random states"),
+        ("custom_checkpoint_", "custom objects"),
+    ] {
+        let n = count(stem);
+        if n > 0 {
+            parts.push(format!("{n} {what}"));
+        }
+    }
+    if names.iter().any(|n| n == "scaler.json") {
+        parts.push("fp16 scaler".into());
+    }
+    parts.join(", ")
+}
+
+fn inspect(path: &Path) -> Result<(), Failure> {
+    if !is_checkpoint_dir(path) {
+        let tensors = tensor_infos(path, false).map_err(Failure::bad_input)?;
+        let total: usize = tensors.iter().map(|t| t.bytes).sum();
+        println!(
+            "{}: {} tensors, {total} bytes",
+            path.display(),
+            tensors.len()
+        );
+        print_tensors(&tensors);
+        return Ok(());
+    }
+    let files = verify_checkpoint(path).map_err(Failure::failed)?;
+    let names: Vec<String> = files.iter().map(|f| f.name.clone()).collect();
+    println!(
+        "{}: complete checkpoint — {}",
+        path.display(),
+        kinds(&names)
+    );
+    for f in &files {
+        println!("  {} ({} bytes)", f.name, f.size);
+        print_tensors(&f.tensors);
+    }
+    if let Ok(text) = std::fs::read_to_string(path.join("trainer_state.json")) {
+        println!(
+            "trainer state: {}",
+            text.split_whitespace().collect::<Vec<_>>().join(" ")
+        );
+    }
+    Ok(())
+}
+
+pub(super) fn execute(args: CheckpointArgs) -> Result<(), Failure> {
+    match args.command {
+        CheckpointCommand::Inspect { path } => inspect(&path),
+        CheckpointCommand::Verify { path } => {
+            let files = verify_checkpoint(&path).map_err(Failure::failed)?;
+            let tensors: usize = files.iter().map(|f| f.tensors.len()).sum();
+            let bytes: u64 = files.iter().map(|f| f.size).sum();
+            println!(
+                "{}: complete and readable — {} files, {tensors} tensors, {bytes} bytes",
+                path.display(),
+                files.len()
+            );
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,121 @@
+"""Checkpoints through the binary: `run.save-every` and `hearth run --resume`
+continue a run bit for bit; `hearth checkpoint inspect|verify`; and a run
+killed with SIGKILL at random moments never leaves its newest checkpoint
+damaged."""
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+
+import torch
+from safetensors.torch import load_file
+
+from conftest import run_hearth, write_config
+
+JOB = """
+[run]
+name = "r"
+steps = 40
+seed = 5
+log-every = 10
+save-every = 10
+gradient-accumulation-steps = 2
+[model]
+kind = "gpt"
+d-model = 32
+layers = 1
+heads = 2
+[data]
+kind = "sort-digits"
+digits = 4
+batch-size = 8
+[optimizer]
+kind = "adamw"
+lr = 3e-3
+max-grad-norm = 1.0
+[eval]
+samples = 20
+[[trackers]]
+name = "jsonl"
+"""
+
+
+def losses(run_dir):
+    lines = (run_dir / "trackers" / "jsonl" / "metrics.jsonl").read_text().splitlines()
+    return {l["step"]: l["loss"] for l in map(json.loads, lines) if "loss" in l}
+
+
+def test_a_resumed_run_ends_bit_identical_to_an_uninterrupted_one(hearth, tmp_path):
+    config = write_config(tmp_path, JOB)
+    out = hearth("run", config, "--output-dir", tmp_path / "straight", "-q")
+    assert out.returncode == 0, out.stderr
+    out = hearth("run", config, "--output-dir", tmp_path / "split", "--steps", "20", "-q")
+    assert out.returncode == 0, out.stderr
+    out = hearth("run", config, "--output-dir", tmp_path / "split", "--resume", "-q")
+    assert out.returncode == 0, out.stderr
+    assert "resumed from" in out.stdout + out.stderr and "step 21" in out.stdout + out.stderr
+
+    a, b = tmp_path / "straight" / "r", tmp_path / "split" / "r"
+    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), "weights differ after resume"
+    la, lb = losses(a), losses(b)
+    assert la[30] == lb[30] and la[40] == lb[40], (la, lb)
+    assert sorted(os.listdir(b / "checkpoints")) == ["checkpoint_0", "checkpoint_1", "checkpoint_2", "checkpoint_3"]
+
+
+def test_inspect_and_verify_report_and_catch_damage(hearth, tmp_path):
+    out = hearth("run", write_config(tmp_path, JOB.replace("steps = 40", "steps = 10")), "-q")
+    assert out.returncode == 0, out.stderr
+    ckpt = tmp_path / "runs" / "r" / "checkpoints" / "checkpoint_0"
+    out = hearth("checkpoint", "inspect", ckpt)
+    assert out.returncode == 0, out.stderr
+    for expected in ["1 models", "1 optimizers", "random states", "1 custom objects", "blocks.0.qkv.weight", "state.0.exp_avg"]:
+        assert expected in out.stdout, (expected, out.stdout)
+    out = hearth("checkpoint", "verify", ckpt)
+    assert out.returncode == 0 and "complete and readable" in out.stdout, out.stdout + out.stderr
+
+    opt = ckpt / "optimizer.safetensors"
+    data = opt.read_bytes()
+    opt.write_bytes(data[:-100])
+    out = hearth("checkpoint", "verify", ckpt)
+    assert out.returncode == 1 and "optimizer.safetensors" in out.stderr, out.stderr
+    out = hearth("run", write_config(tmp_path, JOB.replace("steps = 40", "steps = 20")), "--resume", "-q")
+    assert out.returncode != 0 and "no complete checkpoint" in out.stderr, out.stderr
+
+
+def test_kill_9_at_random_moments_never_damages_the_newest_checkpoint(hearth_bin, tmp_path):
+    job = JOB.replace("steps = 40", "steps = 1000000").replace("save-every = 10", "save-every = 3\nkeep-checkpoints = 3")
+    job = job.replace("log-every = 10", "log-every = 100000").replace('[[trackers]]\nname = "jsonl"\n', "")
+    config = write_config(tmp_path, job)
+    ckpts = tmp_path / "runs" / "r" / "checkpoints"
+    rng = random.Random(1)
+    saves, kills, resumed = 0, 0, False
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    while saves < 50 or kills < 10:
+        args = [str(hearth_bin), "run", str(config), "-q"] + (["--resume"] if resumed else [])
+        before = newest(ckpts)
+        proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(rng.uniform(0.4, 2.0))
+        proc.send_signal(signal.SIGKILL)
+        _, err = proc.communicate()
+        kills += 1
+        latest = newest(ckpts)
+        if latest is None:
+            continue  # killed before its first save
+        assert before is None or latest >= before, (before, latest, err)
+        saves += latest - (before if before is not None else -1)
+        out = run_hearth(hearth_bin, "checkpoint", "verify", ckpts / f"checkpoint_{latest}", cwd=tmp_path)
+        assert out.returncode == 0, f"after kill {kills}: {out.stdout}{out.stderr}"
+        resumed = True
+        assert kills < 200, "too few saves: the runs die before saving"
+    print(f"{saves} saves over {kills} SIGKILLs")
+    assert len([p for p in os.listdir(ckpts) if not p.startswith(".")]) <= 3 + 1
+
+
+def newest(folder):
+    if not folder.exists():
+        return None
+    numbers = [int(p.split("_")[1]) for p in os.listdir(folder) if p.startswith("checkpoint_")]
+    return max(numbers) if numbers else None
