@@ -9,6 +9,7 @@ use hearth::accelerator::{
 };
 use hearth::checkpoint::{CheckpointError, MANIFEST_NAME};
 use hearth::data::{DataLoader, MapStyle};
+use hearth::models::{Model, ModuleTree, Unit};
 use hearth::ops::AdamHyper;
 use hearth::optim::{Adam, ParamGroup};
 use hearth::plugins::PluginError;
@@ -67,12 +68,17 @@ struct Run {
 /// A fresh run; `init` seeds the weights (a resumed run starts from other
 /// weights to prove they come from the checkpoint).
 fn setup(project: &Path, init: i64) -> Run {
+    setup_with(project, init, false)
+}
+
+fn setup_with(project: &Path, init: i64, async_save: bool) -> Run {
     let mut acc = Accelerator::builder()
         .cpu(true)
         .gradient_accumulation_steps(2)
         .project_config(ProjectConfiguration {
             project_dir: project.into(),
             automatic_checkpoint_naming: true,
+            async_save,
             ..Default::default()
         })
         .build()
@@ -215,7 +221,7 @@ fn total_limit_keeps_the_newest_and_a_checkpoint_is_never_overwritten() {
             project_dir: dir.clone(),
             automatic_checkpoint_naming: true,
             total_limit: Some(2),
-            iteration: 0,
+            ..Default::default()
         })
         .build()
         .unwrap();
@@ -307,5 +313,95 @@ fn a_checkpoint_of_another_model_is_refused_before_anything_changes() {
     for (b, now) in before.iter().zip(vs.trainable_variables()) {
         assert!(b.equal(&now));
     }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn an_async_save_holds_the_state_of_its_moment_and_matches_a_sync_save() {
+    let _serial = serial();
+    let dir = scratch("async");
+    // One after the other: both draw noise from the global generator.
+    let mut sync = setup_with(&dir.join("sync"), 1, false);
+    train(&mut sync, 1, None);
+    let a = sync.acc.save_state(None).unwrap();
+    let mut background = setup_with(&dir.join("async"), 1, true);
+    train(&mut background, 1, None);
+    let at_save = weights(&background);
+    let b = background.acc.save_state(None).unwrap();
+    // Training goes on at once and changes the weights in place…
+    train(&mut background, 2, None);
+    assert!(!at_save[0].equal(&weights(&background)[0]));
+    background.acc.wait_for_checkpoint().unwrap();
+    // …but the checkpoint holds the state of its moment, file for file.
+    for name in [
+        "model.safetensors",
+        "optimizer.safetensors",
+        "optimizer.json",
+        "scheduler.json",
+        "dataloader.json",
+        "random_states_0.safetensors",
+        "custom_checkpoint_0.bin",
+        "trainer_state.json",
+    ] {
+        assert_eq!(
+            std::fs::read(a.join(name)).unwrap(),
+            std::fs::read(b.join(name)).unwrap(),
+            "{name}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A model whose only parameter is complex (safetensors has no such dtype).
+struct Complex(Tensor);
+impl Model for Complex {
+    fn module_tree(&self) -> &ModuleTree {
+        static TREE: std::sync::OnceLock<ModuleTree> = std::sync::OnceLock::new();
+        TREE.get_or_init(ModuleTree::default)
+    }
+    fn units(&self) -> Vec<&dyn Unit> {
+        Vec::new()
+    }
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        vec![("bad".into(), self.0.shallow_clone())]
+    }
+}
+
+#[test]
+fn a_failed_background_write_is_reported_by_the_next_call_and_loses_nothing() {
+    let _serial = serial();
+    let dir = scratch("async-fail");
+    let mut acc = Accelerator::builder()
+        .cpu(true)
+        .project_config(ProjectConfiguration {
+            project_dir: dir.clone(),
+            automatic_checkpoint_naming: true,
+            async_save: true,
+            ..Default::default()
+        })
+        .build()
+        .unwrap();
+    let good = acc.save_state(None).unwrap();
+    acc.wait_for_checkpoint().unwrap();
+    // A model with a tensor safetensors cannot store: the snapshot is
+    // taken, the background write fails.
+    let model: Box<dyn Model> = Box::new(Complex(Tensor::zeros(
+        [2],
+        (Kind::ComplexFloat, Device::Cpu),
+    )));
+    let _model = acc.prepare(model).unwrap();
+    let pending = acc.save_state(None).unwrap();
+    let err = acc.save_state(None).unwrap_err().to_string();
+    assert!(err.contains("bad") && err.contains("ComplexFloat"), "{err}");
+    assert!(!pending.exists(), "the failed checkpoint does not appear");
+    assert!(
+        good.join(MANIFEST_NAME).exists(),
+        "the previous one is untouched"
+    );
+    let left: Vec<String> = std::fs::read_dir(dir.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["checkpoint_0"], "no temporary folder either");
     std::fs::remove_dir_all(&dir).ok();
 }

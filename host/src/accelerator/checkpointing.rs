@@ -36,6 +36,9 @@ pub struct ProjectConfiguration {
     pub iteration: u64,
     /// After a save, keep only the newest this many numbered checkpoints.
     pub total_limit: Option<usize>,
+    /// `save_state` returns once the state is copied; a background thread
+    /// writes it.
+    pub async_save: bool,
 }
 
 impl ProjectConfiguration {
@@ -79,6 +82,25 @@ struct SchedulerFile {
 struct ScalerFile {
     scale: f64,
     growth_tracker: i64,
+}
+
+/// One file of a checkpoint, owned, ready to be written (on a background
+/// thread when saves are asynchronous).
+enum Part {
+    Tensors(String, Vec<(String, Tensor)>),
+    Bytes(String, Vec<u8>),
+    Json(String, serde_json::Value),
+}
+
+fn write_parts(mut staged: StagedCheckpoint, parts: Vec<Part>) -> Result<PathBuf, CheckpointError> {
+    for part in parts {
+        match part {
+            Part::Tensors(name, tensors) => staged.tensors(&name, &tensors)?,
+            Part::Bytes(name, bytes) => staged.bytes(&name, &bytes)?,
+            Part::Json(name, value) => staged.json(&name, &value)?,
+        }
+    }
+    staged.commit()
 }
 
 /// What prepare remembered for checkpoints.
@@ -135,7 +157,15 @@ impl Accelerator {
     /// the newest `total_limit` of those. The folder appears complete or not
     /// at all; an existing folder is never overwritten. Save after a
     /// synchronising micro-batch: gradients are not saved.
+    ///
+    /// With `async_save` in the project configuration it returns once the
+    /// state is copied off the training tensors; a background thread writes
+    /// and commits. A second save, `load_state`, `wait_for_checkpoint`,
+    /// `end_training` and dropping the accelerator wait for it first, and a
+    /// failure of the background write is returned by the next of those
+    /// calls (the previous checkpoint is untouched either way).
     pub fn save_state(&mut self, dir: Option<&Path>) -> Result<PathBuf, CheckpointError> {
+        self.wait_for_checkpoint()?;
         let automatic = dir.is_none();
         let dest = match dir {
             Some(d) => d.to_path_buf(),
@@ -150,46 +180,118 @@ impl Accelerator {
                 ))
             }
         };
-        let mut staged = StagedCheckpoint::begin(&dest)?;
+        let staged = StagedCheckpoint::begin(&dest)?;
+        let parts = self.snapshot(&dest, self.project.async_save)?;
+        self.project.iteration += 1;
+        let rotation = (automatic && self.project.total_limit.is_some()).then(|| {
+            (
+                self.project.checkpoints_dir(),
+                self.project.total_limit.unwrap_or(0),
+            )
+        });
+        let write = move || -> Result<PathBuf, CheckpointError> {
+            let saved = write_parts(staged, parts)?;
+            if let Some((folder, limit)) = rotation {
+                rotate(&folder, limit)?;
+            }
+            Ok(saved)
+        };
+        if self.project.async_save {
+            let handle = std::thread::Builder::new()
+                .name("hearth-checkpoint".into())
+                .spawn(write)
+                .map_err(|source| CheckpointError::Io {
+                    path: dest.clone(),
+                    source,
+                })?;
+            self.pending_save = Some(handle);
+            Ok(dest)
+        } else {
+            write()
+        }
+    }
+
+    /// Waits for a background save (see [`save_state`](Self::save_state))
+    /// and returns its error, if it failed.
+    pub fn wait_for_checkpoint(&mut self) -> Result<(), CheckpointError> {
+        match self.pending_save.take() {
+            None => Ok(()),
+            Some(handle) => match handle.join() {
+                Ok(result) => result.map(|_| ()),
+                Err(_) => Err(CheckpointError::State {
+                    path: self.project.project_dir.clone(),
+                    message: "the background checkpoint writer panicked".into(),
+                }),
+            },
+        }
+    }
+
+    /// Everything a checkpoint holds, as owned data. With `copy`, tensors
+    /// are copied even when already on the CPU, so training can go on
+    /// changing them while a background thread writes.
+    fn snapshot(&self, dest: &Path, copy: bool) -> Result<Vec<Part>, CheckpointError> {
+        let own = |t: &Tensor| {
+            let cpu = t.detach().to_device(Device::Cpu);
+            if copy && t.device() == Device::Cpu {
+                cpu.copy()
+            } else {
+                cpu
+            }
+        };
+        let owned = |named: &[(String, Tensor)]| -> Vec<(String, Tensor)> {
+            named.iter().map(|(n, t)| (n.clone(), own(t))).collect()
+        };
+        let json =
+            |v: serde_json::Result<serde_json::Value>| v.expect("checkpoint JSON serialises");
+        let mut parts = Vec::new();
         for (i, model) in self.registered.models.iter().enumerate() {
-            let cpu: Vec<(String, Tensor)> = model
-                .iter()
-                .map(|(n, t)| (n.clone(), t.detach().to_device(Device::Cpu)))
-                .collect();
-            staged.tensors(&numbered("model", i, "safetensors"), &cpu)?;
+            parts.push(Part::Tensors(
+                numbered("model", i, "safetensors"),
+                owned(model),
+            ));
         }
         for (i, opt) in self.optimizers.iter().enumerate() {
             let state = lock(opt).inner.state_dict();
-            staged.tensors(&numbered("optimizer", i, "safetensors"), &state.tensors)?;
-            staged.json(&numbered("optimizer", i, "json"), &state.groups)?;
+            parts.push(Part::Tensors(
+                numbered("optimizer", i, "safetensors"),
+                owned(&state.tensors),
+            ));
+            parts.push(Part::Json(
+                numbered("optimizer", i, "json"),
+                json(serde_json::to_value(&state.groups)),
+            ));
         }
         for (i, sched) in self.registered.schedulers.iter().enumerate() {
             let (steps, bytes) = lock(sched).state().map_err(|e| {
-                state_err(
-                    &dest,
-                    format!("the scheduler could not save its state: {e}"),
-                )
+                state_err(dest, format!("the scheduler could not save its state: {e}"))
             })?;
-            staged.bytes(&numbered("scheduler", i, "bin"), &bytes)?;
-            staged.json(&numbered("scheduler", i, "json"), &SchedulerFile { steps })?;
+            parts.push(Part::Bytes(numbered("scheduler", i, "bin"), bytes));
+            parts.push(Part::Json(
+                numbered("scheduler", i, "json"),
+                json(serde_json::to_value(SchedulerFile { steps })),
+            ));
         }
         if let Some(scaler) = &self.scaler {
             if let Some((scale, growth_tracker)) = lock(scaler).state() {
-                staged.json(
-                    "scaler.json",
-                    &ScalerFile {
-                        scale,
-                        growth_tracker,
-                    },
-                )?;
+                let file = ScalerFile {
+                    scale,
+                    growth_tracker,
+                };
+                parts.push(Part::Json(
+                    "scaler.json".into(),
+                    json(serde_json::to_value(file)),
+                ));
             }
         }
         for (i, loader) in self.registered.loaders.iter().enumerate() {
-            staged.json(&numbered("dataloader", i, "json"), &loader.state())?;
+            parts.push(Part::Json(
+                numbered("dataloader", i, "json"),
+                json(serde_json::to_value(loader.state())),
+            ));
         }
         let rng = self
             .rng_state()
-            .map_err(|e| state_err(&dest, format!("cannot read the random generators: {e}")))?;
+            .map_err(|e| state_err(dest, format!("cannot read the random generators: {e}")))?;
         let mut rng_tensors = vec![("cpu".to_string(), rng.cpu)];
         rng_tensors.extend(
             rng.cuda
@@ -197,15 +299,15 @@ impl Accelerator {
                 .enumerate()
                 .map(|(i, t)| (format!("cuda.{i}"), t)),
         );
-        staged.tensors(
-            &format!("random_states_{}.safetensors", self.process_index()),
-            &rng_tensors,
-        )?;
+        parts.push(Part::Tensors(
+            format!("random_states_{}.safetensors", self.process_index()),
+            rng_tensors,
+        ));
         for (i, object) in self.registered.custom.iter().enumerate() {
-            staged.bytes(
-                &format!("custom_checkpoint_{i}.bin"),
-                &lock(object).state_dict(),
-            )?;
+            parts.push(Part::Bytes(
+                format!("custom_checkpoint_{i}.bin"),
+                lock(object).state_dict(),
+            ));
         }
         let trainer = TrainerState {
             iteration: self.project.iteration,
@@ -218,15 +320,11 @@ impl Accelerator {
                 .map_or(0, |l| l.state().epoch),
             hearth_version: env!("CARGO_PKG_VERSION").into(),
         };
-        staged.json("trainer_state.json", &trainer)?;
-        let saved = staged.commit()?;
-        self.project.iteration += 1;
-        if automatic {
-            if let Some(limit) = self.project.total_limit {
-                rotate(&self.project.checkpoints_dir(), limit)?;
-            }
-        }
-        Ok(saved)
+        parts.push(Part::Json(
+            "trainer_state.json".into(),
+            json(serde_json::to_value(trainer)),
+        ));
+        Ok(parts)
     }
 
     /// Restores a checkpoint written by [`save_state`](Self::save_state)
@@ -236,6 +334,7 @@ impl Accelerator {
     /// counterpart in the checkpoint; nothing is restored when the
     /// checkpoint is incomplete or a model's tensors do not fit.
     pub fn load_state(&mut self, dir: Option<&Path>) -> Result<PathBuf, CheckpointError> {
+        self.wait_for_checkpoint()?;
         let dir = match dir {
             Some(d) => d.to_path_buf(),
             None => {

@@ -53,7 +53,12 @@ pub struct Accelerator {
     pub(super) registered: Registered,
     pub(super) project: ProjectConfiguration,
     pub(super) micro_steps: std::sync::atomic::AtomicU64,
+    pub(super) pending_save: Option<PendingSave>,
 }
+
+/// A checkpoint being written in the background.
+pub(super) type PendingSave =
+    std::thread::JoinHandle<Result<std::path::PathBuf, crate::checkpoint::CheckpointError>>;
 
 /// What the builder decided.
 pub(super) struct Settings {
@@ -101,6 +106,7 @@ impl Accelerator {
             registered: Registered::default(),
             project: s.project,
             micro_steps: Default::default(),
+            pending_save: None,
         }
     }
 
@@ -460,10 +466,23 @@ impl Accelerator {
         }
     }
 
-    /// Finishes the trackers (Accelerate's `end_training`) and waits for them.
-    pub fn end_training(&mut self) {
+    /// Finishes the trackers (Accelerate's `end_training`) and waits for
+    /// them and for a checkpoint being written in the background, whose
+    /// failure it returns.
+    pub fn end_training(&mut self) -> Result<(), crate::checkpoint::CheckpointError> {
         if let Some(hub) = self.trackers.take() {
             hub.finish();
+        }
+        self.wait_for_checkpoint()
+    }
+}
+
+impl Drop for Accelerator {
+    /// Waits for a checkpoint being written in the background; a failure
+    /// nobody asked about is logged.
+    fn drop(&mut self) {
+        if let Err(e) = self.wait_for_checkpoint() {
+            tracing::error!("the last checkpoint was not written: {e}");
         }
     }
 }

@@ -346,6 +346,9 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
         automatic_checkpoint_naming: true,
         iteration: 0,
         total_limit: config.run.keep_checkpoints,
+        // Training goes on while a checkpoint is written; the next save and
+        // the end of the run wait for it.
+        async_save: true,
     });
     let mut acc = builder.build()?;
     let device = acc.device();
@@ -502,7 +505,7 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
         values.push(("eval/summary".into(), Value::Text(e.to_string())));
         acc.log(values, steps);
     }
-    acc.end_training();
+    acc.end_training().map_err(TrainError::State)?;
     // The weights: model.safetensors, or shards and their index.
     let saved = acc.save_model(&model, &run_dir, config.run.max_shard_size())?;
     let model_path = saved
