@@ -15,7 +15,7 @@ HEARTH := target/debug/hearth
 # Plugin crates are unit-tested natively (their .wasm is built for wasm32-wasip2).
 HOST_TARGET = $(shell rustc -vV | sed -n 's/host: //p')
 
-.PHONY: run test setup system-packages wasm-target python-env build plugins example-plugins bench bench-plugins lint
+.PHONY: run test setup system-packages wasm-target python-env build plugins example-plugins bench bench-plugins bench-checkpoint lint
 
 run: build
 	$(HEARTH) run examples/sort-digits.toml
@@ -104,6 +104,11 @@ bench: build
 # What a scheduler + tracker plugins cost per step, end to end and per call.
 bench-plugins: build
 	$(PY) examples/bench/plugin_overhead.py 5
+
+# save_state/load_state of a ~1 GB model + AdamW state against Accelerate's.
+bench-checkpoint: build
+	cargo build --release --example save_state
+	$(PY) examples/bench/save_state_vs_accelerate.py 2
 
 lint: setup
 	cargo fmt --all --check

@@ -12,6 +12,20 @@ pub fn write_atomically(
     path: &Path,
     write: impl FnOnce(&mut File) -> io::Result<()>,
 ) -> io::Result<()> {
+    replace_atomically(path, |tmp| {
+        let mut file = File::create(tmp)?;
+        write(&mut file)?;
+        file.flush()
+    })
+}
+
+/// As [`write_atomically`], for writers that create the file themselves:
+/// `write` gets the temporary path to create; the file is then fsynced and
+/// renamed over `path`.
+pub fn replace_atomically(
+    path: &Path,
+    write: impl FnOnce(&Path) -> io::Result<()>,
+) -> io::Result<()> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -25,10 +39,8 @@ pub fn write_atomically(
         std::process::id()
     ));
     let result = (|| {
-        let mut file = File::create(&tmp)?;
-        write(&mut file)?;
-        file.flush()?;
-        file.sync_all()?;
+        write(&tmp)?;
+        File::open(&tmp)?.sync_all()?;
         fs::rename(&tmp, path)?;
         File::open(dir)?.sync_all()
     })();

@@ -14,16 +14,21 @@ import torch
 SNAPSHOT = pathlib.Path(__file__).resolve().parent / "peer_gpt_accelerate.py"
 
 
-def shared_peer_script():
-    """The peer script in the shared folder, or None when there is none."""
+def shared_bench_file(name: str):
+    """`bench/<name>` in the shared folder, or None when there is none."""
     env = os.environ.get("HEARTH_SHARED_DIR")
     root = pathlib.Path(__file__).resolve().parents[2]
     candidates = [pathlib.Path(env)] if env else [p / "shared" for p in root.parents] + [pathlib.Path("/work/shared")]
     for shared in candidates:
-        path = shared / "bench" / "peer_gpt_accelerate.py"
+        path = shared / "bench" / name
         if path.exists():
             return path
     return None
+
+
+def shared_peer_script():
+    """The peer GPT script in the shared folder, or None when there is none."""
+    return shared_bench_file("peer_gpt_accelerate.py")
 
 
 def peer_script() -> pathlib.Path:

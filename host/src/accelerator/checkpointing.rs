@@ -359,7 +359,7 @@ impl Accelerator {
             };
             lock(opt)
                 .inner
-                .load_state_dict(&state)
+                .load_state_dict(state)
                 .map_err(|m| state_err(&path, m))?;
         }
         for (i, sched) in self.registered.schedulers.iter().enumerate() {

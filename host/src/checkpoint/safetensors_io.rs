@@ -1,10 +1,9 @@
 //! Reading and writing named tensors as safetensors.
 
-use crate::durable::write_atomically;
+use crate::durable::replace_atomically;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView, View};
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use tch::{Device, Kind, Tensor};
 
@@ -174,15 +173,31 @@ pub fn save_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(),
         })
         .collect();
     let metadata = Some(HashMap::from([("format".to_string(), "pt".to_string())]));
-    let refs = views.iter().map(|(n, v)| (n.as_str(), v));
-    let bytes = safetensors::serialize(refs, metadata).map_err(|e| CheckpointError::Format {
-        path: path.into(),
-        message: e.to_string(),
-    })?;
-    write_atomically(path, |f| f.write_all(&bytes)).map_err(|source| CheckpointError::Io {
-        path: path.into(),
-        source,
-    })
+    let refs: Vec<(&str, &ShapedView)> = views.iter().map(|(n, v)| (n.as_str(), v)).collect();
+    // Streamed to the file tensor by tensor (no copy of the whole file in
+    // memory), then fsynced and renamed into place.
+    let mut format_error = None;
+    let written = replace_atomically(path, |tmp| {
+        safetensors::serialize_to_file(refs, metadata, tmp).map_err(|e| match e {
+            safetensors::SafeTensorError::IoError(io) => io,
+            other => {
+                let message = other.to_string();
+                format_error = Some(message.clone());
+                std::io::Error::other(message)
+            }
+        })
+    });
+    match (written, format_error) {
+        (Ok(()), _) => Ok(()),
+        (Err(_), Some(message)) => Err(CheckpointError::Format {
+            path: path.into(),
+            message,
+        }),
+        (Err(source), None) => Err(CheckpointError::Io {
+            path: path.into(),
+            source,
+        }),
+    }
 }
 
 /// A safetensors file mapped into memory.

@@ -103,14 +103,14 @@ impl Optimizer for Adam {
             groups: group_states(&self.groups),
         }
     }
-    fn load_state_dict(&mut self, state: &OptimizerState) -> Result<(), String> {
-        let saved = apply_groups(&mut self.groups, state)?;
+    fn load_state_dict(&mut self, state: OptimizerState) -> Result<(), String> {
+        let mut saved = apply_groups(&mut self.groups, state)?;
         let params = all_params(&self.groups);
         let mut restored = Vec::with_capacity(params.len());
         for (i, p) in params.iter().enumerate() {
-            let m = restore(&saved, i, "exp_avg", p, true)?;
-            let v = restore(&saved, i, "exp_avg_sq", p, true)?;
-            let s = restore(&saved, i, "step", p, false)?;
+            let m = restore(&mut saved, i, "exp_avg", p, true)?;
+            let v = restore(&mut saved, i, "exp_avg_sq", p, true)?;
+            let s = restore(&mut saved, i, "step", p, false)?;
             restored.push(match (m, v, s) {
                 (Some(exp_avg), Some(exp_avg_sq), Some(step)) => Some(AdamState {
                     exp_avg,

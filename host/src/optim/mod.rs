@@ -86,11 +86,13 @@ pub trait Optimizer: Send {
     fn parameters(&self) -> Vec<Tensor>;
     /// The state a checkpoint saves: per-parameter tensors named
     /// `state.<i>.<name>` (`i` counts parameters across groups, as PyTorch's
-    /// optimizer `state_dict`) and each group's settings.
+    /// optimizer `state_dict`) and each group's settings. The tensors are
+    /// handles to the live state, not copies.
     fn state_dict(&self) -> OptimizerState;
-    /// Restores what [`state_dict`](Self::state_dict) gave, onto the
-    /// parameters' devices; an error names what does not fit.
-    fn load_state_dict(&mut self, state: &OptimizerState) -> Result<(), String>;
+    /// Takes over the state [`state_dict`](Self::state_dict) described
+    /// (moved to the parameters' devices, not copied: pass copies of state
+    /// that is still in use); an error names what does not fit.
+    fn load_state_dict(&mut self, state: OptimizerState) -> Result<(), String>;
 
     /// The learning rate of the first group.
     fn lr(&self) -> f64 {
@@ -136,10 +138,10 @@ fn group_states(groups: &[Group]) -> Vec<GroupState> {
 
 /// Checks `state`'s groups against `groups`, applies their settings, and
 /// returns a lookup of the state tensors by name.
-fn apply_groups<'a>(
+fn apply_groups(
     groups: &mut [Group],
-    state: &'a OptimizerState,
-) -> Result<std::collections::HashMap<&'a str, &'a Tensor>, String> {
+    state: OptimizerState,
+) -> Result<std::collections::HashMap<String, Tensor>, String> {
     let shape: Vec<usize> = groups.iter().map(|g| g.params.len()).collect();
     let saved: Vec<usize> = state.groups.iter().map(|g| g.params).collect();
     if shape != saved {
@@ -151,19 +153,19 @@ fn apply_groups<'a>(
         g.lr = s.lr;
         g.weight_decay = s.weight_decay;
     }
-    Ok(state.tensors.iter().map(|(n, t)| (n.as_str(), t)).collect())
+    Ok(state.tensors.into_iter().collect())
 }
 
 /// The saved tensor `state.<i>.<name>` shaped like `like`, on its device.
 fn restore(
-    saved: &std::collections::HashMap<&str, &Tensor>,
+    saved: &mut std::collections::HashMap<String, Tensor>,
     i: usize,
     name: &str,
     like: &Tensor,
     same_shape: bool,
 ) -> Result<Option<Tensor>, String> {
     let key = format!("state.{i}.{name}");
-    let Some(t) = saved.get(key.as_str()) else {
+    let Some(t) = saved.remove(&key) else {
         return Ok(None);
     };
     if same_shape && t.size() != like.size() {
@@ -173,7 +175,7 @@ fn restore(
             like.size()
         ));
     }
-    Ok(Some(t.to_device(like.device()).copy()))
+    Ok(Some(t.to_device(like.device())))
 }
 
 /// A group with its values resolved against the optimizer's defaults.

@@ -95,12 +95,12 @@ impl Optimizer for Sgd {
             groups: group_states(&self.groups),
         }
     }
-    fn load_state_dict(&mut self, state: &OptimizerState) -> Result<(), String> {
-        let saved = apply_groups(&mut self.groups, state)?;
+    fn load_state_dict(&mut self, state: OptimizerState) -> Result<(), String> {
+        let mut saved = apply_groups(&mut self.groups, state)?;
         let params = all_params(&self.groups);
         let mut restored = Vec::with_capacity(params.len());
         for (i, p) in params.iter().enumerate() {
-            restored.push(restore(&saved, i, "momentum_buffer", p, true)?);
+            restored.push(restore(&mut saved, i, "momentum_buffer", p, true)?);
         }
         let mut it = restored.into_iter();
         for slots in &mut self.buffers {

@@ -1,0 +1,58 @@
+"""hearth vs Hugging Face Accelerate: save_state / load_state of the same
+~1 GB fp32 model with its AdamW state (~3 GB on disk) on the CPU, in one run.
+
+Runs the peer script (shared/bench/peer_save_state.py) and hearth's
+(host/examples/save_state.rs, sync and async) alternately, ROUNDS times, and
+prints the medians and the ratios. Both time the save up to a finished
+`sync` of the disk. A benchmark, not a test: nothing is asserted.
+Usage: make bench-checkpoint  (or: python save_state_vs_accelerate.py [ROUNDS])
+"""
+import pathlib
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "oracles"))
+from peer_gpt import shared_bench_file  # noqa: E402
+
+HEARTH = ROOT / "target" / "release" / "examples" / "save_state"
+
+
+def parse(line: str) -> dict:
+    out = {k: float(v) for k, v in re.findall(r"(save|load|returned)=([0-9.]+)s", line)}
+    out["gbps"] = float(re.search(r"\(([0-9.]+) GB/s\)", line).group(1))
+    return out
+
+
+def run(cmd) -> dict:
+    text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    print("  " + text[:160])
+    return parse(text)
+
+
+def main(rounds: int) -> None:
+    peer = shared_bench_file("peer_save_state.py")
+    if peer is None:
+        sys.exit("shared/bench/peer_save_state.py not found (set HEARTH_SHARED_DIR)")
+    results = {"accelerate": [], "hearth": [], "hearth async": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            print(f"round {r + 1}")
+            results["accelerate"].append(run([sys.executable, str(peer), f"{tmp}/peer"]))
+            results["hearth"].append(run([str(HEARTH), f"{tmp}/hearth", "sync"]))
+            results["hearth async"].append(run([str(HEARTH), f"{tmp}/hearth", "async"]))
+    med = {k: {m: statistics.median(r[m] for r in v) for m in ("save", "load", "gbps")} for k, v in results.items()}
+    print(f"save_state of 252 M parameters + AdamW state (3.0 GB), median of {rounds}:")
+    for k, m in med.items():
+        print(f"  {k:<13} save {m['save']:.2f} s ({m['gbps']:.2f} GB/s), load {m['load']:.2f} s")
+    returned = statistics.median(r["returned"] for r in results["hearth async"])
+    print(f"  hearth async returns to training after {returned:.2f} s")
+    print(f"  ratio save GB/s hearth/accelerate = {med['hearth']['gbps'] / med['accelerate']['gbps']:.2f}")
+    print(f"  ratio load time accelerate/hearth = {med['accelerate']['load'] / med['hearth']['load']:.2f}")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 2)

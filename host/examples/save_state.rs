@@ -1,0 +1,83 @@
+//! hearth's side of `make bench-checkpoint`: `save_state` / `load_state` of
+//! the model of Accelerate's peer script (60 × Linear(2048, 2048): 252 M
+//! parameters, ~1 GB of fp32 weights and ~2 GB of AdamW state) on the CPU,
+//! after one AdamW step. Prints one line in the peer's format.
+//! Usage: `save_state OUT_DIR [sync|async]`.
+
+use hearth::accelerator::{Accelerator, ProjectConfiguration};
+use hearth::ops::AdamHyper;
+use hearth::optim::Adam;
+use std::path::PathBuf;
+use std::time::Instant;
+use tch::nn::{self, Module};
+use tch::{Device, Kind, Tensor};
+
+fn sync_disks() {
+    let _ = std::process::Command::new("sync").status();
+}
+
+fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let out = PathBuf::from(args.next().unwrap_or_else(|| "/tmp/hearth_ckpt".into()));
+    let async_save = args.next().as_deref() == Some("async");
+    let (layers, d) = (60, 2048);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let mut seq = nn::seq();
+    for i in 0..layers {
+        seq = seq.add(nn::linear(vs.root() / i, d, d, Default::default()));
+    }
+    let params: i64 = vs
+        .trainable_variables()
+        .iter()
+        .map(|t| t.numel() as i64)
+        .sum();
+    let mut acc = Accelerator::builder()
+        .cpu(true)
+        .project_config(ProjectConfiguration {
+            async_save,
+            ..Default::default()
+        })
+        .build()?;
+    let hyper = AdamHyper {
+        lr: 1e-3,
+        betas: (0.9, 0.999),
+        weight_decay: 0.01,
+        eps: 1e-8,
+        decoupled: true,
+    };
+    let opt = Adam::new(vs.trainable_variables(), hyper);
+    let (_vs, mut opt) = acc.prepare((vs, opt))?;
+    let loss = seq
+        .forward(&Tensor::randn([4, d], (Kind::Float, Device::Cpu)))
+        .sum(Kind::Float);
+    acc.backward(&loss)?;
+    opt.step()?;
+    let _ = std::fs::remove_dir_all(&out);
+
+    sync_disks();
+    let t = Instant::now();
+    acc.save_state(Some(&out))?;
+    let returned = t.elapsed().as_secs_f64();
+    acc.wait_for_checkpoint()?;
+    sync_disks();
+    let save = t.elapsed().as_secs_f64();
+    let mut files: Vec<String> = std::fs::read_dir(&out)?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_, _>>()?;
+    files.sort();
+    let size: u64 = files
+        .iter()
+        .map(|f| std::fs::metadata(out.join(f)).map(|m| m.len()).unwrap_or(0))
+        .sum();
+    let t = Instant::now();
+    acc.load_state(Some(&out))?;
+    let load = t.elapsed().as_secs_f64();
+    println!(
+        "hearth save_state params={:.0}M bytes={:.2}GB save={save:.2}s ({:.2} GB/s) returned={returned:.2}s load={load:.2}s files={files:?}",
+        params as f64 / 1e6,
+        size as f64 / 1e9,
+        size as f64 / save / 1e9,
+    );
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(())
+}
