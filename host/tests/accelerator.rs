@@ -635,3 +635,47 @@ fn clipping_waits_for_the_sync_step_under_fp16() {
     assert!((norms[1].unwrap() - 3.0).abs() < 1e-6, "{norms:?}");
     assert!((f64::try_from(&p).unwrap() + 3.0).abs() < 1e-6);
 }
+
+#[test]
+fn a_group_mixing_dtypes_steps_like_separate_groups() {
+    // PyTorch's optimizers split a group by (device, dtype) before each
+    // fused call; hearth makes one call per group, which libtorch's CPU
+    // kernel handles tensor by tensor. (Unverified on CUDA: no GPU here.)
+    use hearth::ops::AdamHyper;
+    use hearth::optim::{Adam, Optimizer};
+    let make = || {
+        (
+            Tensor::ones([3], (Kind::Float, Device::Cpu)).set_requires_grad(true),
+            Tensor::ones([2], (Kind::Double, Device::Cpu)).set_requires_grad(true),
+        )
+    };
+    let hyper = AdamHyper {
+        lr: 0.1,
+        betas: (0.9, 0.999),
+        weight_decay: 0.0,
+        eps: 1e-8,
+        decoupled: true,
+    };
+    let (a, b) = make();
+    let (c, d) = make();
+    let mut mixed = Adam::new(vec![a.shallow_clone(), b.shallow_clone()], hyper);
+    let mut split = Adam::new(
+        vec![
+            hearth::optim::ParamGroup::new(vec![c.shallow_clone()]),
+            hearth::optim::ParamGroup::new(vec![d.shallow_clone()]),
+        ],
+        hyper,
+    );
+    for _ in 0..3 {
+        (&a * 2.0).sum(Kind::Float).backward();
+        (&b * 3.0).sum(Kind::Double).backward();
+        (&c * 2.0).sum(Kind::Float).backward();
+        (&d * 3.0).sum(Kind::Double).backward();
+        mixed.step().unwrap();
+        split.step().unwrap();
+        mixed.zero_grad();
+        split.zero_grad();
+    }
+    assert!(a.equal(&c) && b.equal(&d));
+    assert!(f64::try_from(a.get(0)).unwrap() < 1.0);
+}
