@@ -41,11 +41,8 @@ fn main() -> Result<()> {
         .add_fn(|x| x.tanh())
         .add(nn::linear(vs.root() / "2", 64, 1, Default::default()));
     let hyper = AdamHyper {
-        lr: 2e-2,
-        betas: (0.9, 0.999),
         weight_decay: 0.0,
-        eps: 1e-8,
-        decoupled: true,
+        ..AdamHyper::adamw(2e-2)
     };
     let opt = Adam::new(vs.trainable_variables(), hyper);
 

@@ -57,32 +57,26 @@ extern "C" {
 
 void hearth_free_error(char *error) { free(error); }
 
-// One AdamW step over `n` parameters, as torch.optim.AdamW(fused=True) does
-// it: the per-parameter step counters are incremented first, then the fused
-// kernel updates parameters and moments in place.
-char *hearth_fused_adamw(at::Tensor **params, at::Tensor **grads, at::Tensor **exp_avgs,
-                         at::Tensor **exp_avg_sqs, at::Tensor **steps, size_t n, double lr,
-                         double beta1, double beta2, double weight_decay, double eps) {
-  return guarded([&] {
-    auto p = gather(params, n), g = gather(grads, n), m = gather(exp_avgs, n),
-         v = gather(exp_avg_sqs, n), s = gather(steps, n);
-    at::_foreach_add_(s, 1);
-    at::_fused_adamw_(p, g, m, v, {}, s, lr, beta1, beta2, weight_decay, eps,
-                      /*amsgrad=*/false, /*maximize=*/false);
-  });
-}
-
-// One Adam step (L2 weight decay added to the gradient), as
-// torch.optim.Adam(fused=True).
+// One Adam step over `n` parameters, as torch.optim.AdamW(fused=True) does
+// it (`decoupled`: weight decay multiplies lr) or torch.optim.Adam(fused=True)
+// (L2 decay added to the gradient): the per-parameter step counters are
+// incremented first, then the fused kernel updates parameters and moments
+// in place.
 char *hearth_fused_adam(at::Tensor **params, at::Tensor **grads, at::Tensor **exp_avgs,
                         at::Tensor **exp_avg_sqs, at::Tensor **steps, size_t n, double lr,
-                        double beta1, double beta2, double weight_decay, double eps) {
+                        double beta1, double beta2, double weight_decay, double eps,
+                        bool decoupled) {
   return guarded([&] {
     auto p = gather(params, n), g = gather(grads, n), m = gather(exp_avgs, n),
          v = gather(exp_avg_sqs, n), s = gather(steps, n);
     at::_foreach_add_(s, 1);
-    at::_fused_adam_(p, g, m, v, {}, s, lr, beta1, beta2, weight_decay, eps,
-                     /*amsgrad=*/false, /*maximize=*/false);
+    if (decoupled) {
+      at::_fused_adamw_(p, g, m, v, {}, s, lr, beta1, beta2, weight_decay, eps,
+                        /*amsgrad=*/false, /*maximize=*/false);
+    } else {
+      at::_fused_adam_(p, g, m, v, {}, s, lr, beta1, beta2, weight_decay, eps,
+                       /*amsgrad=*/false, /*maximize=*/false);
+    }
   });
 }
 

@@ -38,13 +38,7 @@ fn main() -> anyhow::Result<()> {
             ..Default::default()
         })
         .build()?;
-    let hyper = AdamHyper {
-        lr: 1e-3,
-        betas: (0.9, 0.999),
-        weight_decay: 0.01,
-        eps: 1e-8,
-        decoupled: true,
-    };
+    let hyper = AdamHyper::adamw(1e-3);
     let opt = Adam::new(vs.trainable_variables(), hyper);
     let (_vs, mut opt) = acc.prepare((vs, opt))?;
     let loss = seq

@@ -41,6 +41,11 @@ struct Linear {
     total: f64,
 }
 
+/// A `Linear` schedule from `base` to zero over 10 steps, boxed for `prepare`.
+fn linear_schedule(base: f64) -> Box<dyn LrSchedule> {
+    Box::new(Linear { base, total: 10.0 })
+}
+
 impl LrSchedule for Linear {
     fn lrs(&mut self, step: u64) -> Result<Vec<f64>, PluginError> {
         Ok(vec![self.base * (1.0 - step as f64 / self.total).max(0.0)])
@@ -66,10 +71,7 @@ fn accumulation_syncs_and_schedules_exactly_like_accelerate() {
     let data: Vec<Tensor> = (0..5)
         .map(|_| Tensor::ones([1], (Kind::Float, Device::Cpu)))
         .collect();
-    let schedule: Box<dyn LrSchedule> = Box::new(Linear {
-        base: 1.0,
-        total: 10.0,
-    });
+    let schedule = linear_schedule(1.0);
     // Any order: the scheduler comes first and still binds to the optimizer.
     let (mut sched, _vs, mut opt, loader) = acc
         .prepare((schedule, vs, opt, DataLoader::new(data, 1)))
@@ -196,10 +198,7 @@ fn fp16_skips_an_overflowing_step_and_halves_the_scale() {
         .unwrap();
     let p = Tensor::ones([2], (Kind::Float, Device::Cpu)).set_requires_grad(true);
     let opt = Sgd::new(vec![p.shallow_clone()], sgd(0.1, 0.0));
-    let schedule: Box<dyn LrSchedule> = Box::new(Linear {
-        base: 0.1,
-        total: 10.0,
-    });
+    let schedule = linear_schedule(0.1);
     let (mut opt, mut sched) = acc.prepare((opt, schedule)).unwrap();
     let mut step = |scale_by: f64| {
         acc.backward(&(&p * scale_by).sum(Kind::Float)).unwrap();
@@ -433,10 +432,7 @@ fn a_scheduler_steps_once_per_process_unless_batches_are_split() {
             .unwrap();
         let p = Tensor::zeros([1], (Kind::Float, Device::Cpu)).set_requires_grad(true);
         let opt = Sgd::new(vec![p.shallow_clone()], sgd(1.0, 0.0));
-        let schedule: Box<dyn LrSchedule> = Box::new(Linear {
-            base: 1.0,
-            total: 10.0,
-        });
+        let schedule = linear_schedule(1.0);
         let (mut opt, mut sched) = acc.prepare((opt, schedule)).unwrap();
         for _ in 0..3 {
             acc.accumulate(|| {
@@ -470,10 +466,7 @@ fn scheduler_state_round_trips_and_sets_the_rate() {
     let make = |acc: &mut Accelerator| {
         let p = Tensor::zeros([1], (Kind::Float, Device::Cpu)).set_requires_grad(true);
         let opt = Sgd::new(vec![p.shallow_clone()], sgd(1.0, 0.0));
-        let schedule: Box<dyn LrSchedule> = Box::new(Linear {
-            base: 1.0,
-            total: 10.0,
-        });
+        let schedule = linear_schedule(1.0);
         let prepared = acc.prepare((opt, schedule)).unwrap();
         (p, prepared)
     };
@@ -650,11 +643,8 @@ fn a_group_mixing_dtypes_steps_like_separate_groups() {
         )
     };
     let hyper = AdamHyper {
-        lr: 0.1,
-        betas: (0.9, 0.999),
         weight_decay: 0.0,
-        eps: 1e-8,
-        decoupled: true,
+        ..AdamHyper::adamw(0.1)
     };
     let (a, b) = make();
     let (c, d) = make();

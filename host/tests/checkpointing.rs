@@ -102,13 +102,7 @@ fn setup_with(project: &Path, init: i64, async_save: bool) -> Run {
             ParamGroup::new(take(weight)),
             ParamGroup::new(take(bias)).weight_decay(0.0),
         ],
-        AdamHyper {
-            lr: 1e-2,
-            betas: (0.9, 0.999),
-            weight_decay: 0.01,
-            eps: 1e-8,
-            decoupled: true,
-        },
+        AdamHyper::adamw(1e-2),
     );
     let schedule: Box<dyn LrSchedule> = Box::new(Decay);
     let (vs, opt, loader, sched) = acc

@@ -96,11 +96,8 @@ fn a_gpt_trains_under_bf16_and_fp16_on_cuda() {
                 .map(|(_, t)| t)
                 .collect::<Vec<_>>(),
             AdamHyper {
-                lr: 3e-3,
-                betas: (0.9, 0.999),
                 weight_decay: 0.0,
-                eps: 1e-8,
-                decoupled: true,
+                ..AdamHyper::adamw(3e-3)
             },
         );
         let (model, mut opt) = acc.prepare((model, opt)).unwrap();

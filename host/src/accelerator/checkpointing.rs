@@ -12,7 +12,7 @@
 //! `hearth_checkpoint.json` (the manifest that marks it complete).
 
 use super::scheduler::SharedScheduler;
-use super::{Accelerator, RngState};
+use super::{lock, Accelerator, RngState};
 use crate::checkpoint::{
     load_checkpoint_in_model, load_safetensors, newest_complete, rotate, verify_complete,
     CheckpointError, StagedCheckpoint,
@@ -128,15 +128,8 @@ fn state_err(path: &Path, message: impl Into<String>) -> CheckpointError {
 }
 
 fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, CheckpointError> {
-    let text = std::fs::read(path).map_err(|source| CheckpointError::Io {
-        path: path.into(),
-        source,
-    })?;
+    let text = std::fs::read(path).map_err(CheckpointError::io(path))?;
     serde_json::from_slice(&text).map_err(|e| state_err(path, format!("unreadable: {e}")))
-}
-
-fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Accelerator {
@@ -200,10 +193,7 @@ impl Accelerator {
             let handle = std::thread::Builder::new()
                 .name("hearth-checkpoint".into())
                 .spawn(write)
-                .map_err(|source| CheckpointError::Io {
-                    path: dest.clone(),
-                    source,
-                })?;
+                .map_err(CheckpointError::io(&dest))?;
             self.pending_save = Some(handle);
             Ok(dest)
         } else {
@@ -364,10 +354,7 @@ impl Accelerator {
         }
         for (i, sched) in self.registered.schedulers.iter().enumerate() {
             let path = dir.join(numbered("scheduler", i, "bin"));
-            let bytes = std::fs::read(&path).map_err(|source| CheckpointError::Io {
-                path: path.clone(),
-                source,
-            })?;
+            let bytes = std::fs::read(&path).map_err(CheckpointError::io(&path))?;
             let file: SchedulerFile = read_json(&dir.join(numbered("scheduler", i, "json")))?;
             lock(sched)
                 .load_state(file.steps, &bytes)
@@ -403,10 +390,7 @@ impl Accelerator {
             .map_err(|e| state_err(&path, format!("cannot restore the generators: {e}")))?;
         for (i, object) in self.registered.custom.iter().enumerate() {
             let path = dir.join(format!("custom_checkpoint_{i}.bin"));
-            let bytes = std::fs::read(&path).map_err(|source| CheckpointError::Io {
-                path: path.clone(),
-                source,
-            })?;
+            let bytes = std::fs::read(&path).map_err(CheckpointError::io(&path))?;
             lock(object)
                 .load_state_dict(&bytes)
                 .map_err(|m| state_err(&path, m))?;

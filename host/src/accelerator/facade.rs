@@ -359,9 +359,7 @@ impl Accelerator {
     /// True when the last optimizer step of any prepared optimizer was
     /// skipped because fp16 gradients overflowed.
     pub fn optimizer_step_was_skipped(&self) -> bool {
-        self.optimizers
-            .iter()
-            .any(|o| o.lock().unwrap_or_else(|p| p.into_inner()).skipped)
+        self.optimizers.iter().any(|o| super::lock(o).skipped)
     }
 
     /// The current fp16 loss scale, when there is a scaler.

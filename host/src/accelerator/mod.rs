@@ -31,3 +31,9 @@ pub use prepare::{Prepare, PrepareError};
 pub use scheduler::{AcceleratedScheduler, LrSchedule};
 pub use state::GradientState;
 pub use trackers::TrackerHub;
+
+/// Locks `m`, taking the data over even if a panicking holder poisoned it
+/// (the shared optimizer, scheduler and object states stay usable).
+fn lock<T: ?Sized>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

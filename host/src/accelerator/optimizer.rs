@@ -54,7 +54,7 @@ impl AcceleratedOptimizer {
     }
 
     fn core(&self) -> std::sync::MutexGuard<'_, Core> {
-        self.core.lock().unwrap_or_else(|p| p.into_inner())
+        super::lock(&self.core)
     }
 
     /// Steps the wrapped optimizer when gradients are synchronised.

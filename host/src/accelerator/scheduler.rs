@@ -71,7 +71,7 @@ impl SchedulerCore {
     fn apply(&mut self) -> Result<(), PluginError> {
         let lrs = self.schedule.lrs(self.step)?;
         if let Some(opt) = &self.optimizer {
-            let mut core = opt.lock().unwrap_or_else(|p| p.into_inner());
+            let mut core = super::lock(opt);
             if lrs.len() == core.inner.lrs().len() {
                 core.inner.set_lrs(&lrs);
             } else if let [lr] = lrs[..] {
@@ -122,7 +122,7 @@ impl AcceleratedScheduler {
     }
 
     fn core(&self) -> std::sync::MutexGuard<'_, SchedulerCore> {
-        self.core.lock().unwrap_or_else(|p| p.into_inner())
+        super::lock(&self.core)
     }
 
     /// Advances the schedule after the optimizer stepped (call it after
@@ -133,7 +133,7 @@ impl AcceleratedScheduler {
         }
         let mut core = self.core();
         if let Some(opt) = &core.optimizer {
-            if opt.lock().unwrap_or_else(|p| p.into_inner()).skipped {
+            if super::lock(opt).skipped {
                 return Ok(());
             }
         }

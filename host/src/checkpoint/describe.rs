@@ -66,10 +66,7 @@ pub fn verify_checkpoint(dir: &Path) -> Result<Vec<FileReport>, CheckpointError>
             Vec::new()
         };
         if f.name.ends_with(".json") {
-            let text = std::fs::read(&path).map_err(|source| CheckpointError::Io {
-                path: path.clone(),
-                source,
-            })?;
+            let text = std::fs::read(&path).map_err(CheckpointError::io(&path))?;
             serde_json::from_slice::<serde_json::Value>(&text).map_err(|e| {
                 CheckpointError::Format {
                     path: path.clone(),

@@ -96,13 +96,6 @@ pub fn plan_shards(tensors: &[(String, Tensor)], max_shard_size: u64) -> Vec<Vec
     shards
 }
 
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
-    move |source| CheckpointError::Io {
-        path: path.into(),
-        source,
-    }
-}
-
 fn is_shard_name(name: &str) -> bool {
     // model-00001-of-00003.safetensors
     let Some(rest) = name
@@ -128,7 +121,7 @@ pub fn save_model(
     tensors: &[(String, Tensor)],
     max_shard_size: u64,
 ) -> Result<SavedModel, CheckpointError> {
-    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    std::fs::create_dir_all(dir).map_err(CheckpointError::io(dir))?;
     let plan = plan_shards(tensors, max_shard_size.max(1));
     let total_size: u64 = tensors.iter().map(|(_, t)| bytes_of(t)).sum();
     let n = plan.len();
@@ -166,7 +159,7 @@ pub fn save_model(
         let path = dir.join(SAFE_WEIGHTS_INDEX_NAME);
         let json = serde_json::to_string_pretty(&index).expect("an index serialises");
         crate::durable::write_atomically(&path, |f| std::io::Write::write_all(f, json.as_bytes()))
-            .map_err(io_err(&path))?;
+            .map_err(CheckpointError::io(&path))?;
         Some(path)
     } else {
         None
@@ -174,14 +167,17 @@ pub fn save_model(
     // Only now, with the new files in place, remove what belongs to an
     // earlier save.
     let keep: BTreeSet<&str> = names.iter().map(String::as_str).collect();
-    for entry in std::fs::read_dir(dir).map_err(io_err(dir))?.flatten() {
+    for entry in std::fs::read_dir(dir)
+        .map_err(CheckpointError::io(dir))?
+        .flatten()
+    {
         let name = entry.file_name().to_string_lossy().into_owned();
         let stale = !keep.contains(name.as_str())
             && (is_shard_name(&name)
                 || (n > 1 && name == SAFE_WEIGHTS_NAME)
                 || (n <= 1 && name == SAFE_WEIGHTS_INDEX_NAME));
         if stale {
-            std::fs::remove_file(entry.path()).map_err(io_err(&entry.path()))?;
+            std::fs::remove_file(entry.path()).map_err(CheckpointError::io(&entry.path()))?;
         }
     }
     Ok(SavedModel {
@@ -228,7 +224,7 @@ fn weight_files(path: &Path) -> Result<Vec<WeightFile>, CheckpointError> {
     } else {
         return Ok(vec![(path.to_path_buf(), None)]);
     };
-    let text = std::fs::read_to_string(&index_path).map_err(io_err(&index_path))?;
+    let text = std::fs::read_to_string(&index_path).map_err(CheckpointError::io(&index_path))?;
     let index: ShardIndex = serde_json::from_str(&text).map_err(|e| CheckpointError::Format {
         path: index_path.clone(),
         message: format!("not a safetensors index ({e}); it needs a `weight_map` object"),

@@ -79,6 +79,16 @@ pub enum CheckpointError {
     },
 }
 
+impl CheckpointError {
+    /// Wraps an I/O error on `path` (for `map_err`).
+    pub fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Self + '_ {
+        move |source| Self::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
 fn dtype_of(kind: Kind) -> Option<Dtype> {
     Some(match kind {
         Kind::Float => Dtype::F32,
@@ -193,10 +203,7 @@ pub fn save_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(),
             path: path.into(),
             message,
         }),
-        (Err(source), None) => Err(CheckpointError::Io {
-            path: path.into(),
-            source,
-        }),
+        (Err(source), None) => Err(CheckpointError::io(path)(source)),
     }
 }
 
@@ -215,14 +222,10 @@ impl Mapped {
 
 /// Maps `path` read-only.
 pub(super) fn open_mapped(path: &Path) -> Result<Mapped, CheckpointError> {
-    let io = |source| CheckpointError::Io {
-        path: path.into(),
-        source,
-    };
-    let file = std::fs::File::open(path).map_err(io)?;
+    let file = std::fs::File::open(path).map_err(CheckpointError::io(path))?;
     // SAFETY: a read-only mapping; hearth never writes a file in place (all
     // writes go to a new file renamed over the old one).
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(CheckpointError::io(path))?;
     Ok(Mapped(map))
 }
 

@@ -34,13 +34,6 @@ pub struct ManifestFile {
     pub size: u64,
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
-    move |source| CheckpointError::Io {
-        path: path.into(),
-        source,
-    }
-}
-
 /// A checkpoint being written; [`commit`](Self::commit) puts it in place.
 /// Dropped without commit, it removes its temporary folder.
 pub struct StagedCheckpoint {
@@ -60,16 +53,16 @@ impl StagedCheckpoint {
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
-        fs::create_dir_all(parent).map_err(io(parent))?;
+        fs::create_dir_all(parent).map_err(CheckpointError::io(parent))?;
         let name = dest
             .file_name()
             .ok_or_else(|| CheckpointError::Exists(dest.into()))?
             .to_string_lossy();
         let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
         if tmp.exists() {
-            fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+            fs::remove_dir_all(&tmp).map_err(CheckpointError::io(&tmp))?;
         }
-        fs::create_dir(&tmp).map_err(io(&tmp))?;
+        fs::create_dir(&tmp).map_err(CheckpointError::io(&tmp))?;
         Ok(Self {
             tmp,
             dest: dest.into(),
@@ -80,7 +73,9 @@ impl StagedCheckpoint {
 
     fn record(&mut self, name: &str) -> Result<(), CheckpointError> {
         let path = self.tmp.join(name);
-        let size = fs::metadata(&path).map_err(io(&path))?.len();
+        let size = fs::metadata(&path)
+            .map_err(CheckpointError::io(&path))?
+            .len();
         self.files.push(ManifestFile {
             name: name.into(),
             size,
@@ -101,7 +96,7 @@ impl StagedCheckpoint {
     /// Writes raw bytes as `name`.
     pub fn bytes(&mut self, name: &str, bytes: &[u8]) -> Result<(), CheckpointError> {
         let path = self.tmp.join(name);
-        write_atomically(&path, |f| f.write_all(bytes)).map_err(io(&path))?;
+        write_atomically(&path, |f| f.write_all(bytes)).map_err(CheckpointError::io(&path))?;
         self.record(name)
     }
 
@@ -119,18 +114,18 @@ impl StagedCheckpoint {
         };
         let path = self.tmp.join(MANIFEST_NAME);
         let text = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
-        write_atomically(&path, |f| f.write_all(&text)).map_err(io(&path))?;
+        write_atomically(&path, |f| f.write_all(&text)).map_err(CheckpointError::io(&path))?;
         File::open(&self.tmp)
             .and_then(|d| d.sync_all())
-            .map_err(io(&self.tmp))?;
+            .map_err(CheckpointError::io(&self.tmp))?;
         if self.dest.exists() {
             return Err(CheckpointError::Exists(self.dest.clone()));
         }
-        fs::rename(&self.tmp, &self.dest).map_err(io(&self.dest))?;
+        fs::rename(&self.tmp, &self.dest).map_err(CheckpointError::io(&self.dest))?;
         let parent = self.dest.parent().unwrap_or(Path::new("."));
         File::open(parent)
             .and_then(|d| d.sync_all())
-            .map_err(io(parent))?;
+            .map_err(CheckpointError::io(parent))?;
         self.committed = true;
         remove_abandoned(parent);
         Ok(self.dest.clone())
@@ -230,7 +225,7 @@ pub fn rotate(folder: &Path, limit: usize) -> Result<(), CheckpointError> {
     let all = numbered_checkpoints(folder);
     let excess = all.len().saturating_sub(limit);
     for (_, dir) in all.into_iter().take(excess) {
-        fs::remove_dir_all(&dir).map_err(io(&dir))?;
+        fs::remove_dir_all(&dir).map_err(CheckpointError::io(&dir))?;
     }
     Ok(())
 }

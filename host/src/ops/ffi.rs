@@ -5,19 +5,6 @@ use torch_sys::C_tensor;
 
 extern "C" {
     pub fn hearth_free_error(error: *mut c_char);
-    pub fn hearth_fused_adamw(
-        params: *const *mut C_tensor,
-        grads: *const *mut C_tensor,
-        exp_avgs: *const *mut C_tensor,
-        exp_avg_sqs: *const *mut C_tensor,
-        steps: *const *mut C_tensor,
-        n: usize,
-        lr: f64,
-        beta1: f64,
-        beta2: f64,
-        weight_decay: f64,
-        eps: f64,
-    ) -> *mut c_char;
     pub fn hearth_fused_adam(
         params: *const *mut C_tensor,
         grads: *const *mut C_tensor,
@@ -30,6 +17,7 @@ extern "C" {
         beta2: f64,
         weight_decay: f64,
         eps: f64,
+        decoupled: bool,
     ) -> *mut c_char;
     pub fn hearth_fused_sgd(
         params: *const *mut C_tensor,

@@ -72,6 +72,28 @@ pub struct AdamHyper {
     pub decoupled: bool,
 }
 
+impl AdamHyper {
+    /// `torch.optim.AdamW(lr=lr)`: betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
+    pub fn adamw(lr: f64) -> Self {
+        Self {
+            lr,
+            betas: (0.9, 0.999),
+            weight_decay: 0.01,
+            eps: 1e-8,
+            decoupled: true,
+        }
+    }
+
+    /// `torch.optim.Adam(lr=lr)`: betas (0.9, 0.999), eps 1e-8, no weight decay.
+    pub fn adam(lr: f64) -> Self {
+        Self {
+            weight_decay: 0.0,
+            decoupled: false,
+            ..Self::adamw(lr)
+        }
+    }
+}
+
 /// SGD hyper-parameters for one fused step.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SgdHyper {
@@ -119,12 +141,7 @@ pub fn fused_adam(
     );
     // SAFETY: every handle points at a live at::Tensor borrowed for the call.
     check(unsafe {
-        let kernel = if hyper.decoupled {
-            ffi::hearth_fused_adamw
-        } else {
-            ffi::hearth_fused_adam
-        };
-        kernel(
+        ffi::hearth_fused_adam(
             p.as_ptr(),
             g.as_ptr(),
             m.as_ptr(),
@@ -136,6 +153,7 @@ pub fn fused_adam(
             hyper.betas.1,
             hyper.weight_decay,
             hyper.eps,
+            hyper.decoupled,
         )
     })
 }

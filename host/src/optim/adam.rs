@@ -2,8 +2,8 @@
 //! and `torch.optim.AdamW(fused=True)`.
 
 use super::{
-    all_params, apply_groups, group_states, resolve, restore, set_group_lrs, zero_grads, Group,
-    IntoParamGroups, Optimizer, OptimizerState,
+    all_params, apply_groups, empty_slots, fill_slots, group_states, resolve, restore,
+    set_group_lrs, zero_grads, Group, IntoParamGroups, Optimizer, OptimizerState,
 };
 use crate::ops::{self, AdamHyper};
 use tch::{Kind, TchError, Tensor};
@@ -28,10 +28,7 @@ impl Adam {
     /// An Adam/AdamW over `groups` (a `Vec<Tensor>` is one group).
     pub fn new(groups: impl IntoParamGroups, hyper: AdamHyper) -> Self {
         let groups = resolve(groups, hyper.lr, hyper.weight_decay);
-        let state = groups
-            .iter()
-            .map(|g| g.params.iter().map(|_| None).collect())
-            .collect();
+        let state = empty_slots(&groups);
         Self {
             groups,
             hyper,
@@ -125,12 +122,7 @@ impl Optimizer for Adam {
                 }
             });
         }
-        let mut it = restored.into_iter();
-        for slots in &mut self.state {
-            for slot in slots.iter_mut() {
-                *slot = it.next().expect("one per parameter");
-            }
-        }
+        fill_slots(&mut self.state, restored);
         Ok(())
     }
 }

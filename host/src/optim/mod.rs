@@ -215,6 +215,22 @@ fn all_params(groups: &[Group]) -> Vec<Tensor> {
         .collect()
 }
 
+/// One empty state slot per parameter, group by group.
+fn empty_slots<T>(groups: &[Group]) -> Vec<Vec<Option<T>>> {
+    groups
+        .iter()
+        .map(|g| g.params.iter().map(|_| None).collect())
+        .collect()
+}
+
+/// Puts `restored` (one entry per parameter, across groups) into `slots`.
+fn fill_slots<T>(slots: &mut [Vec<Option<T>>], restored: Vec<Option<T>>) {
+    let mut it = restored.into_iter();
+    for slot in slots.iter_mut().flatten() {
+        *slot = it.next().expect("one per parameter");
+    }
+}
+
 fn zero_grads(groups: &mut [Group]) {
     let params = all_params(groups);
     crate::ops::clear_grads(&params).expect("dropping gradients cannot fail");

@@ -2,8 +2,8 @@
 //! `torch.optim.SGD(fused=True)`.
 
 use super::{
-    all_params, apply_groups, group_states, resolve, restore, set_group_lrs, zero_grads, Group,
-    IntoParamGroups, Optimizer, OptimizerState,
+    all_params, apply_groups, empty_slots, fill_slots, group_states, resolve, restore,
+    set_group_lrs, zero_grads, Group, IntoParamGroups, Optimizer, OptimizerState,
 };
 use crate::ops::{self, SgdHyper};
 use tch::{TchError, Tensor};
@@ -21,10 +21,7 @@ impl Sgd {
     /// An SGD over `groups` (a `Vec<Tensor>` is one group).
     pub fn new(groups: impl IntoParamGroups, hyper: SgdHyper) -> Self {
         let groups = resolve(groups, hyper.lr, hyper.weight_decay);
-        let buffers = groups
-            .iter()
-            .map(|g| g.params.iter().map(|_| None).collect())
-            .collect();
+        let buffers = empty_slots(&groups);
         Self {
             groups,
             hyper,
@@ -102,12 +99,7 @@ impl Optimizer for Sgd {
         for (i, p) in params.iter().enumerate() {
             restored.push(restore(&mut saved, i, "momentum_buffer", p, true)?);
         }
-        let mut it = restored.into_iter();
-        for slots in &mut self.buffers {
-            for slot in slots.iter_mut() {
-                *slot = it.next().expect("one per parameter");
-            }
-        }
+        fill_slots(&mut self.buffers, restored);
         Ok(())
     }
 }
