@@ -669,3 +669,34 @@ fn a_group_mixing_dtypes_steps_like_separate_groups() {
     assert!(a.equal(&c) && b.equal(&d));
     assert!(f64::try_from(a.get(0)).unwrap() < 1.0);
 }
+
+#[test]
+fn clip_grad_value_clamps_the_unscaled_gradients_at_the_sync_step_only() {
+    let mut acc = Accelerator::builder()
+        .cpu(true)
+        .mixed_precision(MixedPrecision::Fp16)
+        .cpu_loss_scaling(true)
+        .gradient_accumulation_steps(2)
+        .build()
+        .unwrap();
+    let p = Tensor::zeros([2], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let mut opt = acc
+        .prepare(Sgd::new(vec![p.shallow_clone()], sgd(1.0, 0.0)))
+        .unwrap();
+    let mut grads = Vec::new();
+    for _ in 0..2 {
+        acc.accumulate(|| {
+            let weights = Tensor::from_slice(&[3.0f32, -0.25]);
+            acc.backward(&(&p * weights).sum(Kind::Float)).unwrap();
+            acc.clip_grad_value_(&mut opt, 1.0).unwrap();
+            grads.push(Vec::<f32>::try_from(p.grad()).unwrap());
+            opt.step().unwrap();
+            opt.zero_grad();
+        });
+    }
+    // Off-sync: untouched, still scaled (65536 × 3 / 2 accumulation steps).
+    assert_eq!(grads[0], vec![98304.0, -8192.0]);
+    // At the sync step: unscaled (3, -0.25 summed over two halves) then clamped.
+    assert_eq!(grads[1], vec![1.0, -0.25]);
+    assert_eq!(Vec::<f32>::try_from(&p).unwrap(), vec![-1.0, 0.25]);
+}

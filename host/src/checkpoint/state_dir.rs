@@ -229,3 +229,36 @@ pub fn rotate(folder: &Path, limit: usize) -> Result<(), CheckpointError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_commit_removes_temporaries_of_dead_writers_only() {
+        let dir = std::env::temp_dir().join(format!("hearth-abandoned-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        // pid 1 is alive; a pid above the kernel's limit never is.
+        let alive = dir.join(".checkpoint_3.tmp-1");
+        let dead = dir.join(".checkpoint_4.tmp-4999999");
+        fs::create_dir(&alive).unwrap();
+        fs::create_dir(&dead).unwrap();
+        let staged = StagedCheckpoint::begin(&dir.join("checkpoint_5")).unwrap();
+        let done = staged.commit().unwrap();
+        assert!(verify_complete(&done).is_ok());
+        assert!(alive.exists() && !dead.exists());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_staged_checkpoint_dropped_before_commit_leaves_nothing() {
+        let dir = std::env::temp_dir().join(format!("hearth-dropped-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let mut staged = StagedCheckpoint::begin(&dir.join("checkpoint_0")).unwrap();
+        staged.bytes("a.bin", b"abc").unwrap();
+        drop(staged);
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 0);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -453,3 +453,34 @@ impl<S: BatchSource> Iterator for Batches<'_, S> {
         Some(current)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn collate_stacks_tensors_pairs_and_lists_field_by_field() {
+        let t = |v: &[f32]| Tensor::from_slice(v);
+        let stacked = Tensor::collate(vec![t(&[1.0, 2.0]), t(&[3.0, 4.0])]);
+        assert_eq!(stacked.size(), [2, 2]);
+        let (a, b) =
+            <(Tensor, Tensor)>::collate(vec![(t(&[1.0]), t(&[2.0])), (t(&[3.0]), t(&[4.0]))]);
+        assert_eq!(
+            Vec::<f32>::try_from(a.flatten(0, -1)).unwrap(),
+            vec![1.0, 3.0]
+        );
+        assert_eq!(
+            Vec::<f32>::try_from(b.flatten(0, -1)).unwrap(),
+            vec![2.0, 4.0]
+        );
+        let cols = Vec::<Tensor>::collate(vec![
+            vec![t(&[1.0]), t(&[5.0, 6.0])],
+            vec![t(&[2.0]), t(&[7.0, 8.0])],
+        ]);
+        assert_eq!(cols[0].size(), [2, 1]);
+        assert_eq!(
+            Vec::<f32>::try_from(cols[1].flatten(0, -1)).unwrap(),
+            vec![5.0, 6.0, 7.0, 8.0]
+        );
+    }
+}
