@@ -56,16 +56,26 @@ pub struct FileReport {
 /// every safetensors file's header and data, every JSON file's syntax.
 /// Returns what it found, file by file.
 pub fn verify_checkpoint(dir: &Path) -> Result<Vec<FileReport>, CheckpointError> {
+    describe_checkpoint(dir, true)
+}
+
+/// What a complete checkpoint folder holds, file by file: its manifest and
+/// sizes checked, the safetensors headers read, and with `read_data` every
+/// tensor's bytes and every JSON file too (see [`verify_checkpoint`]).
+pub fn describe_checkpoint(
+    dir: &Path,
+    read_data: bool,
+) -> Result<Vec<FileReport>, CheckpointError> {
     let manifest = verify_complete(dir)?;
     let mut reports = Vec::new();
     for f in manifest.files {
         let path: PathBuf = dir.join(&f.name);
         let tensors = if f.name.ends_with(".safetensors") {
-            tensor_infos(&path, true)?
+            tensor_infos(&path, read_data)?
         } else {
             Vec::new()
         };
-        if f.name.ends_with(".json") {
+        if read_data && f.name.ends_with(".json") {
             let text = std::fs::read(&path).map_err(CheckpointError::io(&path))?;
             serde_json::from_slice::<serde_json::Value>(&text).map_err(|e| {
                 CheckpointError::Format {

@@ -9,7 +9,9 @@ mod model_files;
 mod safetensors_io;
 mod state_dir;
 
-pub use describe::{is_checkpoint_dir, tensor_infos, verify_checkpoint, FileReport, TensorInfo};
+pub use describe::{
+    describe_checkpoint, is_checkpoint_dir, tensor_infos, verify_checkpoint, FileReport, TensorInfo,
+};
 pub use model_files::{
     load_checkpoint_in_model, parse_size, plan_shards, save_model, LoadReport, SavedModel,
     ShardIndex, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,

@@ -1,7 +1,9 @@
 //! `hearth checkpoint inspect|verify PATH`.
 
 use super::Failure;
-use crate::checkpoint::{is_checkpoint_dir, tensor_infos, verify_checkpoint, TensorInfo};
+use crate::checkpoint::{
+    describe_checkpoint, is_checkpoint_dir, tensor_infos, verify_checkpoint, TensorInfo,
+};
 use clap::{Args, Subcommand};
 use std::path::{Path, PathBuf};
 
@@ -37,29 +39,22 @@ fn print_tensors(tensors: &[TensorInfo]) {
     }
 }
 
-/// Which kinds of state the files of a checkpoint hold.
+/// Which kinds of state the files of a checkpoint hold (one file per
+/// object: `model_1.safetensors`, `optimizer.safetensors`, `scheduler.bin`…).
 fn kinds(names: &[String]) -> String {
-    let count = |stem: &str| {
-        names
-            .iter()
-            .filter(|n| {
-                n.starts_with(stem)
-                    && (n.ends_with(".safetensors") || n.ends_with(".json") || n.ends_with(".bin"))
-            })
-            .filter(|n| !(stem == "optimizer" && n.ends_with(".json")))
-            .filter(|n| !(stem == "scheduler" && n.ends_with(".json")))
-            .count()
-    };
     let mut parts = Vec::new();
-    for (stem, what) in [
-        ("model", "models"),
-        ("optimizer", "optimizers"),
-        ("scheduler", "schedulers"),
-        ("dataloader", "data loaders"),
-        ("random_states_", "random states"),
-        ("custom_checkpoint_", "custom objects"),
+    for (stem, ext, what) in [
+        ("model", ".safetensors", "models"),
+        ("optimizer", ".safetensors", "optimizers"),
+        ("scheduler", ".bin", "schedulers"),
+        ("dataloader", ".json", "data loaders"),
+        ("random_states_", ".safetensors", "random states"),
+        ("custom_checkpoint_", ".bin", "custom objects"),
     ] {
-        let n = count(stem);
+        let n = names
+            .iter()
+            .filter(|n| n.starts_with(stem) && n.ends_with(ext))
+            .count();
         if n > 0 {
             parts.push(format!("{n} {what}"));
         }
@@ -82,7 +77,7 @@ fn inspect(path: &Path) -> Result<(), Failure> {
         print_tensors(&tensors);
         return Ok(());
     }
-    let files = verify_checkpoint(path).map_err(Failure::failed)?;
+    let files = describe_checkpoint(path, false).map_err(Failure::failed)?;
     let names: Vec<String> = files.iter().map(|f| f.name.clone()).collect();
     println!(
         "{}: complete checkpoint — {}",
