@@ -2,9 +2,12 @@
 //!
 //! A tracker implements [`Tracker`] and exports itself with
 //! [`export_tracker!`]; a learning-rate schedule implements [`Scheduler`]
-//! and [`export_scheduler!`]; build it with `cargo build --target wasm32-wasip2`
-//! (crate type `cdylib`) and put the `.wasm` beside a `plugin.toml`. The
-//! tracker's logging folder is `/logs`; nothing else is reachable.
+//! and [`export_scheduler!`]; a checkpoint hook implements
+//! [`CheckpointHook`] and [`export_checkpoint_hook!`]. Build it with
+//! `cargo build --target wasm32-wasip2` (crate type `cdylib`) and put the
+//! `.wasm` beside a `plugin.toml`. The tracker's logging folder is `/logs`,
+//! a checkpoint hook's the checkpoint folder at `/checkpoint`; nothing else
+//! is reachable.
 //!
 //! A complete tracker that appends every logged value to `/logs/values.txt`:
 //!
@@ -63,8 +66,25 @@ pub mod bindings {
             with: { "hearth:plugin/log@0.1.0": crate::bindings::tracker::hearth::plugin::log },
         });
     }
+
+    /// The `checkpoint-plugin` world (its `log` and `types` are the tracker's).
+    #[allow(missing_docs)]
+    pub mod checkpoint {
+        wit_bindgen::generate!({
+            path: "../wit",
+            world: "hearth:plugin/checkpoint-plugin",
+            pub_export_macro: true,
+            export_macro_name: "__export_checkpoint_world",
+            default_bindings_module: "hearth_guest::bindings::checkpoint",
+            with: {
+                "hearth:plugin/log@0.1.0": crate::bindings::tracker::hearth::plugin::log,
+                "hearth:plugin/types@0.1.0": crate::bindings::tracker::hearth::plugin::types,
+            },
+        });
+    }
 }
 
+pub mod checkpoint;
 pub mod files;
 
 pub use bindings::tracker::hearth::plugin::types::{RunInfo, Value};

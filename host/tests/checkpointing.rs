@@ -399,3 +399,15 @@ fn a_failed_background_write_is_reported_by_the_next_call_and_loses_nothing() {
     assert_eq!(left, ["checkpoint_0"], "no temporary folder either");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn trackers_log_into_the_project_folder_unless_a_logging_dir_is_given() {
+    let mut project = ProjectConfiguration {
+        project_dir: "runs/a".into(),
+        ..Default::default()
+    };
+    assert_eq!(project.logging_dir(), Path::new("runs/a"));
+    project.logging_dir = Some("logs/a".into());
+    assert_eq!(project.logging_dir(), Path::new("logs/a"));
+    assert_eq!(project.checkpoints_dir(), Path::new("runs/a/checkpoints"));
+}

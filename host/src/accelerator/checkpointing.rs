@@ -10,16 +10,24 @@
 //! (CPU and CUDA generators), `custom_checkpoint_<i>.bin` for objects given
 //! to `register_for_checkpointing`, `trainer_state.json` and, written last,
 //! `hearth_checkpoint.json` (the manifest that marks it complete).
+//!
+//! Checkpoint hooks (Wasm plugins, [`Accelerator::register_checkpoint_hook`])
+//! run inside that transaction: `save` before the host writes (a hook may
+//! write files and claim model tensors it saved itself), `seal` after every
+//! file is written and before the commit, `load` before anything is
+//! restored. A hook that fails abandons the save or the load.
 
 use super::scheduler::SharedScheduler;
 use super::{lock, Accelerator, RngState};
 use crate::checkpoint::{
     load_checkpoint_in_model, load_safetensors, newest_complete, rotate, verify_complete,
-    CheckpointError, StagedCheckpoint,
+    CheckpointError, StagedCheckpoint, TensorKey,
 };
 use crate::data::{LoaderHandle, LoaderState};
 use crate::optim::{GroupState, OptimizerState};
+use crate::plugins::{CheckpointHookPlugin, Entries, HookCheckpoint};
 use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use tch::{Device, Tensor};
@@ -29,6 +37,8 @@ use tch::{Device, Tensor};
 pub struct ProjectConfiguration {
     /// The project folder.
     pub project_dir: PathBuf,
+    /// Where trackers log (default: `project_dir`).
+    pub logging_dir: Option<PathBuf>,
     /// `save_state()` without a folder writes
     /// `project_dir/checkpoints/checkpoint_<iteration>`.
     pub automatic_checkpoint_naming: bool,
@@ -45,6 +55,12 @@ impl ProjectConfiguration {
     /// The folder of numbered checkpoints.
     pub fn checkpoints_dir(&self) -> PathBuf {
         self.project_dir.join("checkpoints")
+    }
+
+    /// Where trackers log: `logging_dir`, else the project folder (as
+    /// Accelerate's `ProjectConfiguration.set_directories`).
+    pub fn logging_dir(&self) -> &Path {
+        self.logging_dir.as_deref().unwrap_or(&self.project_dir)
     }
 }
 
@@ -92,13 +108,104 @@ enum Part {
     Json(String, serde_json::Value),
 }
 
-fn write_parts(mut staged: StagedCheckpoint, parts: Vec<Part>) -> Result<PathBuf, CheckpointError> {
-    for part in parts {
+/// Everything one checkpoint holds, owned (see [`Accelerator::snapshot`]).
+struct Snapshot {
+    /// Each prepared model's tensors, by name.
+    models: Vec<Vec<(String, Tensor)>>,
+    /// Every other file.
+    parts: Vec<Part>,
+}
+
+impl Snapshot {
+    /// The models' tensors keyed for checkpoint hooks.
+    fn keyed(&self) -> Vec<(TensorKey, Tensor)> {
+        keyed(&self.models)
+    }
+}
+
+fn keyed(models: &[Vec<(String, Tensor)>]) -> Vec<(TensorKey, Tensor)> {
+    models
+        .iter()
+        .enumerate()
+        .flat_map(|(i, named)| {
+            named.iter().map(move |(name, t)| {
+                let key = TensorKey {
+                    model: i as u32,
+                    name: name.clone(),
+                };
+                (key, t.shallow_clone())
+            })
+        })
+        .collect()
+}
+
+fn hook_failed(
+    path: &Path,
+    hook: &CheckpointHookPlugin,
+    outcome: &'static str,
+    source: crate::plugins::PluginError,
+) -> CheckpointError {
+    CheckpointError::Hook {
+        path: path.into(),
+        hook: hook.name().into(),
+        outcome,
+        source: Box::new(source),
+    }
+}
+
+/// Runs the hooks' `save`, writes what they did not claim, runs their
+/// `seal` and commits. Any failure drops `staged`, which removes it.
+fn write_checkpoint(
+    mut staged: StagedCheckpoint,
+    snapshot: Snapshot,
+    hooks: &[Arc<CheckpointHookPlugin>],
+    context: &HookCheckpoint,
+) -> Result<PathBuf, CheckpointError> {
+    const NOT_SAVED: &str = "saved (the previous checkpoint is untouched)";
+    let dest = staged.destination().to_path_buf();
+    let keyed = snapshot.keyed();
+    let mut claimed_by: BTreeMap<TensorKey, &str> = BTreeMap::new();
+    let mut active = Vec::with_capacity(hooks.len());
+    for hook in hooks {
+        let save = hook
+            .save(staged.folder(), context, &keyed)
+            .map_err(|e| hook_failed(&dest, hook, NOT_SAVED, e))?;
+        for key in save.claimed() {
+            if let Some(first) = claimed_by.insert(key.clone(), hook.name()) {
+                return Err(state_err(
+                    &dest,
+                    format!(
+                        "checkpoint hooks `{first}` and `{}` both claimed tensor {key}; configure them to save different tensors",
+                        hook.name()
+                    ),
+                ));
+            }
+        }
+        staged.record_hook(hook.name(), save.claimed().to_vec());
+        active.push((hook, save));
+    }
+    for (i, model) in snapshot.models.into_iter().enumerate() {
+        let kept: Vec<(String, Tensor)> = model
+            .into_iter()
+            .filter(|(name, _)| {
+                !claimed_by.contains_key(&TensorKey {
+                    model: i as u32,
+                    name: name.clone(),
+                })
+            })
+            .collect();
+        staged.tensors(&numbered("model", i, "safetensors"), &kept)?;
+    }
+    for part in snapshot.parts {
         match part {
             Part::Tensors(name, tensors) => staged.tensors(&name, &tensors)?,
             Part::Bytes(name, bytes) => staged.bytes(&name, &bytes)?,
             Part::Json(name, value) => staged.json(&name, &value)?,
         }
+    }
+    for (hook, save) in active {
+        save.seal()
+            .map_err(|e| hook_failed(&dest, hook, NOT_SAVED, e))?;
     }
     staged.commit()
 }
@@ -110,6 +217,9 @@ pub(super) struct Registered {
     pub schedulers: Vec<SharedScheduler>,
     pub loaders: Vec<LoaderHandle>,
     pub custom: Vec<Arc<Mutex<dyn Checkpointable>>>,
+    pub hooks: Vec<Arc<CheckpointHookPlugin>>,
+    /// The run's configuration (from `init_trackers`), for hooks.
+    pub config: Entries,
 }
 
 fn numbered(stem: &str, i: usize, ext: &str) -> String {
@@ -136,6 +246,14 @@ impl Accelerator {
     /// Saves `object` with every checkpoint, after what `prepare` registered.
     pub fn register_for_checkpointing(&mut self, object: Arc<Mutex<dyn Checkpointable>>) {
         self.registered.custom.push(object);
+    }
+
+    /// Runs `hook` around every later `save_state` and `load_state`, after
+    /// the hooks registered before it (Accelerate's
+    /// `register_save_state_pre_hook` and `register_load_state_pre_hook`,
+    /// as one sandboxed plugin).
+    pub fn register_checkpoint_hook(&mut self, hook: CheckpointHookPlugin) {
+        self.registered.hooks.push(Arc::new(hook));
     }
 
     /// The project configuration.
@@ -174,7 +292,9 @@ impl Accelerator {
             }
         };
         let staged = StagedCheckpoint::begin(&dest)?;
-        let parts = self.snapshot(&dest, self.project.async_save)?;
+        let snapshot = self.snapshot(&dest, self.project.async_save)?;
+        let context = self.hook_context(&dest, self.project.iteration);
+        let hooks = self.registered.hooks.clone();
         self.project.iteration += 1;
         let rotation = (automatic && self.project.total_limit.is_some()).then(|| {
             (
@@ -183,7 +303,7 @@ impl Accelerator {
             )
         });
         let write = move || -> Result<PathBuf, CheckpointError> {
-            let saved = write_parts(staged, parts)?;
+            let saved = write_checkpoint(staged, snapshot, &hooks, &context)?;
             if let Some((folder, limit)) = rotation {
                 rotate(&folder, limit)?;
             }
@@ -216,10 +336,23 @@ impl Accelerator {
         }
     }
 
+    /// What checkpoint hooks are told about the checkpoint in `dir`.
+    fn hook_context(&self, dir: &Path, iteration: u64) -> HookCheckpoint {
+        HookCheckpoint {
+            name: dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            iteration,
+            step: self.micro_steps.load(std::sync::atomic::Ordering::Relaxed),
+            config: self.registered.config.clone(),
+        }
+    }
+
     /// Everything a checkpoint holds, as owned data. With `copy`, tensors
     /// are copied even when already on the CPU, so training can go on
     /// changing them while a background thread writes.
-    fn snapshot(&self, dest: &Path, copy: bool) -> Result<Vec<Part>, CheckpointError> {
+    fn snapshot(&self, dest: &Path, copy: bool) -> Result<Snapshot, CheckpointError> {
         let own = |t: &Tensor| {
             let cpu = t.detach().to_device(Device::Cpu);
             if copy && t.device() == Device::Cpu {
@@ -233,13 +366,8 @@ impl Accelerator {
         };
         let json =
             |v: serde_json::Result<serde_json::Value>| v.expect("checkpoint JSON serialises");
+        let models = self.registered.models.iter().map(|m| owned(m)).collect();
         let mut parts = Vec::new();
-        for (i, model) in self.registered.models.iter().enumerate() {
-            parts.push(Part::Tensors(
-                numbered("model", i, "safetensors"),
-                owned(model),
-            ));
-        }
         for (i, opt) in self.optimizers.iter().enumerate() {
             let state = lock(opt).inner.state_dict();
             parts.push(Part::Tensors(
@@ -314,7 +442,7 @@ impl Accelerator {
             "trainer_state.json".into(),
             json(serde_json::to_value(trainer)),
         ));
-        Ok(parts)
+        Ok(Snapshot { models, parts })
     }
 
     /// Restores a checkpoint written by [`save_state`](Self::save_state)
@@ -334,11 +462,32 @@ impl Accelerator {
                     .ok_or(CheckpointError::NotFound(folder))?
             }
         };
-        verify_complete(&dir)?;
+        let manifest = verify_complete(&dir)?;
         let trainer: TrainerState = read_json(&dir.join("trainer_state.json"))?;
-        // Models first: their load checks everything before writing.
+        // Hooks first: they may refuse the checkpoint before anything is restored.
+        let restored = self.run_load_hooks(&dir, &manifest, &trainer)?;
+        // Then models: their load checks everything before writing.
         for (i, model) in self.registered.models.iter().enumerate() {
-            load_checkpoint_in_model(model, &dir.join(numbered("model", i, "safetensors")), true)?;
+            let from_file: Vec<(String, Tensor)> = model
+                .iter()
+                .filter(|(name, _)| {
+                    !restored.contains_key(&TensorKey {
+                        model: i as u32,
+                        name: name.clone(),
+                    })
+                })
+                .map(|(n, t)| (n.clone(), t.shallow_clone()))
+                .collect();
+            let path = dir.join(numbered("model", i, "safetensors"));
+            load_checkpoint_in_model(&from_file, &path, true)?;
+        }
+        for (key, source) in &restored {
+            let (_, target) = self.registered.models[key.model as usize]
+                .iter()
+                .find(|(name, _)| *name == key.name)
+                .expect("hooks restore only tensors the model has");
+            let mut target = target.shallow_clone();
+            tch::no_grad(|| target.copy_(source));
         }
         for (i, opt) in self.optimizers.iter().enumerate() {
             let path = dir.join(numbered("optimizer", i, "safetensors"));
@@ -401,6 +550,49 @@ impl Accelerator {
             .set_accumulation_position(trainer.accumulation_position);
         self.project.iteration = trainer.iteration + 1;
         Ok(dir)
+    }
+
+    /// Calls every registered hook's `load` on `dir`; returns the tensors
+    /// they restored. A tensor a hook saved at save time needs that hook now.
+    fn run_load_hooks(
+        &self,
+        dir: &Path,
+        manifest: &crate::checkpoint::Manifest,
+        trainer: &TrainerState,
+    ) -> Result<HashMap<TensorKey, Tensor>, CheckpointError> {
+        const NOT_LOADED: &str = "loaded (nothing was restored)";
+        let hooks = &self.registered.hooks;
+        for record in &manifest.hooks {
+            let registered = hooks.iter().any(|h| h.name() == record.name);
+            if let (false, Some(first)) = (registered, record.claimed.first()) {
+                return Err(state_err(
+                    dir,
+                    format!(
+                        "checkpoint hook `{}` saved {} tensor(s) itself (e.g. {first}); register that hook to load this checkpoint",
+                        record.name,
+                        record.claimed.len()
+                    ),
+                ));
+            }
+        }
+        let keyed = keyed(&self.registered.models);
+        let context = HookCheckpoint {
+            step: trainer.step,
+            ..self.hook_context(dir, trainer.iteration)
+        };
+        let mut restored = HashMap::new();
+        for hook in hooks {
+            let claimed: &[TensorKey] = manifest
+                .hooks
+                .iter()
+                .find(|r| r.name == hook.name())
+                .map_or(&[], |r| &r.claimed);
+            let tensors = hook
+                .load(dir, &context, &keyed, claimed)
+                .map_err(|e| hook_failed(dir, hook, NOT_LOADED, e))?;
+            restored.extend(tensors);
+        }
+        Ok(restored)
     }
 
     pub(super) fn remember_model(&mut self, params: Vec<(String, Tensor)>) {

@@ -444,6 +444,8 @@ impl Accelerator {
         trackers: Vec<TrackerPlugin>,
         config: Entries,
     ) {
+        // Checkpoint hooks are told the run's configuration too.
+        self.registered.config = config.clone();
         if !self.is_main_process() || trackers.is_empty() {
             return;
         }

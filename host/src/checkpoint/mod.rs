@@ -16,8 +16,9 @@ pub use model_files::{
     load_checkpoint_in_model, parse_size, plan_shards, save_model, LoadReport, SavedModel,
     ShardIndex, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,
 };
+pub(crate) use safetensors_io::{dtype_of, tensor_bytes};
 pub use safetensors_io::{load_safetensors, save_safetensors, CheckpointError};
 pub use state_dir::{
-    newest_complete, numbered_checkpoints, rotate, verify_complete, Manifest, ManifestFile,
-    StagedCheckpoint, MANIFEST_NAME,
+    newest_complete, numbered_checkpoints, rotate, verify_complete, HookRecord, Manifest,
+    ManifestFile, StagedCheckpoint, TensorKey, MANIFEST_NAME,
 };

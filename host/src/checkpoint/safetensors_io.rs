@@ -69,6 +69,19 @@ pub enum CheckpointError {
         /// What does not fit, and what to do.
         message: String,
     },
+    /// A checkpoint hook failed: the save was abandoned or the load refused.
+    #[error("checkpoint {path}: hook `{hook}` failed, so it was not {outcome}")]
+    Hook {
+        /// The checkpoint.
+        path: PathBuf,
+        /// The hook plugin's name.
+        hook: String,
+        /// What did not happen.
+        outcome: &'static str,
+        /// What the hook did.
+        #[source]
+        source: Box<crate::plugins::PluginError>,
+    },
     /// A tensor has a dtype safetensors cannot store.
     #[error("tensor `{name}` has dtype {kind:?}, which hearth cannot store in safetensors")]
     Dtype {
@@ -89,7 +102,7 @@ impl CheckpointError {
     }
 }
 
-fn dtype_of(kind: Kind) -> Option<Dtype> {
+pub(crate) fn dtype_of(kind: Kind) -> Option<Dtype> {
     Some(match kind {
         Kind::Float => Dtype::F32,
         Kind::Double => Dtype::F64,
@@ -105,7 +118,7 @@ fn dtype_of(kind: Kind) -> Option<Dtype> {
     })
 }
 
-pub(super) fn kind_of(dtype: Dtype) -> Option<Kind> {
+pub(crate) fn kind_of(dtype: Dtype) -> Option<Kind> {
     Some(match dtype {
         Dtype::F32 => Kind::Float,
         Dtype::F64 => Kind::Double,
@@ -119,6 +132,22 @@ pub(super) fn kind_of(dtype: Dtype) -> Option<Kind> {
         Dtype::BOOL => Kind::Bool,
         _ => return None,
     })
+}
+
+/// The bytes of `tensor` (little-endian, row-major). It must be a
+/// contiguous CPU tensor; anything else is a bug in the caller.
+pub(crate) fn tensor_bytes(tensor: &Tensor) -> &[u8] {
+    assert!(
+        tensor.device() == Device::Cpu && tensor.is_contiguous(),
+        "tensor_bytes needs a contiguous CPU tensor"
+    );
+    let len = tensor.numel() * tensor.kind().elt_size_in_bytes();
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: the tensor is contiguous, on the CPU, and outlives the
+    // borrow; `len` is numel * element size.
+    unsafe { std::slice::from_raw_parts(tensor.data_ptr() as *const u8, len) }
 }
 
 /// A contiguous CPU copy of a tensor, viewed as bytes.
@@ -141,14 +170,7 @@ impl View for &ShapedView<'_> {
         &self.shape
     }
     fn data(&self) -> Cow<'_, [u8]> {
-        if self.len == 0 {
-            return Cow::Borrowed(&[]);
-        }
-        // SAFETY: the tensor is contiguous, on the CPU, and lives as long as
-        // `self`; `len` is numel * element size.
-        Cow::Borrowed(unsafe {
-            std::slice::from_raw_parts(self.inner.tensor.data_ptr() as *const u8, self.len)
-        })
+        Cow::Borrowed(tensor_bytes(&self.inner.tensor))
     }
     fn data_len(&self) -> usize {
         self.len

@@ -21,8 +21,39 @@ pub const MANIFEST_NAME: &str = "hearth_checkpoint.json";
 pub struct Manifest {
     /// Layout version (1).
     pub version: u32,
-    /// Every file of the checkpoint with its size in bytes.
+    /// Every file of the checkpoint with its size in bytes (files that
+    /// checkpoint hooks wrote included).
     pub files: Vec<ManifestFile>,
+    /// The checkpoint hooks that ran, in order, and the tensors each saved
+    /// itself (left out of the model files; loading needs that hook).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hooks: Vec<HookRecord>,
+}
+
+/// One tensor of one prepared model: the model's index (0 is
+/// `model.safetensors`, 1 `model_1.safetensors`, …) and the tensor's name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TensorKey {
+    /// The prepared model.
+    pub model: u32,
+    /// The tensor's name in its state dict.
+    pub name: String,
+}
+
+impl std::fmt::Display for TensorKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "`{}` of model {}", self.name, self.model)
+    }
+}
+
+/// A checkpoint hook that ran for a checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HookRecord {
+    /// The plugin's name.
+    pub name: String,
+    /// The tensors it saved itself.
+    #[serde(default)]
+    pub claimed: Vec<TensorKey>,
 }
 
 /// One file of a checkpoint.
@@ -40,6 +71,7 @@ pub struct StagedCheckpoint {
     tmp: PathBuf,
     dest: PathBuf,
     files: Vec<ManifestFile>,
+    hooks: Vec<HookRecord>,
     committed: bool,
 }
 
@@ -67,6 +99,7 @@ impl StagedCheckpoint {
             tmp,
             dest: dest.into(),
             files: Vec::new(),
+            hooks: Vec::new(),
             committed: false,
         })
     }
@@ -106,11 +139,77 @@ impl StagedCheckpoint {
         self.bytes(name, &text)
     }
 
+    /// The temporary folder being written (what a checkpoint hook sees).
+    pub fn folder(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// The checkpoint it will become.
+    pub fn destination(&self) -> &Path {
+        &self.dest
+    }
+
+    /// Records that checkpoint hook `name` ran and saved `claimed` itself.
+    pub fn record_hook(&mut self, name: &str, claimed: Vec<TensorKey>) {
+        self.hooks.push(HookRecord {
+            name: name.into(),
+            claimed,
+        });
+    }
+
+    /// Fsyncs and records the files that others (checkpoint hooks) wrote
+    /// into the folder. Anything but files and folders — a symbolic link —
+    /// fails the save: host tools would follow it out of the checkpoint.
+    fn adopt_others(&mut self) -> Result<(), CheckpointError> {
+        let known: std::collections::HashSet<String> =
+            self.files.iter().map(|f| f.name.clone()).collect();
+        let mut pending = vec![(self.tmp.clone(), String::new())];
+        let mut found = Vec::new();
+        while let Some((dir, prefix)) = pending.pop() {
+            let mut entries: Vec<_> = fs::read_dir(&dir)
+                .map_err(CheckpointError::io(&dir))?
+                .collect::<Result<_, _>>()
+                .map_err(CheckpointError::io(&dir))?;
+            entries.sort_by_key(|e| e.file_name());
+            for entry in entries {
+                let path = entry.path();
+                let name = format!("{prefix}{}", entry.file_name().to_string_lossy());
+                let kind = entry.file_type().map_err(CheckpointError::io(&path))?;
+                if kind.is_dir() {
+                    pending.push((path, format!("{name}/")));
+                } else if kind.is_file() {
+                    if !known.contains(&name) {
+                        File::open(&path)
+                            .and_then(|f| f.sync_all())
+                            .map_err(CheckpointError::io(&path))?;
+                        found.push(name);
+                    }
+                } else {
+                    return Err(CheckpointError::State {
+                        path,
+                        message: "a checkpoint hook left something that is not a file or folder (a symbolic link?); checkpoints hold files and folders only".into(),
+                    });
+                }
+            }
+            if dir != self.tmp {
+                File::open(&dir)
+                    .and_then(|d| d.sync_all())
+                    .map_err(CheckpointError::io(&dir))?;
+            }
+        }
+        for name in found {
+            self.record(&name)?;
+        }
+        Ok(())
+    }
+
     /// Writes the manifest and renames the folder into place; returns it.
     pub fn commit(mut self) -> Result<PathBuf, CheckpointError> {
+        self.adopt_others()?;
         let manifest = Manifest {
             version: 1,
             files: std::mem::take(&mut self.files),
+            hooks: std::mem::take(&mut self.hooks),
         };
         let path = self.tmp.join(MANIFEST_NAME);
         let text = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
@@ -248,6 +347,38 @@ mod tests {
         let done = staged.commit().unwrap();
         assert!(verify_complete(&done).is_ok());
         assert!(alive.exists() && !dead.exists());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_commit_records_files_others_wrote_and_refuses_links() {
+        let dir = std::env::temp_dir().join(format!("hearth-adopt-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let mut staged = StagedCheckpoint::begin(&dir.join("checkpoint_0")).unwrap();
+        staged.bytes("own.bin", b"abc").unwrap();
+        fs::create_dir(staged.folder().join("extra")).unwrap();
+        fs::write(staged.folder().join("extra/hook.txt"), "12345").unwrap();
+        staged.record_hook("h", vec![]);
+        let done = staged.commit().unwrap();
+        let manifest = verify_complete(&done).unwrap();
+        let files: Vec<(&str, u64)> = manifest
+            .files
+            .iter()
+            .map(|f| (f.name.as_str(), f.size))
+            .collect();
+        assert_eq!(files, [("own.bin", 3), ("extra/hook.txt", 5)]);
+        assert_eq!(manifest.hooks[0].name, "h");
+        fs::remove_file(done.join("extra/hook.txt")).unwrap();
+        assert!(
+            verify_complete(&done).is_err(),
+            "a hook's file is checked too"
+        );
+
+        let staged = StagedCheckpoint::begin(&dir.join("checkpoint_1")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", staged.folder().join("passwd")).unwrap();
+        let err = staged.commit().unwrap_err().to_string();
+        assert!(err.contains("symbolic link"), "{err}");
+        assert!(!dir.join("checkpoint_1").exists());
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -2,7 +2,8 @@
 
 use super::Failure;
 use crate::checkpoint::{
-    describe_checkpoint, is_checkpoint_dir, tensor_infos, verify_checkpoint, TensorInfo,
+    describe_checkpoint, is_checkpoint_dir, tensor_infos, verify_checkpoint, verify_complete,
+    TensorInfo,
 };
 use clap::{Args, Subcommand};
 use std::path::{Path, PathBuf};
@@ -87,6 +88,21 @@ fn inspect(path: &Path) -> Result<(), Failure> {
     for f in &files {
         println!("  {} ({} bytes)", f.name, f.size);
         print_tensors(&f.tensors);
+    }
+    let manifest = verify_complete(path).map_err(Failure::failed)?;
+    for hook in &manifest.hooks {
+        match hook.claimed.len() {
+            0 => println!("checkpoint hook {}", hook.name),
+            n => println!(
+                "checkpoint hook {} saved {n} tensor(s) itself (loading needs it): {}",
+                hook.name,
+                hook.claimed
+                    .iter()
+                    .map(|k| k.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
     }
     if let Ok(text) = std::fs::read_to_string(path.join("trainer_state.json")) {
         println!(

@@ -104,6 +104,9 @@ fn describe(m: &Manifest) -> String {
     out += &format!("  component:   {}\n", m.component_path().display());
     let fs = match (m.kind, m.permissions.logging_dir) {
         (crate::plugins::PluginKind::Tracker, true) => "its logging folder, read-write, at /logs",
+        (crate::plugins::PluginKind::CheckpointHook, _) => {
+            "the checkpoint folder at /checkpoint (read-write while saving, read-only while loading)"
+        }
         _ => "none",
     };
     out += &format!("  permissions: files: {fs}; network: none; environment: none\n");

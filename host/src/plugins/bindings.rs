@@ -26,6 +26,23 @@ pub mod scheduler {
     });
 }
 
+/// The `checkpoint-plugin` world: the hook, and the tensor reader and
+/// writer resources the host hands it.
+#[allow(missing_docs)]
+pub mod checkpoint {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "hearth:plugin/checkpoint-plugin",
+        exports: { default: async },
+        with: {
+            "hearth:plugin/log": super::tracker::hearth::plugin::log,
+            "hearth:plugin/types": super::tracker::hearth::plugin::types,
+            "hearth:plugin/tensors.tensor-reader": crate::plugins::checkpoint_hook::TensorReader,
+            "hearth:plugin/tensors.tensor-writer": crate::plugins::checkpoint_hook::TensorWriter,
+        },
+    });
+}
+
 pub use tracker::hearth::plugin::types::{RunInfo, Value};
 use tracker::hearth::plugin::{log, types};
 

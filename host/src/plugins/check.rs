@@ -3,7 +3,9 @@
 use super::bindings::scheduler::SchedulerPlugin as SchedulerBindings;
 use super::runtime::Prepared;
 use super::sandbox::PluginState;
-use super::{load_tracker, ComponentReport, Manifest, PluginError, PluginKind};
+use super::{
+    load_checkpoint_hook, load_tracker, ComponentReport, Manifest, PluginError, PluginKind,
+};
 use wasmtime::component::HasSelf;
 
 /// Compiles the plugin, checks its world and version and, for kinds the
@@ -39,10 +41,10 @@ pub fn check_plugin(manifest: &Manifest) -> Result<ComponentReport, PluginError>
                 .map_err(|e| plugin.refused(e))?;
             plugin.report
         }
+        // Instantiated with no folder (each checkpoint gets a fresh instance).
+        PluginKind::CheckpointHook => load_checkpoint_hook(manifest, "{}")?.report().clone(),
         // No adapter yet: compile and check the world only.
-        PluginKind::CheckpointHook | PluginKind::WrapPolicy => {
-            Prepared::new(manifest, manifest.kind, None, |_| Ok(()))?.report
-        }
+        PluginKind::WrapPolicy => Prepared::new(manifest, manifest.kind, None, |_| Ok(()))?.report,
     };
     Ok(report)
 }

@@ -9,6 +9,7 @@
 mod bindings;
 mod cache;
 mod check;
+mod checkpoint_hook;
 mod engine;
 mod error;
 mod inspect;
@@ -23,6 +24,7 @@ mod tracker;
 pub use bindings::{RunInfo, Value};
 pub use cache::ComponentCache;
 pub use check::check_plugin;
+pub use checkpoint_hook::{load_checkpoint_hook, CheckpointHookPlugin, HookCheckpoint, HookSave};
 pub use engine::PluginEngine;
 pub use error::PluginError;
 pub use inspect::{ComponentReport, WIT_PACKAGE, WIT_VERSION};

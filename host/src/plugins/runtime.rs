@@ -9,7 +9,7 @@
 
 use super::engine::EPOCH_TICK;
 use super::inspect::{check_is_component, check_world, report};
-use super::sandbox::PluginState;
+use super::sandbox::{PluginState, Preopen};
 use super::{ComponentReport, Manifest, PluginEngine, PluginError, PluginKind};
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -101,9 +101,11 @@ impl Prepared {
         &self.manifest.name
     }
 
-    /// A fresh sandboxed store: memory cap, no network, its folder only.
-    pub(crate) fn store(&self) -> wasmtime::Result<Store<PluginState>> {
-        let state = PluginState::new(self.name(), &self.manifest.limits, self.files.as_deref())?;
+    /// A fresh sandboxed store: memory cap, no network, its folder only
+    /// (`files`, else the logging folder it was prepared with).
+    pub(crate) fn store(&self, files: Option<Preopen<'_>>) -> wasmtime::Result<Store<PluginState>> {
+        let files = files.or(self.files.as_deref().map(Preopen::logs));
+        let state = PluginState::new(self.name(), &self.manifest.limits, files)?;
         let mut store = Store::new(PluginEngine::global().engine(), state);
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(self.deadline_ticks());
@@ -162,7 +164,20 @@ impl Prepared {
             &Linker<PluginState>,
         ) -> wasmtime::Result<B>,
     ) -> wasmtime::Result<(Store<PluginState>, B)> {
-        let mut store = self.store()?;
+        self.instantiate_in(None, instantiate)
+    }
+
+    /// [`instantiate`](Self::instantiate) with `files` as its one folder.
+    pub(crate) fn instantiate_in<B>(
+        &self,
+        files: Option<Preopen<'_>>,
+        instantiate: impl AsyncFnOnce(
+            &mut Store<PluginState>,
+            &Component,
+            &Linker<PluginState>,
+        ) -> wasmtime::Result<B>,
+    ) -> wasmtime::Result<(Store<PluginState>, B)> {
+        let mut store = self.store(files)?;
         self.arm(&mut store);
         let bindings = self.run(instantiate(&mut store, &self.component, &self.linker))?;
         Ok((store, bindings))

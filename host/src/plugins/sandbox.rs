@@ -3,8 +3,9 @@
 //! Deny by default: no environment, no arguments, no stdin, no network
 //! (TCP, UDP and name lookup refused), stdout/stderr into the host log, and
 //! a filesystem only where the kind needs one — a tracker's own logging
-//! folder, preopened read-write at `/logs`. Linear memory is capped by
-//! `StoreLimits`; growth past the cap traps.
+//! folder, preopened read-write at `/logs`; a checkpoint hook the checkpoint
+//! folder being written (read-write) or loaded (read-only) at `/checkpoint`.
+//! Linear memory is capped by `StoreLimits`; growth past the cap traps.
 
 use super::stdio::LogStream;
 use super::{Limits, PluginError};
@@ -27,6 +28,39 @@ const MAX_RESOURCES: usize = 256;
 
 /// Where a tracker's logging folder appears inside the sandbox.
 pub const LOGS_GUEST_PATH: &str = "/logs";
+/// Where a checkpoint hook's checkpoint folder appears inside the sandbox.
+pub const CHECKPOINT_GUEST_PATH: &str = "/checkpoint";
+
+/// The one host folder a plugin instance may reach, and how.
+#[derive(Debug, Clone, Copy)]
+pub struct Preopen<'a> {
+    /// The folder on the host.
+    pub host: &'a Path,
+    /// Its path inside the sandbox.
+    pub guest: &'static str,
+    /// Whether the plugin may create, change and remove files there.
+    pub writable: bool,
+}
+
+impl<'a> Preopen<'a> {
+    /// A tracker's logging folder, read-write at `/logs`.
+    pub fn logs(host: &'a Path) -> Self {
+        Self {
+            host,
+            guest: LOGS_GUEST_PATH,
+            writable: true,
+        }
+    }
+
+    /// A checkpoint folder at `/checkpoint`.
+    pub fn checkpoint(host: &'a Path, writable: bool) -> Self {
+        Self {
+            host,
+            guest: CHECKPOINT_GUEST_PATH,
+            writable,
+        }
+    }
+}
 
 /// What one plugin store holds.
 pub struct PluginState {
@@ -37,8 +71,12 @@ pub struct PluginState {
 }
 
 impl PluginState {
-    /// A sandbox for plugin `name`, with `logs` (if any) read-write at `/logs`.
-    pub fn new(name: &str, limits: &Limits, logs: Option<&Path>) -> Result<Self, PluginError> {
+    /// A sandbox for plugin `name` that reaches `files` (if any) and nothing else.
+    pub fn new(
+        name: &str,
+        limits: &Limits,
+        files: Option<Preopen<'_>>,
+    ) -> Result<Self, PluginError> {
         let name: Arc<str> = name.into();
         let mut wasi = WasiCtxBuilder::new();
         wasi.stdout(LogStream::new(name.clone(), "stdout"))
@@ -46,11 +84,16 @@ impl PluginState {
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false);
-        if let Some(dir) = logs {
-            wasi.preopened_dir(dir, LOGS_GUEST_PATH, FsPerms::ReadWrite)
+        if let Some(files) = files {
+            let perms = if files.writable {
+                FsPerms::ReadWrite
+            } else {
+                FsPerms::ReadOnly
+            };
+            wasi.preopened_dir(files.host, files.guest, perms)
                 .map_err(|e| PluginError::Runtime {
                     name: name.to_string(),
-                    message: format!("cannot open its logging folder {}: {e}", dir.display()),
+                    message: format!("cannot open its folder {}: {e}", files.host.display()),
                 })?;
         }
         // The memory cap is per linear memory, so the number of memories,
@@ -78,6 +121,11 @@ impl PluginState {
     /// The plugin's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The host resources handed to this instance.
+    pub(crate) fn table(&mut self) -> &mut ResourceTable {
+        &mut self.table
     }
 }
 

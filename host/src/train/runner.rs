@@ -11,8 +11,8 @@ use crate::models::{Gpt, GptConfig, Mlp, MlpConfig, Model, TorchScriptError, Tor
 use crate::ops::{AdamHyper, SgdHyper};
 use crate::optim::{Adam, Optimizer, Sgd};
 use crate::plugins::{
-    load_scheduler, load_tracker, PluginError, Registry, SchedulerPlugin, SearchPath,
-    TrackerPlugin, Value,
+    load_checkpoint_hook, load_scheduler, load_tracker, CheckpointHookPlugin, PluginError,
+    Registry, SchedulerPlugin, SearchPath, TrackerPlugin, Value,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -200,7 +200,10 @@ fn plugin_registry(
     config: &TrainConfig,
     options: &RunOptions,
 ) -> Result<Option<Registry>, TrainError> {
-    if config.trackers.is_empty() && config.scheduler.is_none() {
+    if config.trackers.is_empty()
+        && config.scheduler.is_none()
+        && config.checkpoint_hooks.is_empty()
+    {
         return Ok(None);
     }
     let project = config
@@ -217,11 +220,11 @@ fn plugin_registry(
 }
 
 /// Finds and loads the config's trackers, each logging into
-/// `run_dir/trackers/<name>`.
+/// `logging_dir/trackers/<name>`.
 fn trackers(
     config: &TrainConfig,
     registry: Option<&Registry>,
-    run_dir: &Path,
+    logging_dir: &Path,
 ) -> Result<Vec<TrackerPlugin>, TrainError> {
     let Some(registry) = registry else {
         return Ok(Vec::new());
@@ -235,8 +238,30 @@ fn trackers(
         .iter()
         .map(|t| {
             let found = registry.find(&t.name).map_err(plugin_err)?;
-            load_tracker(&found.manifest, &run_dir.join("trackers").join(&t.name))
+            load_tracker(&found.manifest, &logging_dir.join("trackers").join(&t.name))
                 .map_err(plugin_err)
+        })
+        .collect()
+}
+
+/// Loads the config's checkpoint hooks with their options, in order.
+fn checkpoint_hooks(
+    config: &TrainConfig,
+    registry: Option<&Registry>,
+) -> Result<Vec<CheckpointHookPlugin>, TrainError> {
+    let Some(registry) = registry else {
+        return Ok(Vec::new());
+    };
+    let plugin_err = |source| TrainError::Plugin {
+        path: config.source.clone(),
+        source,
+    };
+    config
+        .checkpoint_hooks
+        .iter()
+        .map(|h| {
+            let found = registry.find(&h.name).map_err(plugin_err)?;
+            load_checkpoint_hook(&found.manifest, &h.options_json()).map_err(plugin_err)
         })
         .collect()
 }
@@ -343,6 +368,7 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
         .join(&config.run.name);
     builder = builder.project_config(crate::accelerator::ProjectConfiguration {
         project_dir: run_dir.clone(),
+        logging_dir: None,
         automatic_checkpoint_naming: true,
         iteration: 0,
         total_limit: config.run.keep_checkpoints,
@@ -356,7 +382,8 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
 
     let registry = plugin_registry(config, options)?;
     let trackers = if acc.is_main_process() {
-        trackers(config, registry.as_ref(), &run_dir)?
+        let logging_dir = acc.project_configuration().logging_dir().to_path_buf();
+        trackers(config, registry.as_ref(), &logging_dir)?
     } else {
         Vec::new()
     };
@@ -366,6 +393,9 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
         trackers,
         config.entries(),
     );
+    for hook in checkpoint_hooks(config, registry.as_ref())? {
+        acc.register_checkpoint_hook(hook);
+    }
 
     acc.set_seed(seed, false);
     let data = dataset(config)?;

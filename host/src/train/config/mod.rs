@@ -12,6 +12,7 @@
 //! kind = "sort-digits"
 //! ```
 
+mod checkpoint_hooks;
 mod data;
 mod error;
 mod eval;
@@ -21,6 +22,7 @@ mod run;
 mod scheduler;
 mod trackers;
 
+pub use checkpoint_hooks::CheckpointHookSection;
 pub use data::{DataKind, DataSection};
 pub use error::ConfigError;
 pub use eval::EvalSection;
@@ -55,6 +57,9 @@ pub struct TrainConfig {
     /// `[[trackers]]`: experiment tracker plugins.
     #[serde(default)]
     pub trackers: Vec<TrackerSection>,
+    /// `[[checkpoint-hooks]]`: checkpoint hook plugins, in the order they run.
+    #[serde(default)]
+    pub checkpoint_hooks: Vec<CheckpointHookSection>,
     /// The file this config was read from (paths in it are relative to its folder).
     #[serde(skip)]
     pub source: PathBuf,
@@ -96,6 +101,7 @@ impl TrainConfig {
             s.validate(&invalid)?;
         }
         trackers::validate(&self.trackers, &invalid)?;
+        checkpoint_hooks::validate(&self.checkpoint_hooks, &invalid)?;
         Ok(())
     }
 

@@ -1,0 +1,452 @@
+//! The checkpoint-hook adapter: a `checkpoint-plugin` component called
+//! around `save_state` / `load_state`, one fresh instance per checkpoint,
+//! whose only filesystem is that checkpoint's folder.
+//!
+//! Hooks fail closed: a trap, a missed deadline, a memory-cap hit, an `Err`
+//! or a reply that breaks the contract (claiming a tensor the checkpoint
+//! does not have, restoring half a tensor) is a [`PluginError::Runtime`]
+//! naming the hook, and the caller abandons that save or load.
+
+use super::bindings::checkpoint::exports::hearth::plugin::checkpoint_hook::CheckpointInfo;
+use super::bindings::checkpoint::hearth::plugin::tensors::{self as wit, TensorInfo};
+use super::bindings::checkpoint::CheckpointPlugin as Bindings;
+use super::runtime::Prepared;
+use super::sandbox::{PluginState, Preopen};
+use super::stdio::clip;
+use super::{Entries, Manifest, PluginError, PluginKind};
+use crate::checkpoint::{dtype_of, tensor_bytes, TensorKey};
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use tch::{Device, Kind, Tensor};
+use wasmtime::component::{HasSelf, Resource};
+use wasmtime::Store;
+
+/// Longest error message from a hook that is reported.
+const MAX_MESSAGE: usize = 1000;
+/// Most bytes one `read` may return.
+const MAX_READ: u64 = 64 << 20;
+
+impl From<wit::TensorKey> for TensorKey {
+    fn from(k: wit::TensorKey) -> Self {
+        Self {
+            model: k.model,
+            name: k.name,
+        }
+    }
+}
+
+impl From<&TensorKey> for wit::TensorKey {
+    fn from(k: &TensorKey) -> Self {
+        Self {
+            model: k.model,
+            name: k.name.clone(),
+        }
+    }
+}
+
+/// The checkpoint a hook is called for.
+#[derive(Debug, Clone, Default)]
+pub struct HookCheckpoint {
+    /// The folder's name (`checkpoint_12`).
+    pub name: String,
+    /// Its iteration.
+    pub iteration: u64,
+    /// Micro-batches run when it was saved.
+    pub step: u64,
+    /// The run's configuration.
+    pub config: Entries,
+}
+
+/// The host side of `tensor-reader`: the snapshot being saved.
+pub struct TensorReader {
+    tensors: HashMap<TensorKey, Tensor>,
+}
+
+impl TensorReader {
+    fn read(&self, key: TensorKey, offset: u64, length: u64) -> Result<Vec<u8>, String> {
+        let tensor = self
+            .tensors
+            .get(&key)
+            .ok_or_else(|| format!("the checkpoint has no tensor {key}"))?;
+        let bytes = tensor_bytes(tensor);
+        let end = offset.saturating_add(length);
+        if end > bytes.len() as u64 {
+            return Err(format!(
+                "tensor {key} has {} bytes; [{offset}, {end}) is out of range",
+                bytes.len()
+            ));
+        }
+        if length > MAX_READ {
+            return Err(format!(
+                "a read returns at most {MAX_READ} bytes; read {key} in chunks"
+            ));
+        }
+        Ok(bytes[offset as usize..end as usize].to_vec())
+    }
+}
+
+/// What a restored tensor must be.
+struct Expected {
+    kind: Kind,
+    shape: Vec<i64>,
+    bytes: usize,
+}
+
+/// The host side of `tensor-writer`: the tensors a hook restores, collected
+/// until the hook returns.
+pub struct TensorWriter {
+    expected: HashMap<TensorKey, Expected>,
+    written: HashMap<TensorKey, Vec<u8>>,
+}
+
+impl TensorWriter {
+    fn write(&mut self, key: TensorKey, offset: u64, data: Vec<u8>) -> Result<(), String> {
+        let expected = self.expected.get(&key).ok_or_else(|| {
+            format!("tensor {key} was not claimed by this hook when the checkpoint was saved")
+        })?;
+        let buffer = self
+            .written
+            .entry(key.clone())
+            .or_insert_with(|| Vec::with_capacity(expected.bytes));
+        if offset != buffer.len() as u64 {
+            return Err(format!(
+                "write to {key} at offset {offset}, but {} bytes were written so far; write each tensor in order",
+                buffer.len()
+            ));
+        }
+        if buffer.len() + data.len() > expected.bytes {
+            return Err(format!(
+                "tensor {key} has {} bytes ({:?} {:?}); this write would make it {}",
+                expected.bytes,
+                expected.kind,
+                expected.shape,
+                buffer.len() + data.len()
+            ));
+        }
+        buffer.extend_from_slice(&data);
+        Ok(())
+    }
+
+    /// The restored tensors, each complete, or why not.
+    fn finish(mut self) -> Result<Vec<(TensorKey, Tensor)>, String> {
+        let mut keys: Vec<&TensorKey> = self.expected.keys().collect();
+        keys.sort();
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            let expected = &self.expected[key];
+            let bytes = self.written.remove(key).unwrap_or_default();
+            if bytes.len() != expected.bytes {
+                return Err(format!(
+                    "restored {} of the {} bytes of tensor {key}",
+                    bytes.len(),
+                    expected.bytes
+                ));
+            }
+            let tensor = Tensor::from_data_size(&bytes, &expected.shape, expected.kind);
+            out.push((key.clone(), tensor));
+        }
+        Ok(out)
+    }
+}
+
+impl wit::Host for PluginState {}
+
+impl wit::HostTensorReader for PluginState {
+    fn read(
+        &mut self,
+        reader: Resource<TensorReader>,
+        key: wit::TensorKey,
+        offset: u64,
+        length: u64,
+    ) -> Result<Vec<u8>, String> {
+        let reader = self.table().get(&reader).map_err(|e| e.to_string())?;
+        reader.read(key.into(), offset, length)
+    }
+
+    fn drop(&mut self, reader: Resource<TensorReader>) -> wasmtime::Result<()> {
+        self.table().delete(reader)?;
+        Ok(())
+    }
+}
+
+impl wit::HostTensorWriter for PluginState {
+    fn write(
+        &mut self,
+        writer: Resource<TensorWriter>,
+        key: wit::TensorKey,
+        offset: u64,
+        data: Vec<u8>,
+    ) -> Result<(), String> {
+        let writer = self.table().get_mut(&writer).map_err(|e| e.to_string())?;
+        writer.write(key.into(), offset, data)
+    }
+
+    fn drop(&mut self, writer: Resource<TensorWriter>) -> wasmtime::Result<()> {
+        self.table().delete(writer)?;
+        Ok(())
+    }
+}
+
+/// A loaded checkpoint hook with the user's options.
+pub struct CheckpointHookPlugin {
+    plugin: Prepared,
+    options_json: String,
+}
+
+/// Loads the checkpoint hook `manifest` describes, with `options_json` (a
+/// JSON object) as its options. Instantiates it once (with no folder) so
+/// that a component needing what hearth does not grant is refused now.
+pub fn load_checkpoint_hook(
+    manifest: &Manifest,
+    options_json: &str,
+) -> Result<CheckpointHookPlugin, PluginError> {
+    let plugin = Prepared::new(manifest, PluginKind::CheckpointHook, None, |linker| {
+        Bindings::add_to_linker::<PluginState, HasSelf<PluginState>>(linker, |s| s)
+    })?;
+    match serde_json::from_str::<serde_json::Value>(options_json) {
+        Ok(serde_json::Value::Object(_)) => {}
+        _ => {
+            return Err(PluginError::Runtime {
+                name: manifest.name.clone(),
+                message: format!("checkpoint hook options are not a JSON object: {options_json}"),
+            })
+        }
+    }
+    plugin
+        .instantiate(async |s, c, l| Bindings::instantiate_async(s, c, l).await)
+        .map_err(|e| plugin.refused(e))?;
+    Ok(CheckpointHookPlugin {
+        plugin,
+        options_json: options_json.into(),
+    })
+}
+
+fn infos(tensors: &[(TensorKey, Tensor)]) -> Result<Vec<TensorInfo>, String> {
+    tensors
+        .iter()
+        .map(|(key, t)| {
+            let dtype = dtype_of(t.kind()).ok_or_else(|| {
+                format!(
+                    "tensor {key} has dtype {:?}, which safetensors cannot hold",
+                    t.kind()
+                )
+            })?;
+            Ok(TensorInfo {
+                key: key.into(),
+                dtype: format!("{dtype:?}"),
+                shape: t.size().iter().map(|&d| d as u64).collect(),
+            })
+        })
+        .collect()
+}
+
+impl CheckpointHookPlugin {
+    /// The plugin's name.
+    pub fn name(&self) -> &str {
+        self.plugin.name()
+    }
+
+    /// What its component exports and imports.
+    pub(crate) fn report(&self) -> &super::ComponentReport {
+        &self.plugin.report
+    }
+
+    fn fault(&self, what: &str, cause: String) -> PluginError {
+        PluginError::Runtime {
+            name: self.name().into(),
+            message: format!("{what} {cause}"),
+        }
+    }
+
+    fn info(&self, checkpoint: &HookCheckpoint) -> CheckpointInfo {
+        CheckpointInfo {
+            name: checkpoint.name.clone(),
+            iteration: checkpoint.iteration,
+            step: checkpoint.step,
+            options_json: self.options_json.clone(),
+            config: checkpoint.config.clone(),
+        }
+    }
+
+    /// A fresh instance whose one folder is `folder`.
+    fn instance(
+        &self,
+        what: &str,
+        folder: &Path,
+        writable: bool,
+    ) -> Result<(Store<PluginState>, Bindings), PluginError> {
+        self.plugin
+            .instantiate_in(
+                Some(Preopen::checkpoint(folder, writable)),
+                async |s, c, l| Bindings::instantiate_async(s, c, l).await,
+            )
+            .map_err(|e| self.fault(what, self.plugin.describe(&e)))
+    }
+
+    /// Calls `save` with the checkpoint being written in `folder` (the
+    /// staged folder, read-write) and the models' `tensors` (CPU; the
+    /// snapshot being saved). Returns the live call, to be sealed once the
+    /// host has written its files, and the tensors the hook claimed.
+    pub fn save(
+        &self,
+        folder: &Path,
+        checkpoint: &HookCheckpoint,
+        tensors: &[(TensorKey, Tensor)],
+    ) -> Result<HookSave<'_>, PluginError> {
+        let infos =
+            infos(tensors).map_err(|m| self.fault("save", format!("cannot be called: {m}")))?;
+        let (mut store, bindings) = self.instance("save", folder, true)?;
+        let reader = TensorReader {
+            tensors: tensors
+                .iter()
+                .map(|(k, t)| (k.clone(), t.to_device(Device::Cpu).contiguous()))
+                .collect(),
+        };
+        let reader = store
+            .data_mut()
+            .table()
+            .push(reader)
+            .map_err(|e| self.fault("save", format!("failed: {e}")))?;
+        let info = self.info(checkpoint);
+        let hook = bindings.hearth_plugin_checkpoint_hook();
+        let borrowed = Resource::<TensorReader>::new_borrow(reader.rep());
+        self.plugin.arm(&mut store);
+        let result = self
+            .plugin
+            .run(hook.call_save(&mut store, &info, &infos, borrowed));
+        let claimed = match result {
+            Ok(Ok(claimed)) => claimed,
+            Ok(Err(message)) => {
+                return Err(self.fault(
+                    "save",
+                    format!("returned an error: {}", clip(&message, MAX_MESSAGE)),
+                ))
+            }
+            Err(trap) => return Err(self.fault("save", self.plugin.describe(&trap))),
+        };
+        // The snapshot is no longer needed by the hook.
+        let _ = store.data_mut().table().delete(reader);
+        let known: BTreeSet<&TensorKey> = tensors.iter().map(|(k, _)| k).collect();
+        let mut unique = BTreeSet::new();
+        for key in claimed.into_iter().map(TensorKey::from) {
+            if !known.contains(&key) {
+                return Err(self.fault(
+                    "save",
+                    format!("claimed tensor {key}, which the checkpoint does not have"),
+                ));
+            }
+            unique.insert(key);
+        }
+        Ok(HookSave {
+            hook: self,
+            store,
+            bindings,
+            info,
+            claimed: unique.into_iter().collect(),
+        })
+    }
+
+    /// Calls `load` with the checkpoint in `folder` (read-only), the
+    /// models' `tensors` (what they hold now: names, dtypes, shapes) and the
+    /// tensors this hook `claimed` when the checkpoint was saved. Returns
+    /// each claimed tensor, restored whole, in the model's dtype and shape.
+    pub fn load(
+        &self,
+        folder: &Path,
+        checkpoint: &HookCheckpoint,
+        tensors: &[(TensorKey, Tensor)],
+        claimed: &[TensorKey],
+    ) -> Result<Vec<(TensorKey, Tensor)>, PluginError> {
+        let infos =
+            infos(tensors).map_err(|m| self.fault("load", format!("cannot be called: {m}")))?;
+        let by_key: HashMap<&TensorKey, &Tensor> = tensors.iter().map(|(k, t)| (k, t)).collect();
+        let mut expected = HashMap::new();
+        for key in claimed {
+            let tensor = by_key.get(key).ok_or_else(|| {
+                self.fault(
+                    "load",
+                    format!("cannot restore tensor {key}: the checkpoint says this hook saved it, but the model has no such tensor"),
+                )
+            })?;
+            expected.insert(
+                key.clone(),
+                Expected {
+                    kind: tensor.kind(),
+                    shape: tensor.size(),
+                    bytes: tensor.numel() * tensor.kind().elt_size_in_bytes(),
+                },
+            );
+        }
+        let (mut store, bindings) = self.instance("load", folder, false)?;
+        let writer = TensorWriter {
+            expected,
+            written: HashMap::new(),
+        };
+        let writer = store
+            .data_mut()
+            .table()
+            .push(writer)
+            .map_err(|e| self.fault("load", format!("failed: {e}")))?;
+        let info = self.info(checkpoint);
+        let wit_claimed: Vec<wit::TensorKey> = claimed.iter().map(Into::into).collect();
+        let hook = bindings.hearth_plugin_checkpoint_hook();
+        let borrowed = Resource::<TensorWriter>::new_borrow(writer.rep());
+        self.plugin.arm(&mut store);
+        let result =
+            self.plugin
+                .run(hook.call_load(&mut store, &info, &infos, &wit_claimed, borrowed));
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(message)) => {
+                return Err(self.fault(
+                    "load",
+                    format!("returned an error: {}", clip(&message, MAX_MESSAGE)),
+                ))
+            }
+            Err(trap) => return Err(self.fault("load", self.plugin.describe(&trap))),
+        }
+        let writer = store
+            .data_mut()
+            .table()
+            .delete(writer)
+            .map_err(|e| self.fault("load", format!("failed: {e}")))?;
+        writer.finish().map_err(|m| self.fault("load", m))
+    }
+}
+
+/// A hook's instance between `save` and `seal`.
+pub struct HookSave<'a> {
+    hook: &'a CheckpointHookPlugin,
+    store: Store<PluginState>,
+    bindings: Bindings,
+    info: CheckpointInfo,
+    claimed: Vec<TensorKey>,
+}
+
+impl HookSave<'_> {
+    /// The plugin's name.
+    pub fn name(&self) -> &str {
+        self.hook.name()
+    }
+
+    /// The tensors the hook saved itself, sorted.
+    pub fn claimed(&self) -> &[TensorKey] {
+        &self.claimed
+    }
+
+    /// Calls `seal`: every file of the checkpoint is written, the commit
+    /// comes next.
+    pub fn seal(mut self) -> Result<(), PluginError> {
+        let plugin = &self.hook.plugin;
+        let hook = self.bindings.hearth_plugin_checkpoint_hook();
+        plugin.arm(&mut self.store);
+        match plugin.run(hook.call_seal(&mut self.store, &self.info)) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(message)) => Err(self.hook.fault(
+                "seal",
+                format!("returned an error: {}", clip(&message, MAX_MESSAGE)),
+            )),
+            Err(trap) => Err(self.hook.fault("seal", plugin.describe(&trap))),
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! `[[checkpoint-hooks]]`: checkpoint hook plugins, run in order around
+//! every checkpoint the run saves or loads. `name` picks the plugin; every
+//! other key is its option, handed to it as JSON.
+//!
+//! ```toml
+//! [[checkpoint-hooks]]
+//! name = "manifest-sha256"
+//! [[checkpoint-hooks]]
+//! name = "reduced-precision"
+//! dtype = "bf16"
+//! tensors = ["*.weight"]
+//! ```
+
+use super::{ConfigError, Invalid};
+use serde::Deserialize;
+
+/// One `[[checkpoint-hooks]]` entry.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CheckpointHookSection {
+    /// The plugin's name (`hearth plugins list` shows what is installed).
+    pub name: String,
+    /// The plugin's options: the rest of the table.
+    #[serde(flatten)]
+    pub options: toml::Table,
+}
+
+impl CheckpointHookSection {
+    /// The options as a JSON object, as the checkpoint world takes them.
+    pub fn options_json(&self) -> String {
+        serde_json::to_string(&self.options).expect("TOML values serialize to JSON")
+    }
+}
+
+pub(super) fn validate(
+    hooks: &[CheckpointHookSection],
+    invalid: &Invalid,
+) -> Result<(), ConfigError> {
+    for (i, h) in hooks.iter().enumerate() {
+        if h.name.is_empty() {
+            return Err(invalid(
+                &format!("checkpoint-hooks[{i}].name"),
+                "must name a checkpoint hook plugin".into(),
+            ));
+        }
+        if hooks[..i].iter().any(|o| o.name == h.name) {
+            return Err(invalid(
+                &format!("checkpoint-hooks[{i}].name"),
+                format!("lists checkpoint hook `{}` twice", h.name),
+            ));
+        }
+    }
+    Ok(())
+}
