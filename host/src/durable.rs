@@ -13,7 +13,8 @@ pub fn write_atomically(
     write: impl FnOnce(&mut File) -> io::Result<()>,
 ) -> io::Result<()> {
     replace_atomically(path, |tmp| {
-        let mut file = File::create(tmp)?;
+        // create_new: never through a link someone planted under the name.
+        let mut file = File::options().write(true).create_new(true).open(tmp)?;
         write(&mut file)?;
         file.flush()
     })
@@ -39,6 +40,11 @@ pub fn replace_atomically(
         std::process::id()
     ));
     let result = (|| {
+        // Whatever is there (a link left by someone else) goes, not its target.
+        match fs::remove_file(&tmp) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
         write(&tmp)?;
         File::open(&tmp)?.sync_all()?;
         fs::rename(&tmp, path)?;
@@ -71,5 +77,23 @@ mod tests {
             1,
             "no temporary file left behind"
         );
+    }
+
+    #[test]
+    fn a_link_planted_under_the_temporary_name_is_not_followed() {
+        let dir = std::env::temp_dir().join(format!("hearth-atomic-link-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let victim = dir.join("victim.bin");
+        fs::write(&victim, b"keep me").unwrap();
+        let tmp = dir.join(format!(".f.bin.tmp-{}", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+        write_atomically(&dir.join("f.bin"), |f| f.write_all(b"new")).unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"keep me");
+        assert_eq!(fs::read(dir.join("f.bin")).unwrap(), b"new");
+        std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+        replace_atomically(&dir.join("g.bin"), |t| fs::write(t, b"new")).unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"keep me");
+        fs::remove_dir_all(&dir).unwrap();
     }
 }

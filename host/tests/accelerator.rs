@@ -700,3 +700,29 @@ fn clip_grad_value_clamps_the_unscaled_gradients_at_the_sync_step_only() {
     assert_eq!(grads[1], vec![1.0, -0.25]);
     assert_eq!(Vec::<f32>::try_from(&p).unwrap(), vec![-1.0, 0.25]);
 }
+
+#[test]
+fn save_writes_from_the_main_process_only() {
+    let dir = std::env::temp_dir().join(format!("hearth-acc-save-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let tensors = vec![(
+        "w".to_string(),
+        Tensor::arange(6, (Kind::Float, Device::Cpu)).view([2, 3]),
+    )];
+    for rank in [1, 0] {
+        let acc = Accelerator::builder()
+            .cpu(true)
+            .process_group(Box::new(FakeWorld { rank, n: 2 }))
+            .build()
+            .unwrap();
+        let path = dir.join("extra.safetensors");
+        assert_eq!(acc.save(&tensors, &path).unwrap(), rank == 0);
+        assert_eq!(path.exists(), rank == 0, "rank {rank}");
+    }
+    let back =
+        hearth::checkpoint::load_safetensors(&dir.join("extra.safetensors"), Device::Cpu).unwrap();
+    assert_eq!(back[0].0, "w");
+    assert!(back[0].1.equal(&tensors[0].1));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -241,6 +241,16 @@ fn a_failing_hook_abandons_the_save_names_itself_and_leaves_the_previous_checkpo
             "memory cap of 32 MiB",
         ),
         ("claim-unknown", "", "claimed tensor `no.such.tensor`"),
+        (
+            "save-squat",
+            "",
+            "left `model.safetensors`, a name hearth writes itself",
+        ),
+        (
+            "seal-clobber",
+            "",
+            "changed or removed `trainer_state.json`",
+        ),
     ];
     for (behaviour, limits, expected) in cases {
         let project = dir.join(behaviour);

@@ -108,6 +108,15 @@ enum Part {
     Json(String, serde_json::Value),
 }
 
+impl Part {
+    /// The file's name.
+    fn name(&self) -> &str {
+        match self {
+            Part::Tensors(name, _) | Part::Bytes(name, _) | Part::Json(name, _) => name,
+        }
+    }
+}
+
 /// Everything one checkpoint holds, owned (see [`Accelerator::snapshot`]).
 struct Snapshot {
     /// Each prepared model's tensors, by name.
@@ -164,12 +173,27 @@ fn write_checkpoint(
     const NOT_SAVED: &str = "saved (the previous checkpoint is untouched)";
     let dest = staged.destination().to_path_buf();
     let keyed = snapshot.keyed();
+    // What hearth will write: no hook may leave anything under these names.
+    let reserved: Vec<String> = (0..snapshot.models.len())
+        .map(|i| numbered("model", i, "safetensors"))
+        .chain(snapshot.parts.iter().map(|p| p.name().to_string()))
+        .collect();
+    let misbehaved = |hook: &CheckpointHookPlugin, what: &str, message: String| {
+        let source = crate::plugins::PluginError::Runtime {
+            name: hook.name().into(),
+            message: format!("{what} {message}"),
+        };
+        hook_failed(&dest, hook, NOT_SAVED, source)
+    };
     let mut claimed_by: BTreeMap<TensorKey, &str> = BTreeMap::new();
     let mut active = Vec::with_capacity(hooks.len());
     for hook in hooks {
         let save = hook
             .save(staged.folder(), context, &keyed)
             .map_err(|e| hook_failed(&dest, hook, NOT_SAVED, e))?;
+        staged
+            .check_foreign(&reserved)
+            .map_err(|m| misbehaved(hook, "save", m))?;
         for key in save.claimed() {
             if let Some(first) = claimed_by.insert(key.clone(), hook.name()) {
                 return Err(state_err(
@@ -206,6 +230,9 @@ fn write_checkpoint(
     for (hook, save) in active {
         save.seal()
             .map_err(|e| hook_failed(&dest, hook, NOT_SAVED, e))?;
+        staged
+            .check_foreign(&[])
+            .map_err(|m| misbehaved(hook, "seal", m))?;
     }
     staged.commit()
 }

@@ -399,6 +399,22 @@ impl Accelerator {
         crate::checkpoint::save_model(dir, &self.get_state_dict(model), max_shard_size).map(Some)
     }
 
+    /// Writes `tensors` to `path` (safetensors with `{"format": "pt"}`,
+    /// atomically) on the main process only (Accelerate's
+    /// `accelerator.save(obj, f)` with safe serialization); other processes
+    /// write nothing and return `false`.
+    pub fn save(
+        &self,
+        tensors: &[(String, Tensor)],
+        path: &std::path::Path,
+    ) -> Result<bool, crate::checkpoint::CheckpointError> {
+        if !self.is_main_process() {
+            return Ok(false);
+        }
+        crate::checkpoint::save_safetensors(path, tensors)?;
+        Ok(true)
+    }
+
     /// Drops `objects` (prepared models, optimizers…) and releases cached
     /// GPU memory (`free_memory`); forgets prepared optimizers no one holds.
     pub fn free_memory<T>(&mut self, objects: T) -> Result<(), TchError> {

@@ -157,6 +157,48 @@ impl StagedCheckpoint {
         });
     }
 
+    /// Checks what others (the checkpoint hook that just ran) left in the
+    /// folder: files and folders only (a link could make hearth write
+    /// through it), nothing under a name hearth writes itself (`reserved`,
+    /// the manifest, hidden temporaries), and every file hearth already
+    /// wrote still there with its size. Says what is wrong.
+    pub fn check_foreign(&self, reserved: &[String]) -> Result<(), String> {
+        let mut pending = vec![(self.tmp.clone(), String::new())];
+        while let Some((dir, prefix)) = pending.pop() {
+            let entries = fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            for entry in entries {
+                let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
+                let name = format!("{prefix}{}", entry.file_name().to_string_lossy());
+                let kind = entry.file_type().map_err(|e| format!("{name}: {e}"))?;
+                if kind.is_dir() {
+                    pending.push((entry.path(), format!("{name}/")));
+                } else if !kind.is_file() {
+                    return Err(format!(
+                        "left `{name}`, which is not a file or folder (a symbolic link?); checkpoints hold files and folders only"
+                    ));
+                }
+                let hearths = name == MANIFEST_NAME
+                    || (prefix.is_empty() && name.starts_with('.'))
+                    || reserved.contains(&name);
+                if hearths {
+                    return Err(format!("left `{name}`, a name hearth writes itself"));
+                }
+            }
+        }
+        for f in &self.files {
+            match fs::symlink_metadata(self.tmp.join(&f.name)) {
+                Ok(m) if m.is_file() && m.len() == f.size => {}
+                _ => {
+                    return Err(format!(
+                        "changed or removed `{}`, which hearth wrote",
+                        f.name
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Fsyncs and records the files that others (checkpoint hooks) wrote
     /// into the folder. Anything but files and folders — a symbolic link —
     /// fails the save: host tools would follow it out of the checkpoint.
@@ -376,6 +418,11 @@ mod tests {
 
         let staged = StagedCheckpoint::begin(&dir.join("checkpoint_1")).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", staged.folder().join("passwd")).unwrap();
+        let why = staged.check_foreign(&[]).unwrap_err();
+        assert!(
+            why.contains("`passwd`") && why.contains("symbolic link"),
+            "{why}"
+        );
         let err = staged.commit().unwrap_err().to_string();
         assert!(err.contains("symbolic link"), "{err}");
         assert!(!dir.join("checkpoint_1").exists());

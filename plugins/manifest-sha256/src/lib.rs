@@ -4,6 +4,9 @@
 //! sha256 of every file. Before a load it hashes every file again and
 //! refuses the checkpoint if a file changed, disappeared or appeared.
 //!
+//! List it after the other hooks: files a later hook writes in its own
+//! `seal` are not in the manifest, so every load would refuse them.
+//!
 //! Options: `{"allow-missing": true}` accepts checkpoints saved without this
 //! hook (no manifest); by default they are refused.
 

@@ -1,6 +1,8 @@
 //! A checkpoint hook that misbehaves as its option `do` says, to show the
 //! host fails closed and keeps it in its folder:
 //! `save-err`, `save-trap` (after writing a file), `seal-spin`, `save-hog`,
+//! `save-squat` (takes the name `model.safetensors`), `seal-clobber`
+//! (rewrites a file hearth wrote),
 //! `claim-unknown`, `claim-first` (claims the first tensor, saves nothing,
 //! restores it as zeros), `load-err`, `load-partial`, `load-unclaimed`,
 //! `escape` (tries to leave its folder; records what happened in
@@ -69,6 +71,10 @@ impl CheckpointHook for BadHook {
                     std::hint::black_box(&hoard);
                 }
             }
+            "save-squat" => {
+                std::fs::create_dir("/checkpoint/model.safetensors").map_err(|e| e.to_string())?;
+                Ok(Vec::new())
+            }
             "claim-unknown" => Ok(vec![TensorKey {
                 model: 0,
                 name: "no.such.tensor".into(),
@@ -86,6 +92,9 @@ impl CheckpointHook for BadHook {
     }
 
     fn seal(&mut self, checkpoint: &CheckpointInfo) -> Result<(), String> {
+        if action(&checkpoint.options_json) == "seal-clobber" {
+            std::fs::write("/checkpoint/trainer_state.json", "{}").map_err(|e| e.to_string())?;
+        }
         if action(&checkpoint.options_json) == "seal-spin" {
             let mut n = 1u64;
             loop {
