@@ -2,7 +2,8 @@
 //! the model of Accelerate's peer script (60 × Linear(2048, 2048): 252 M
 //! parameters, ~1 GB of fp32 weights and ~2 GB of AdamW state) on the CPU,
 //! after one AdamW step. Prints one line in the peer's format.
-//! Usage: `save_state OUT_DIR [sync|async]`.
+//! Usage: `save_state OUT_DIR [sync|async] [HOOK]`, HOOK a built-in
+//! checkpoint hook (`manifest-sha256`) to time what it adds.
 
 use hearth::accelerator::{Accelerator, ProjectConfiguration};
 use hearth::ops::AdamHyper;
@@ -20,6 +21,7 @@ fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let out = PathBuf::from(args.next().unwrap_or_else(|| "/tmp/hearth_ckpt".into()));
     let async_save = args.next().as_deref() == Some("async");
+    let hook = args.next();
     let (layers, d) = (60, 2048);
     let vs = nn::VarStore::new(Device::Cpu);
     let mut seq = nn::seq();
@@ -41,6 +43,15 @@ fn main() -> anyhow::Result<()> {
     let hyper = AdamHyper::adamw(1e-3);
     let opt = Adam::new(vs.trainable_variables(), hyper);
     let (_vs, mut opt) = acc.prepare((vs, opt))?;
+    if let Some(name) = &hook {
+        let registry =
+            hearth::plugins::Registry::discover(&hearth::plugins::SearchPath::standard(&[], None))?;
+        let found = registry.find(name)?;
+        acc.register_checkpoint_hook(hearth::plugins::load_checkpoint_hook(
+            &found.manifest,
+            "{}",
+        )?);
+    }
     let loss = seq
         .forward(&Tensor::randn([4, d], (Kind::Float, Device::Cpu)))
         .sum(Kind::Float);
@@ -67,7 +78,8 @@ fn main() -> anyhow::Result<()> {
     acc.load_state(Some(&out))?;
     let load = t.elapsed().as_secs_f64();
     println!(
-        "hearth save_state params={:.0}M bytes={:.2}GB save={save:.2}s ({:.2} GB/s) returned={returned:.2}s load={load:.2}s files={files:?}",
+        "hearth save_state{} params={:.0}M bytes={:.2}GB save={save:.2}s ({:.2} GB/s) returned={returned:.2}s load={load:.2}s files={files:?}",
+        hook.map(|h| format!(" hook={h}")).unwrap_or_default(),
         params as f64 / 1e6,
         size as f64 / 1e9,
         size as f64 / save / 1e9,
