@@ -726,3 +726,15 @@ fn save_writes_from_the_main_process_only() {
     assert!(back[0].1.equal(&tensors[0].1));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_model_in_a_world_of_two_is_refused_until_gradients_are_averaged() {
+    let mut acc = Accelerator::builder()
+        .cpu(true)
+        .process_group(Box::new(FakeWorld { rank: 0, n: 2 }))
+        .build()
+        .unwrap();
+    let vs = tch::nn::VarStore::new(Device::Cpu);
+    let err = acc.prepare(vs).err().unwrap().to_string();
+    assert!(err.contains("2 processes") && err.contains("DDP"), "{err}");
+}

@@ -1,7 +1,7 @@
 //! `AcceleratorBuilder`: the options an `Accelerator` is created with.
 
 use super::Accelerator;
-use crate::dist::{ProcessGroup, SingleProcess};
+use crate::dist::ProcessGroup;
 use crate::precision::{GradScalerConfig, MixedPrecision};
 use tch::Device;
 
@@ -30,6 +30,7 @@ pub struct AcceleratorBuilder {
     cpu: Option<bool>,
     device: Option<Device>,
     group: Option<Box<dyn ProcessGroup>>,
+    timeout: Option<std::time::Duration>,
     mixed_precision: Option<MixedPrecision>,
     gradient_accumulation_steps: Option<usize>,
     split_batches: bool,
@@ -55,6 +56,9 @@ pub enum BuildError {
     /// `gradient_accumulation_steps(0)`.
     #[error("gradient_accumulation_steps must be at least 1")]
     ZeroAccumulation,
+    /// The process group could not be joined.
+    #[error("cannot join the process group")]
+    Dist(#[from] crate::dist::DistError),
 }
 
 fn env_var<T>(
@@ -90,9 +94,17 @@ impl AcceleratorBuilder {
         self
     }
 
-    /// Runs in this process group (default: a world of one).
+    /// Runs in this process group (default: the one this process was
+    /// started in, see [`crate::dist::from_environment`]).
     pub fn process_group(mut self, group: Box<dyn ProcessGroup>) -> Self {
         self.group = Some(group);
+        self
+    }
+
+    /// How long a collective waits before it fails (default 30 minutes,
+    /// as `InitProcessGroupKwargs`).
+    pub fn timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.timeout = Some(timeout);
         self
     }
 
@@ -168,7 +180,12 @@ impl AcceleratorBuilder {
             Some(c) => c,
             None => env_var("HEARTH_USE_CPU", parse_bool)?.unwrap_or(false),
         };
-        let group = self.group.unwrap_or_else(|| Box::new(SingleProcess));
+        let group = match self.group {
+            Some(group) => group,
+            None => {
+                crate::dist::from_environment(self.timeout.unwrap_or(crate::dist::DEFAULT_TIMEOUT))?
+            }
+        };
         let device = match self.device {
             Some(device) => device,
             None if cpu => Device::Cpu,

@@ -9,7 +9,7 @@ use super::{
     TrackerHub,
 };
 use crate::data::Shard;
-use crate::dist::ProcessGroup;
+use crate::dist::{DistError, ProcessGroup, ReduceOp};
 use crate::models::Model;
 use crate::ops::{self, AutocastGuard};
 use crate::optim::Optimizer;
@@ -423,17 +423,76 @@ impl Accelerator {
         ops::empty_device_cache()
     }
 
-    /// Gathers `tensor` from every process along dimension 0 (a world of
-    /// one returns it as it is).
-    pub fn gather(&self, tensor: &Tensor) -> Tensor {
-        tensor.shallow_clone()
+    /// Every process's `tensor` concatenated along dimension 0 in rank
+    /// order (Accelerate's `gather`; a scalar counts as one row). The first
+    /// dimension may differ between processes.
+    pub fn gather(&self, tensor: &Tensor) -> Result<Tensor, DistError> {
+        let rows = if tensor.dim() == 0 {
+            tensor.view([1])
+        } else {
+            tensor.shallow_clone()
+        };
+        self.group.all_gather(&rows)
     }
 
-    /// Gathers evaluation outputs from every process and drops the samples
-    /// that even batching duplicated at the end of the data (a world of
-    /// one has none).
-    pub fn gather_for_metrics(&self, tensor: &Tensor) -> Tensor {
+    /// Gathers evaluation outputs from every process (see
+    /// [`gather`](Self::gather)). Not yet: dropping the samples that even
+    /// batching duplicated at the end of a sharded loader.
+    pub fn gather_for_metrics(&self, tensor: &Tensor) -> Result<Tensor, DistError> {
         self.gather(tensor)
+    }
+
+    /// `tensor` combined across processes with `op` (Accelerate's `reduce`:
+    /// sum, mean, max; min too), as a new tensor.
+    pub fn reduce(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
+        let mut out = tensor.detach().copy();
+        self.group.all_reduce(&mut out, op)?;
+        Ok(out)
+    }
+
+    /// Process `from`'s `tensor`, on every process (Accelerate's
+    /// `broadcast`; every process passes a tensor of the same shape).
+    pub fn broadcast(&self, tensor: &Tensor, from: usize) -> Result<Tensor, DistError> {
+        let mut out = tensor.detach().copy();
+        self.group.broadcast(&mut out, from)?;
+        Ok(out)
+    }
+
+    /// Every process's `object`, in rank order (Accelerate's
+    /// `gather_object`), sent as JSON.
+    pub fn gather_object<T: serde::Serialize + serde::de::DeserializeOwned>(
+        &self,
+        object: &T,
+    ) -> Result<Vec<T>, DistError> {
+        let bytes = serde_json::to_vec(object).expect("a Serialize value serialises to JSON");
+        self.group
+            .all_gather_bytes(&bytes)?
+            .iter()
+            .enumerate()
+            .map(|(rank, b)| {
+                serde_json::from_slice(b).map_err(|e| DistError::Mismatch {
+                    op: "gather_object",
+                    rank: self.process_index(),
+                    message: format!("rank {rank} sent another type: {e}"),
+                })
+            })
+            .collect()
+    }
+
+    /// Process `from`'s `object`, on every process (Accelerate's
+    /// `broadcast_object_list`), sent as JSON.
+    pub fn broadcast_object<T: serde::Serialize + serde::de::DeserializeOwned>(
+        &self,
+        object: &T,
+        from: usize,
+    ) -> Result<T, DistError> {
+        let bytes = serde_json::to_vec(object).expect("a Serialize value serialises to JSON");
+        let got = self.group.broadcast_bytes(bytes, from)?;
+        serde_json::from_slice(&got).map_err(|e| DistError::Mismatch {
+            op: "broadcast_object",
+            rank: self.process_index(),
+            message: format!("rank {from} sent another type: {e}"),
+        })
     }
 
     /// Runs `f` on the main process only.
@@ -448,7 +507,9 @@ impl Accelerator {
 
     /// Waits until every process reaches this point (a world of one does
     /// not wait).
-    pub fn wait_for_everyone(&self) {}
+    pub fn wait_for_everyone(&self) -> Result<(), DistError> {
+        self.group.barrier()
+    }
 
     /// Starts `trackers` for this run (Accelerate's `init_trackers`): on the
     /// main process they receive the run's `config` now and every

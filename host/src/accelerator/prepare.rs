@@ -24,6 +24,21 @@ pub enum PrepareError {
         /// The number of processes.
         processes: usize,
     },
+    /// A model prepared in a world of several processes: its gradients
+    /// would not be averaged, so every process would train its own model.
+    #[error("preparing a model in a world of {processes} processes needs gradient averaging (DDP), which hearth does not do yet; run one process (the collectives — reduce, gather, broadcast — already work across processes)")]
+    NoGradientSync {
+        /// The number of processes.
+        processes: usize,
+    },
+}
+
+/// Refuses a model in a world of several processes until DDP exists.
+fn single_process_only(acc: &Accelerator) -> Result<(), PrepareError> {
+    match acc.num_processes() {
+        1 => Ok(()),
+        processes => Err(PrepareError::NoGradientSync { processes }),
+    }
 }
 
 /// Something [`Accelerator::prepare`] can wrap. Preparing what is already
@@ -70,6 +85,7 @@ macro_rules! model {
         impl Prepare for $t {
             type Prepared = PreparedModel<$t>;
             fn prepare_with(self, acc: &mut Accelerator) -> Result<PreparedModel<$t>, PrepareError> {
+                single_process_only(acc)?;
                 let model = PreparedModel::new(self, acc.device(), acc.mixed_precision());
                 acc.remember_model(model.named_parameters());
                 Ok(model)
@@ -84,6 +100,7 @@ model!(Gpt, Mlp, TorchScriptModel, Box<dyn Model>);
 impl Prepare for tch::nn::VarStore {
     type Prepared = tch::nn::VarStore;
     fn prepare_with(mut self, acc: &mut Accelerator) -> Result<Self, PrepareError> {
+        single_process_only(acc)?;
         self.set_device(acc.device());
         acc.remember_model(crate::models::sorted_variables(&self));
         Ok(self)

@@ -1,6 +1,65 @@
-//! The `ProcessGroup` trait every backend implements.
+//! The `ProcessGroup` trait every backend implements: who this process is,
+//! and the collectives (on CPU tensors for MPI, CUDA tensors for NCCL), each
+//! under a timeout.
+
+use std::time::Duration;
+use tch::Tensor;
+
+/// How `all_reduce` combines the processes' values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    /// Element-wise sum.
+    Sum,
+    /// Element-wise mean (the sum divided by the number of processes).
+    Mean,
+    /// Element-wise maximum.
+    Max,
+    /// Element-wise minimum.
+    Min,
+}
+
+/// Why a collective failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DistError {
+    /// A collective did not complete in time: another process stopped or hangs.
+    #[error("{op} did not complete within {timeout:?} on rank {rank} of {world}: another process stopped, hangs or called a different collective; the process group cannot be used any more")]
+    Timeout {
+        /// The collective.
+        op: &'static str,
+        /// The limit.
+        timeout: Duration,
+        /// This process.
+        rank: usize,
+        /// The number of processes.
+        world: usize,
+    },
+    /// The backend cannot do this (a dtype, a device, a world it does not serve).
+    #[error("{op} on the {backend} backend: {message}")]
+    Unsupported {
+        /// The collective.
+        op: &'static str,
+        /// The backend's name.
+        backend: &'static str,
+        /// What is not supported, and what to do.
+        message: String,
+    },
+    /// The processes disagree (a tensor of another shape, dtype or size).
+    #[error("{op} on rank {rank}: {message}")]
+    Mismatch {
+        /// The collective.
+        op: &'static str,
+        /// This process.
+        rank: usize,
+        /// What differs.
+        message: String,
+    },
+}
 
 /// The processes of one training run and this process's place among them.
+///
+/// The collectives have world-of-one defaults (what a single process
+/// computes), and a backend of more processes overrides them; a group that
+/// has more members but no collectives refuses them.
 pub trait ProcessGroup: Send {
     /// Index of this process in the world, `0..num_processes()`.
     fn process_index(&self) -> usize;
@@ -12,4 +71,60 @@ pub trait ProcessGroup: Send {
     fn num_local_processes(&self) -> usize;
     /// A short name of the backend (`"single"`, `"mpi"`, `"nccl"`).
     fn backend(&self) -> &'static str;
+
+    /// Combines `tensor` across processes with `op`, in place.
+    fn all_reduce(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<(), DistError> {
+        let _ = (tensor, op);
+        self.only_one("all_reduce")
+    }
+
+    /// Every process's `tensor` concatenated along dimension 0, in rank
+    /// order; the sizes along dimension 0 may differ between processes,
+    /// the other dimensions may not.
+    fn all_gather(&self, tensor: &Tensor) -> Result<Tensor, DistError> {
+        self.only_one("all_gather")?;
+        Ok(tensor.shallow_clone())
+    }
+
+    /// Overwrites `tensor` with `root`'s.
+    fn broadcast(&self, tensor: &mut Tensor, root: usize) -> Result<(), DistError> {
+        let _ = (tensor, root);
+        self.only_one("broadcast")
+    }
+
+    /// Returns once every process has called it.
+    fn barrier(&self) -> Result<(), DistError> {
+        self.only_one("barrier")
+    }
+
+    /// Every process's `bytes`, in rank order (objects, serialised).
+    fn all_gather_bytes(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, DistError> {
+        self.only_one("all_gather_bytes")?;
+        Ok(vec![bytes.to_vec()])
+    }
+
+    /// `root`'s `bytes`, on every process.
+    fn broadcast_bytes(&self, bytes: Vec<u8>, root: usize) -> Result<Vec<u8>, DistError> {
+        let _ = root;
+        self.only_one("broadcast_bytes")?;
+        Ok(bytes)
+    }
+
+    /// `Ok` in a world of one; a backend of more processes must override
+    /// the collectives.
+    #[doc(hidden)]
+    fn only_one(&self, op: &'static str) -> Result<(), DistError> {
+        if self.num_processes() == 1 {
+            Ok(())
+        } else {
+            Err(DistError::Unsupported {
+                op,
+                backend: self.backend(),
+                message: format!(
+                    "this group of {} processes has no collectives",
+                    self.num_processes()
+                ),
+            })
+        }
+    }
 }

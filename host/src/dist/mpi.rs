@@ -1,0 +1,372 @@
+//! The MPI backend (Open MPI through the `mpi` crate): the CPU data plane
+//! and the multi-node CPU path. Processes started by `mpirun` find their
+//! place from MPI itself; the local rank comes from a shared-memory split
+//! of the world.
+//!
+//! Every collective is non-blocking underneath and polled against the
+//! group's timeout. MPI cannot cancel a collective, so after a timeout its
+//! buffers are leaked (they stay valid for MPI to finish writing into) and
+//! the group must not be used again: the caller stops the process.
+
+use super::process_group::{DistError, ProcessGroup, ReduceOp};
+use mpi::collective::SystemOperation;
+use mpi::datatype::{Equivalence, PartitionMut};
+use mpi::request::{Request, StaticScope};
+use mpi::topology::{Communicator, SimpleCommunicator};
+use mpi::traits::*;
+use mpi::Count;
+use std::time::{Duration, Instant};
+use tch::{Device, Kind, Tensor};
+
+/// A world of processes joined by MPI.
+pub struct MpiGroup {
+    world: SimpleCommunicator,
+    rank: usize,
+    size: usize,
+    local_rank: usize,
+    local_size: usize,
+    timeout: Duration,
+    // Last: MPI is finalised when the universe drops, after the communicators.
+    _universe: mpi::environment::Universe,
+}
+
+// SAFETY: MPI is initialised with `Threading::Serialized`; a group is owned
+// by one accelerator and used through `&self` by one thread at a time
+// (`ProcessGroup` is `Send`, not `Sync`), which that level allows.
+unsafe impl Send for MpiGroup {}
+
+/// A buffer handed to a non-blocking collective. It is freed only by
+/// [`take`](Self::take) once the collective completed; dropped without it
+/// (after a timeout) it leaks, so MPI can never write into freed memory.
+struct Leaked<T>(*mut [T]);
+
+impl<T> Leaked<T> {
+    fn new(data: Vec<T>) -> Self {
+        Self(Box::into_raw(data.into_boxed_slice()))
+    }
+
+    /// The buffer, for the collective.
+    ///
+    /// # Safety
+    /// At most one collective at a time uses it, and the reference is not
+    /// used after [`take`](Self::take).
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn get(&self) -> &'static mut [T] {
+        &mut *self.0
+    }
+
+    /// The buffer back.
+    ///
+    /// # Safety
+    /// The collective that used it completed.
+    unsafe fn take(self) -> Vec<T> {
+        Box::from_raw(self.0).into_vec()
+    }
+}
+
+impl MpiGroup {
+    /// Initialises MPI (once per process) and joins its world; collectives
+    /// give up after `timeout`.
+    pub fn init(timeout: Duration) -> Result<Self, DistError> {
+        let (universe, _) =
+            mpi::initialize_with_threading(mpi::Threading::Serialized).ok_or_else(|| {
+                DistError::Unsupported {
+                    op: "init",
+                    backend: "mpi",
+                    message: "MPI is already initialised in this process".into(),
+                }
+            })?;
+        let world = universe.world();
+        let local = world.split_shared(world.rank());
+        Ok(Self {
+            rank: world.rank() as usize,
+            size: world.size() as usize,
+            local_rank: local.rank() as usize,
+            local_size: local.size() as usize,
+            world,
+            timeout,
+            _universe: universe,
+        })
+    }
+
+    /// Polls `request` until it completes or the timeout passes.
+    fn finish<D: ?Sized>(
+        &self,
+        op: &'static str,
+        mut request: Request<'static, D, StaticScope>,
+    ) -> Result<(), DistError> {
+        let deadline = Instant::now() + self.timeout;
+        let mut pause = Duration::from_micros(5);
+        loop {
+            match request.test() {
+                Ok(_) => return Ok(()),
+                Err(pending) => request = pending,
+            }
+            if Instant::now() >= deadline {
+                // Cannot be cancelled: forget it (its buffers are leaked).
+                std::mem::forget(request);
+                return Err(DistError::Timeout {
+                    op,
+                    timeout: self.timeout,
+                    rank: self.rank,
+                    world: self.size,
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+
+    fn reduce_values<T: Equivalence + Clone + 'static>(
+        &self,
+        values: Vec<T>,
+        op: ReduceOp,
+    ) -> Result<Vec<T>, DistError> {
+        let system = match op {
+            ReduceOp::Sum | ReduceOp::Mean => SystemOperation::sum(),
+            ReduceOp::Max => SystemOperation::max(),
+            ReduceOp::Min => SystemOperation::min(),
+        };
+        let send = Leaked::new(values.clone());
+        let recv = Leaked::new(values);
+        // SAFETY: one collective uses the buffers; taken back only after it completed.
+        unsafe {
+            let request =
+                self.world
+                    .immediate_all_reduce_into(StaticScope, &*send.get(), recv.get(), system);
+            self.finish("all_reduce", request)?;
+            drop(send.take());
+            Ok(recv.take())
+        }
+    }
+
+    /// Every process's count (one `u64` each).
+    fn gather_counts(&self, op: &'static str, count: u64) -> Result<Vec<u64>, DistError> {
+        let send = Leaked::new(vec![count]);
+        let recv = Leaked::new(vec![0u64; self.size]);
+        // SAFETY: as in reduce_values.
+        unsafe {
+            let request =
+                self.world
+                    .immediate_all_gather_into(StaticScope, &*send.get(), recv.get());
+            self.finish(op, request)?;
+            drop(send.take());
+            Ok(recv.take())
+        }
+    }
+}
+
+fn unsupported(op: &'static str, message: String) -> DistError {
+    DistError::Unsupported {
+        op,
+        backend: "mpi",
+        message,
+    }
+}
+
+/// A contiguous CPU copy of `tensor`, or why the MPI backend cannot take it.
+fn on_cpu(op: &'static str, tensor: &Tensor) -> Result<Tensor, DistError> {
+    if tensor.device() != Device::Cpu {
+        return Err(unsupported(
+            op,
+            format!(
+                "the tensor is on {:?}; MPI collectives take CPU tensors (NCCL serves CUDA)",
+                tensor.device()
+            ),
+        ));
+    }
+    Ok(tensor.detach().contiguous())
+}
+
+impl ProcessGroup for MpiGroup {
+    fn process_index(&self) -> usize {
+        self.rank
+    }
+    fn num_processes(&self) -> usize {
+        self.size
+    }
+    fn local_process_index(&self) -> usize {
+        self.local_rank
+    }
+    fn num_local_processes(&self) -> usize {
+        self.local_size
+    }
+    fn backend(&self) -> &'static str {
+        "mpi"
+    }
+
+    fn all_reduce(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<(), DistError> {
+        let cpu = on_cpu("all_reduce", tensor)?;
+        let shape = cpu.size();
+        let flat = cpu.view([-1]);
+        let reduced = match cpu.kind() {
+            Kind::Float | Kind::Half | Kind::BFloat16 => {
+                let values = Vec::<f32>::try_from(flat.to_kind(Kind::Float))
+                    .expect("a contiguous float tensor converts");
+                Tensor::from_slice(&self.reduce_values(values, op)?)
+            }
+            Kind::Double => {
+                let values =
+                    Vec::<f64>::try_from(&flat).expect("a contiguous double tensor converts");
+                Tensor::from_slice(&self.reduce_values(values, op)?)
+            }
+            Kind::Int64 if op != ReduceOp::Mean => {
+                let values = Vec::<i64>::try_from(&flat).expect("an int64 tensor converts");
+                Tensor::from_slice(&self.reduce_values(values, op)?)
+            }
+            Kind::Int if op != ReduceOp::Mean => {
+                let values = Vec::<i32>::try_from(&flat).expect("an int32 tensor converts");
+                Tensor::from_slice(&self.reduce_values(values, op)?)
+            }
+            kind => {
+                return Err(unsupported(
+                    "all_reduce",
+                    format!("{op:?} of a {kind:?} tensor is not supported; convert it to float32"),
+                ))
+            }
+        };
+        let reduced = if op == ReduceOp::Mean {
+            reduced / self.size as f64
+        } else {
+            reduced
+        };
+        let reduced = reduced.view(shape.as_slice()).to_kind(tensor.kind());
+        tch::no_grad(|| tensor.copy_(&reduced));
+        Ok(())
+    }
+
+    fn all_gather(&self, tensor: &Tensor) -> Result<Tensor, DistError> {
+        let cpu = on_cpu("all_gather", tensor)?;
+        let cpu = if cpu.dim() == 0 { cpu.view([1]) } else { cpu };
+        let shape = cpu.size();
+        // Every process must agree on the dtype and the trailing dimensions.
+        let header = format!("{:?} {:?}", cpu.kind(), &shape[1..]);
+        let headers = self.all_gather_bytes(header.as_bytes())?;
+        if let Some((r, other)) = headers
+            .iter()
+            .enumerate()
+            .find(|(_, h)| h.as_slice() != header.as_bytes())
+        {
+            return Err(DistError::Mismatch {
+                op: "all_gather",
+                rank: self.rank,
+                message: format!(
+                    "this process gathers {header}, rank {r} gathers {} (dtype and all but the first dimension must agree)",
+                    String::from_utf8_lossy(other)
+                ),
+            });
+        }
+        let bytes = crate::checkpoint::tensor_bytes(&cpu).to_vec();
+        let parts = self.all_gather_bytes(&bytes)?;
+        let row: i64 = shape[1..].iter().product();
+        let element = cpu.kind().elt_size_in_bytes();
+        let joined: Vec<u8> = parts.concat();
+        let rows = (joined.len() / element) as i64 / row.max(1);
+        let mut out_shape = shape.clone();
+        out_shape[0] = if row == 0 { 0 } else { rows };
+        Ok(Tensor::from_data_size(&joined, &out_shape, cpu.kind()))
+    }
+
+    fn broadcast(&self, tensor: &mut Tensor, root: usize) -> Result<(), DistError> {
+        let cpu = on_cpu("broadcast", tensor)?;
+        let bytes = crate::checkpoint::tensor_bytes(&cpu).to_vec();
+        let expected = bytes.len();
+        let got = self.broadcast_bytes(bytes, root)?;
+        if got.len() != expected {
+            return Err(DistError::Mismatch {
+                op: "broadcast",
+                rank: self.rank,
+                message: format!(
+                    "rank {root} sent {} bytes, this tensor has {expected} ({:?} {:?})",
+                    got.len(),
+                    cpu.kind(),
+                    cpu.size()
+                ),
+            });
+        }
+        let value = Tensor::from_data_size(&got, &cpu.size(), cpu.kind());
+        tch::no_grad(|| tensor.copy_(&value));
+        Ok(())
+    }
+
+    fn barrier(&self) -> Result<(), DistError> {
+        let request = self.world.immediate_barrier();
+        self.finish("barrier", request)
+    }
+
+    fn all_gather_bytes(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, DistError> {
+        let counts = self.gather_counts("all_gather_bytes", bytes.len() as u64)?;
+        let too_big = |n: &u64| *n > Count::MAX as u64;
+        if counts.iter().any(too_big) || counts.iter().sum::<u64>() > isize::MAX as u64 {
+            return Err(unsupported(
+                "all_gather_bytes",
+                format!("a process sends more than {} bytes", Count::MAX),
+            ));
+        }
+        let counts: Vec<Count> = counts.iter().map(|&n| n as Count).collect();
+        let displs: Vec<Count> = counts
+            .iter()
+            .scan(0, |at, &n| {
+                let start = *at;
+                *at += n;
+                Some(start)
+            })
+            .collect();
+        let total: usize = counts.iter().map(|&n| n as usize).sum();
+        let send = Leaked::new(bytes.to_vec());
+        let recv = Leaked::new(vec![0u8; total]);
+        let counts_buf = Leaked::new(counts.clone());
+        let displs_buf = Leaked::new(displs.clone());
+        // SAFETY: as in reduce_values; the partition only borrows the
+        // buffers and is itself leaked with them on a timeout.
+        let joined = unsafe {
+            let partition = Leaked::new(vec![PartitionMut::new(
+                recv.get(),
+                &*counts_buf.get(),
+                &*displs_buf.get(),
+            )]);
+            let request = self.world.immediate_all_gather_varcount_into(
+                StaticScope,
+                &*send.get(),
+                &mut partition.get()[0],
+            );
+            self.finish("all_gather_bytes", request)?;
+            drop(partition.take());
+            drop(send.take());
+            drop(counts_buf.take());
+            drop(displs_buf.take());
+            recv.take()
+        };
+        Ok(counts
+            .iter()
+            .zip(&displs)
+            .map(|(&n, &at)| joined[at as usize..(at + n) as usize].to_vec())
+            .collect())
+    }
+
+    fn broadcast_bytes(&self, bytes: Vec<u8>, root: usize) -> Result<Vec<u8>, DistError> {
+        if root >= self.size {
+            return Err(unsupported(
+                "broadcast",
+                format!("root {root} is not a rank of this world of {}", self.size),
+            ));
+        }
+        let root_process = self.world.process_at_rank(root as i32);
+        let length = Leaked::new(vec![bytes.len() as u64]);
+        // SAFETY: as in reduce_values.
+        let length = unsafe {
+            let request = root_process.immediate_broadcast_into(StaticScope, length.get());
+            self.finish("broadcast", request)?;
+            length.take()[0] as usize
+        };
+        let mut data = bytes;
+        data.resize(length, 0);
+        let buffer = Leaked::new(data);
+        // SAFETY: as in reduce_values.
+        unsafe {
+            let request = root_process.immediate_broadcast_into(StaticScope, buffer.get());
+            self.finish("broadcast", request)?;
+            Ok(buffer.take())
+        }
+    }
+}
