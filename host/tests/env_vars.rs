@@ -49,4 +49,22 @@ fn environment_fills_in_and_explicit_settings_win() {
         err.contains("HEARTH_MIXED_PRECISION") && err.contains("bf16"),
         "{err}"
     );
+
+    // torchrun-style variables without mpirun: refused, saying what to do
+    // (hearth's CPU backend is MPI), instead of a world of one that
+    // believes it is rank 0 of 1.
+    unsafe {
+        std::env::remove_var("HEARTH_MIXED_PRECISION");
+        std::env::set_var("WORLD_SIZE", "2");
+        std::env::set_var("RANK", "1");
+    }
+    let err = Accelerator::builder().build().err().unwrap();
+    assert!(matches!(err, BuildError::Dist(_)));
+    let chain = format!("{:#}", anyhow::Error::from(err));
+    assert!(
+        chain.contains("WORLD_SIZE=2") && chain.contains("mpirun -n 2"),
+        "{chain}"
+    );
+    unsafe { std::env::set_var("WORLD_SIZE", "1") };
+    assert_eq!(Accelerator::builder().build().unwrap().num_processes(), 1);
 }
