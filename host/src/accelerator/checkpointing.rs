@@ -137,13 +137,9 @@ fn keyed(models: &[Vec<(String, Tensor)>]) -> Vec<(TensorKey, Tensor)> {
         .iter()
         .enumerate()
         .flat_map(|(i, named)| {
-            named.iter().map(move |(name, t)| {
-                let key = TensorKey {
-                    model: i as u32,
-                    name: name.clone(),
-                };
-                (key, t.shallow_clone())
-            })
+            named
+                .iter()
+                .map(move |(name, t)| (TensorKey::new(i, name), t.shallow_clone()))
         })
         .collect()
 }
@@ -211,12 +207,7 @@ fn write_checkpoint(
     for (i, model) in snapshot.models.into_iter().enumerate() {
         let kept: Vec<(String, Tensor)> = model
             .into_iter()
-            .filter(|(name, _)| {
-                !claimed_by.contains_key(&TensorKey {
-                    model: i as u32,
-                    name: name.clone(),
-                })
-            })
+            .filter(|(name, _)| !claimed_by.contains_key(&TensorKey::new(i, name)))
             .collect();
         staged.tensors(&numbered("model", i, "safetensors"), &kept)?;
     }
@@ -497,12 +488,7 @@ impl Accelerator {
         for (i, model) in self.registered.models.iter().enumerate() {
             let from_file: Vec<(String, Tensor)> = model
                 .iter()
-                .filter(|(name, _)| {
-                    !restored.contains_key(&TensorKey {
-                        model: i as u32,
-                        name: name.clone(),
-                    })
-                })
+                .filter(|(name, _)| !restored.contains_key(&TensorKey::new(i, name)))
                 .map(|(n, t)| (n.clone(), t.shallow_clone()))
                 .collect();
             let path = dir.join(numbered("model", i, "safetensors"));

@@ -40,6 +40,16 @@ pub struct TensorKey {
     pub name: String,
 }
 
+impl TensorKey {
+    /// Tensor `name` of prepared model `model`.
+    pub fn new(model: usize, name: &str) -> Self {
+        Self {
+            model: model as u32,
+            name: name.into(),
+        }
+    }
+}
+
 impl std::fmt::Display for TensorKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "`{}` of model {}", self.name, self.model)
@@ -63,6 +73,23 @@ pub struct ManifestFile {
     pub name: String,
     /// Size in bytes.
     pub size: u64,
+}
+
+/// What an entry of a folder being written is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EntryKind {
+    File,
+    Dir,
+    /// A symbolic link, a socket, …
+    Other,
+}
+
+/// One entry of a folder being written.
+struct Entry {
+    /// Its path relative to the folder, `/`-separated.
+    name: String,
+    path: PathBuf,
+    kind: EntryKind,
 }
 
 /// A checkpoint being written; [`commit`](Self::commit) puts it in place.
@@ -163,26 +190,21 @@ impl StagedCheckpoint {
     /// the manifest, hidden temporaries), and every file hearth already
     /// wrote still there with its size. Says what is wrong.
     pub fn check_foreign(&self, reserved: &[String]) -> Result<(), String> {
-        let mut pending = vec![(self.tmp.clone(), String::new())];
-        while let Some((dir, prefix)) = pending.pop() {
-            let entries = fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-            for entry in entries {
-                let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
-                let name = format!("{prefix}{}", entry.file_name().to_string_lossy());
-                let kind = entry.file_type().map_err(|e| format!("{name}: {e}"))?;
-                if kind.is_dir() {
-                    pending.push((entry.path(), format!("{name}/")));
-                } else if !kind.is_file() {
-                    return Err(format!(
-                        "left `{name}`, which is not a file or folder (a symbolic link?); checkpoints hold files and folders only"
-                    ));
-                }
-                let hearths = name == MANIFEST_NAME
-                    || (prefix.is_empty() && name.starts_with('.'))
-                    || reserved.contains(&name);
-                if hearths {
-                    return Err(format!("left `{name}`, a name hearth writes itself"));
-                }
+        let entries = self
+            .entries()
+            .map_err(|e| format!("{}: {e}", self.tmp.display()))?;
+        for entry in entries {
+            let name = &entry.name;
+            if entry.kind == EntryKind::Other {
+                return Err(format!(
+                    "left `{name}`, which is not a file or folder (a symbolic link?); checkpoints hold files and folders only"
+                ));
+            }
+            let hearths = name == MANIFEST_NAME
+                || (!name.contains('/') && name.starts_with('.'))
+                || reserved.contains(name);
+            if hearths {
+                return Err(format!("left `{name}`, a name hearth writes itself"));
             }
         }
         for f in &self.files {
@@ -199,48 +221,60 @@ impl StagedCheckpoint {
         Ok(())
     }
 
+    /// Everything in the folder, recursively, by path relative to it
+    /// (`/`-separated), each folder before its contents.
+    fn entries(&self) -> std::io::Result<Vec<Entry>> {
+        let mut out = Vec::new();
+        let mut pending = vec![(self.tmp.clone(), String::new())];
+        while let Some((dir, prefix)) = pending.pop() {
+            let mut listed = fs::read_dir(&dir)?.collect::<Result<Vec<_>, _>>()?;
+            listed.sort_by_key(|e| e.file_name());
+            for entry in listed {
+                let name = format!("{prefix}{}", entry.file_name().to_string_lossy());
+                let kind = match entry.file_type()? {
+                    t if t.is_dir() => EntryKind::Dir,
+                    t if t.is_file() => EntryKind::File,
+                    _ => EntryKind::Other,
+                };
+                if kind == EntryKind::Dir {
+                    pending.push((entry.path(), format!("{name}/")));
+                }
+                out.push(Entry {
+                    name,
+                    path: entry.path(),
+                    kind,
+                });
+            }
+        }
+        Ok(out)
+    }
+
     /// Fsyncs and records the files that others (checkpoint hooks) wrote
     /// into the folder. Anything but files and folders — a symbolic link —
     /// fails the save: host tools would follow it out of the checkpoint.
     fn adopt_others(&mut self) -> Result<(), CheckpointError> {
         let known: std::collections::HashSet<String> =
             self.files.iter().map(|f| f.name.clone()).collect();
-        let mut pending = vec![(self.tmp.clone(), String::new())];
-        let mut found = Vec::new();
-        while let Some((dir, prefix)) = pending.pop() {
-            let mut entries: Vec<_> = fs::read_dir(&dir)
-                .map_err(CheckpointError::io(&dir))?
-                .collect::<Result<_, _>>()
-                .map_err(CheckpointError::io(&dir))?;
-            entries.sort_by_key(|e| e.file_name());
-            for entry in entries {
-                let path = entry.path();
-                let name = format!("{prefix}{}", entry.file_name().to_string_lossy());
-                let kind = entry.file_type().map_err(CheckpointError::io(&path))?;
-                if kind.is_dir() {
-                    pending.push((path, format!("{name}/")));
-                } else if kind.is_file() {
-                    if !known.contains(&name) {
-                        File::open(&path)
-                            .and_then(|f| f.sync_all())
-                            .map_err(CheckpointError::io(&path))?;
-                        found.push(name);
-                    }
-                } else {
+        let entries = self.entries().map_err(CheckpointError::io(&self.tmp))?;
+        for entry in entries {
+            match entry.kind {
+                EntryKind::Dir => File::open(&entry.path)
+                    .and_then(|d| d.sync_all())
+                    .map_err(CheckpointError::io(&entry.path))?,
+                EntryKind::File if known.contains(&entry.name) => {}
+                EntryKind::File => {
+                    File::open(&entry.path)
+                        .and_then(|f| f.sync_all())
+                        .map_err(CheckpointError::io(&entry.path))?;
+                    self.record(&entry.name)?;
+                }
+                EntryKind::Other => {
                     return Err(CheckpointError::State {
-                        path,
+                        path: entry.path,
                         message: "a checkpoint hook left something that is not a file or folder (a symbolic link?); checkpoints hold files and folders only".into(),
-                    });
+                    })
                 }
             }
-            if dir != self.tmp {
-                File::open(&dir)
-                    .and_then(|d| d.sync_all())
-                    .map_err(CheckpointError::io(&dir))?;
-            }
-        }
-        for name in found {
-            self.record(&name)?;
         }
         Ok(())
     }

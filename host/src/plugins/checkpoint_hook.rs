@@ -258,6 +258,23 @@ impl CheckpointHookPlugin {
         }
     }
 
+    /// A call's result: its value, or a fault for the `err` it returned or
+    /// the trap, deadline or memory cap that stopped it.
+    fn outcome<T>(
+        &self,
+        what: &str,
+        result: wasmtime::Result<Result<T, String>>,
+    ) -> Result<T, PluginError> {
+        match result {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(message)) => Err(self.fault(
+                what,
+                format!("returned an error: {}", clip(&message, MAX_MESSAGE)),
+            )),
+            Err(trap) => Err(self.fault(what, self.plugin.describe(&trap))),
+        }
+    }
+
     fn info(&self, checkpoint: &HookCheckpoint) -> CheckpointInfo {
         CheckpointInfo {
             name: checkpoint.name.clone(),
@@ -314,16 +331,7 @@ impl CheckpointHookPlugin {
         let result = self
             .plugin
             .run(hook.call_save(&mut store, &info, &infos, borrowed));
-        let claimed = match result {
-            Ok(Ok(claimed)) => claimed,
-            Ok(Err(message)) => {
-                return Err(self.fault(
-                    "save",
-                    format!("returned an error: {}", clip(&message, MAX_MESSAGE)),
-                ))
-            }
-            Err(trap) => return Err(self.fault("save", self.plugin.describe(&trap))),
-        };
+        let claimed = self.outcome("save", result)?;
         // The snapshot is no longer needed by the hook.
         let _ = store.data_mut().table().delete(reader);
         let known: BTreeSet<&TensorKey> = tensors.iter().map(|(k, _)| k).collect();
@@ -395,16 +403,7 @@ impl CheckpointHookPlugin {
         let result =
             self.plugin
                 .run(hook.call_load(&mut store, &info, &infos, &wit_claimed, borrowed));
-        match result {
-            Ok(Ok(())) => {}
-            Ok(Err(message)) => {
-                return Err(self.fault(
-                    "load",
-                    format!("returned an error: {}", clip(&message, MAX_MESSAGE)),
-                ))
-            }
-            Err(trap) => return Err(self.fault("load", self.plugin.describe(&trap))),
-        }
+        self.outcome("load", result)?;
         let writer = store
             .data_mut()
             .table()
@@ -440,13 +439,7 @@ impl HookSave<'_> {
         let plugin = &self.hook.plugin;
         let hook = self.bindings.hearth_plugin_checkpoint_hook();
         plugin.arm(&mut self.store);
-        match plugin.run(hook.call_seal(&mut self.store, &self.info)) {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(message)) => Err(self.hook.fault(
-                "seal",
-                format!("returned an error: {}", clip(&message, MAX_MESSAGE)),
-            )),
-            Err(trap) => Err(self.hook.fault("seal", plugin.describe(&trap))),
-        }
+        let result = plugin.run(hook.call_seal(&mut self.store, &self.info));
+        self.hook.outcome("seal", result)
     }
 }

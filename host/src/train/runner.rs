@@ -213,10 +213,15 @@ fn plugin_registry(
         .unwrap_or(Path::new("."));
     Registry::discover(&SearchPath::standard(&options.plugin_dirs, Some(project)))
         .map(Some)
-        .map_err(|source| TrainError::Plugin {
-            path: config.source.clone(),
-            source,
-        })
+        .map_err(plugin_error(config))
+}
+
+/// A plugin error of this config's run, naming the config file.
+fn plugin_error(config: &TrainConfig) -> impl Fn(PluginError) -> TrainError + Copy + '_ {
+    |source| TrainError::Plugin {
+        path: config.source.clone(),
+        source,
+    }
 }
 
 /// Finds and loads the config's trackers, each logging into
@@ -229,10 +234,7 @@ fn trackers(
     let Some(registry) = registry else {
         return Ok(Vec::new());
     };
-    let plugin_err = |source| TrainError::Plugin {
-        path: config.source.clone(),
-        source,
-    };
+    let plugin_err = plugin_error(config);
     config
         .trackers
         .iter()
@@ -252,10 +254,7 @@ fn checkpoint_hooks(
     let Some(registry) = registry else {
         return Ok(Vec::new());
     };
-    let plugin_err = |source| TrainError::Plugin {
-        path: config.source.clone(),
-        source,
-    };
+    let plugin_err = plugin_error(config);
     config
         .checkpoint_hooks
         .iter()
@@ -276,10 +275,7 @@ fn scheduler(
     let (Some(section), Some(registry)) = (&config.scheduler, registry) else {
         return Ok(None);
     };
-    let plugin_err = |source| TrainError::Plugin {
-        path: config.source.clone(),
-        source,
-    };
+    let plugin_err = plugin_error(config);
     let found = registry.find(&section.name).map_err(plugin_err)?;
     load_scheduler(
         &found.manifest,

@@ -11,7 +11,6 @@
 //! tensors = ["*.weight"]
 //! ```
 
-use super::{ConfigError, Invalid};
 use serde::Deserialize;
 
 /// One `[[checkpoint-hooks]]` entry.
@@ -29,25 +28,4 @@ impl CheckpointHookSection {
     pub fn options_json(&self) -> String {
         serde_json::to_string(&self.options).expect("TOML values serialize to JSON")
     }
-}
-
-pub(super) fn validate(
-    hooks: &[CheckpointHookSection],
-    invalid: &Invalid,
-) -> Result<(), ConfigError> {
-    for (i, h) in hooks.iter().enumerate() {
-        if h.name.is_empty() {
-            return Err(invalid(
-                &format!("checkpoint-hooks[{i}].name"),
-                "must name a checkpoint hook plugin".into(),
-            ));
-        }
-        if hooks[..i].iter().any(|o| o.name == h.name) {
-            return Err(invalid(
-                &format!("checkpoint-hooks[{i}].name"),
-                format!("lists checkpoint hook `{}` twice", h.name),
-            ));
-        }
-    }
-    Ok(())
 }

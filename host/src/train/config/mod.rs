@@ -100,8 +100,10 @@ impl TrainConfig {
         if let Some(s) = &self.scheduler {
             s.validate(&invalid)?;
         }
-        trackers::validate(&self.trackers, &invalid)?;
-        checkpoint_hooks::validate(&self.checkpoint_hooks, &invalid)?;
+        let trackers = self.trackers.iter().map(|t| t.name.as_str());
+        plugin_names("trackers", "tracker", trackers, &invalid)?;
+        let hooks = self.checkpoint_hooks.iter().map(|h| h.name.as_str());
+        plugin_names("checkpoint-hooks", "checkpoint hook", hooks, &invalid)?;
         Ok(())
     }
 
@@ -122,6 +124,27 @@ impl TrainConfig {
             _ => path.to_path_buf(),
         }
     }
+}
+
+/// The `name` of each `[[table]]` entry: a plugin name, each listed once.
+fn plugin_names<'a>(
+    table: &str,
+    kind: &str,
+    names: impl Iterator<Item = &'a str>,
+    invalid: &Invalid,
+) -> Result<(), ConfigError> {
+    let mut seen = Vec::new();
+    for (i, name) in names.enumerate() {
+        let key = format!("{table}[{i}].name");
+        if name.is_empty() {
+            return Err(invalid(&key, format!("must name a {kind} plugin")));
+        }
+        if seen.contains(&name) {
+            return Err(invalid(&key, format!("lists {kind} `{name}` twice")));
+        }
+        seen.push(name);
+    }
+    Ok(())
 }
 
 fn flatten(prefix: &str, value: &toml::Value, out: &mut crate::plugins::Entries) {
@@ -212,6 +235,27 @@ lr = 0.01
             err.contains("job.toml") && err.contains("lerning-rate"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn plugin_lists_name_each_plugin_once() {
+        let twice =
+            format!("{GOOD}[[trackers]]\nname = \"jsonl\"\n[[trackers]]\nname = \"jsonl\"\n");
+        let err = parse(&twice).unwrap_err().to_string();
+        assert!(
+            err.contains("trackers[1].name") && err.contains("tracker `jsonl` twice"),
+            "{err}"
+        );
+        let empty = format!("{GOOD}[[checkpoint-hooks]]\nname = \"\"\n");
+        let err = parse(&empty).unwrap_err().to_string();
+        assert!(
+            err.contains("checkpoint-hooks[0].name") && err.contains("checkpoint hook plugin"),
+            "{err}"
+        );
+        let hooks =
+            format!("{GOOD}[[checkpoint-hooks]]\nname = \"reduced-precision\"\ndtype = \"f16\"\n");
+        let c = parse(&hooks).unwrap();
+        assert_eq!(c.checkpoint_hooks[0].options_json(), r#"{"dtype":"f16"}"#);
     }
 
     #[test]

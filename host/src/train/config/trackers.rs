@@ -2,7 +2,6 @@
 //! `log_with`). They log from the main process only, into
 //! `<run folder>/trackers/<name>/`.
 
-use super::{ConfigError, Invalid};
 use serde::Deserialize;
 
 /// One `[[trackers]]` entry.
@@ -11,22 +10,4 @@ use serde::Deserialize;
 pub struct TrackerSection {
     /// The plugin's name (`hearth plugins list` shows what is installed).
     pub name: String,
-}
-
-pub(super) fn validate(trackers: &[TrackerSection], invalid: &Invalid) -> Result<(), ConfigError> {
-    for (i, t) in trackers.iter().enumerate() {
-        if t.name.is_empty() {
-            return Err(invalid(
-                &format!("trackers[{i}].name"),
-                "must name a tracker plugin".into(),
-            ));
-        }
-        if trackers[..i].iter().any(|o| o.name == t.name) {
-            return Err(invalid(
-                &format!("trackers[{i}].name"),
-                format!("lists tracker `{}` twice", t.name),
-            ));
-        }
-    }
-    Ok(())
 }
