@@ -189,6 +189,11 @@ char *hearth_clear_grads(at::Tensor **tensors, size_t n) {
   });
 }
 
+// Sets the gradient of `tensor` to `grad` (PyTorch's `param.grad = grad`).
+char *hearth_set_grad(at::Tensor *tensor, at::Tensor *grad) {
+  return guarded([&] { tensor->mutable_grad() = *grad; });
+}
+
 // Releases the accelerator's cached, unused memory (torch.cuda.empty_cache);
 // nothing on a machine without one.
 char *hearth_empty_device_cache() {

@@ -94,6 +94,206 @@ fn child_collectives() {
     std::fs::write(out.join(format!("rank_{r}.json")), result.to_string()).unwrap();
 }
 
+/// The DDP runs: a small network trained with AdamW for 20 optimizer
+/// steps of `n × b × ga` examples each, from one fixed pool.
+const STEPS: usize = 20;
+
+fn pool(examples: usize) -> Vec<(Tensor, Tensor)> {
+    tch::manual_seed(123);
+    let xs = Tensor::randn([examples as i64, 6], (Kind::Float, Device::Cpu));
+    let ys = (xs.sum_dim_intlist(1, true, Kind::Float) * 0.5).sin();
+    (0..examples as i64)
+        .map(|i| (xs.get(i), ys.get(i)))
+        .collect()
+}
+
+/// Trains in this process's world with `b` examples per process and
+/// micro-batch; each process starts from its own random weights (seeded
+/// by `seed`), so the result shows rank 0's were broadcast. Returns the
+/// weights and the accelerator.
+fn train_ddp(
+    acc: &mut Accelerator,
+    b: usize,
+    ga: usize,
+    seed: i64,
+) -> (Vec<(String, Vec<f64>)>, Vec<f64>) {
+    use hearth::data::DataLoader;
+    use hearth::ops::AdamHyper;
+    use hearth::optim::Adam;
+    use tch::nn::{self, Module};
+    tch::manual_seed(seed);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let net = nn::seq()
+        .add(nn::linear(vs.root() / "l1", 6, 16, Default::default()))
+        .add_fn(|x| x.tanh())
+        .add(nn::linear(vs.root() / "l2", 16, 1, Default::default()));
+    let examples = STEPS * acc.num_processes() * b * ga;
+    let vs = acc.prepare(vs).unwrap();
+    let hyper = AdamHyper {
+        weight_decay: 0.01,
+        ..AdamHyper::adamw(0.01)
+    };
+    let opt = Adam::new(vs.trainable_variables(), hyper);
+    let (mut opt, loader) = acc
+        .prepare((opt, DataLoader::new(pool(examples), b)))
+        .unwrap();
+    let mut losses = Vec::new();
+    for (x, y) in loader.iter() {
+        acc.accumulate(|| {
+            let loss = net.forward(&x).mse_loss(&y, tch::Reduction::Mean);
+            acc.backward(&loss).unwrap();
+            opt.step().unwrap();
+            opt.zero_grad();
+            losses.push(f64::try_from(&loss).unwrap());
+        });
+    }
+    let mut weights: Vec<(String, Vec<f64>)> = vs
+        .variables()
+        .into_iter()
+        .map(|(n, t)| (n, values(&t)))
+        .collect();
+    weights.sort_by(|a, b| a.0.cmp(&b.0));
+    (weights, losses)
+}
+
+/// One rank of a DDP run; the mode is `ddp:<b>:<ga>:<comm hook>`.
+#[test]
+fn child_ddp() {
+    let Some(mode) = std::env::var(CHILD).ok().filter(|m| m.starts_with("ddp:")) else {
+        return; // only under mpirun
+    };
+    let parts: Vec<&str> = mode.split(':').collect();
+    let (b, ga): (usize, usize) = (parts[1].parse().unwrap(), parts[2].parse().unwrap());
+    let comm_hook = match parts[3] {
+        "bf16" => hearth::dist::CommHook::Bf16,
+        "fp16" => hearth::dist::CommHook::Fp16,
+        _ => hearth::dist::CommHook::No,
+    };
+    let mut acc = Accelerator::builder()
+        .cpu(true)
+        .gradient_accumulation_steps(ga)
+        .timeout(Duration::from_secs(60))
+        .ddp(hearth::dist::DdpOptions {
+            // Small buckets, so the two layers' gradients take several.
+            bucket_cap_mb: 0.0002,
+            comm_hook,
+        })
+        .build()
+        .unwrap();
+    let r = acc.process_index();
+    let (weights, losses) = train_ddp(&mut acc, b, ga, 1000 + r as i64);
+    let stats = acc.gradient_sync_stats();
+    let result = serde_json::json!({
+        "weights": weights, "losses": losses,
+        "syncs": stats.syncs, "all_reduces": stats.all_reduces, "bytes": stats.bytes,
+    });
+    let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
+    std::fs::write(out.join(format!("rank_{r}.json")), result.to_string()).unwrap();
+}
+
+/// The weights of one process training alone with batch `batch`.
+fn reference(batch: usize) -> Vec<(String, Vec<f64>)> {
+    let mut acc = Accelerator::builder()
+        .cpu(true)
+        .process_group(Box::new(hearth::dist::SingleProcess))
+        .build()
+        .unwrap();
+    // Rank 0's seed: the weights every rank starts from.
+    train_ddp(&mut acc, batch, 1, 1000).0
+}
+
+fn assert_same_weights(got: &serde_json::Value, want: &[(String, Vec<f64>)], tol: f64, what: &str) {
+    let got: Vec<(String, Vec<f64>)> = serde_json::from_value(got.clone()).unwrap();
+    assert_eq!(got.len(), want.len());
+    for ((name, g), (_, w)) in got.iter().zip(want) {
+        let worst = g
+            .iter()
+            .zip(w)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(worst <= tol, "{what}: {name} differs by {worst:e}");
+    }
+}
+
+/// DDP's promise: N processes with batch b train the weights one process
+/// with batch N·b does.
+fn ddp_matches_one_process(n: usize, b: usize, ga: usize) -> Vec<serde_json::Value> {
+    let dir = scratch(&format!("ddp{n}-{ga}"));
+    let out = mpirun(n, "child_ddp", &format!("ddp:{b}:{ga}:no"), &dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ranks = results(&dir, n);
+    let want = reference(n * b * ga);
+    for (r, got) in ranks.iter().enumerate() {
+        assert_same_weights(
+            &got["weights"],
+            &want,
+            2e-5,
+            &format!("{n} ranks, rank {r}"),
+        );
+    }
+    ranks
+}
+
+#[test]
+fn ddp_on_two_ranks_trains_what_one_process_with_twice_the_batch_does() {
+    let ranks = ddp_matches_one_process(2, 4, 1);
+    for got in &ranks {
+        assert_eq!(got["syncs"], STEPS);
+        // The network's 4 tensors in 0.0002 MiB (52 floats) buckets:
+        // l2.bias, l2.weight (17) | l1.bias (16) | l1.weight (96).
+        assert_eq!(got["all_reduces"], 3 * STEPS);
+    }
+}
+
+#[test]
+fn ddp_on_four_ranks_trains_what_one_process_with_four_times_the_batch_does() {
+    ddp_matches_one_process(4, 2, 1);
+}
+
+#[test]
+fn with_accumulation_gradients_cross_processes_only_on_sync_steps() {
+    let ranks = ddp_matches_one_process(2, 3, 2);
+    for got in &ranks {
+        assert_eq!(got["losses"].as_array().unwrap().len(), 2 * STEPS);
+        assert_eq!(got["syncs"], STEPS, "one sync per 2 micro-batches");
+        assert_eq!(got["all_reduces"], 3 * STEPS);
+    }
+}
+
+#[test]
+fn bf16_compression_halves_the_bytes_and_stays_close() {
+    let (n, b) = (2, 4);
+    let full = scratch("ddp-full");
+    let out = mpirun(n, "child_ddp", &format!("ddp:{b}:1:no"), &full);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let small = scratch("ddp-bf16");
+    let out = mpirun(n, "child_ddp", &format!("ddp:{b}:1:bf16"), &small);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (full, small) = (results(&full, n), results(&small, n));
+    assert_eq!(
+        full[0]["bytes"].as_u64().unwrap(),
+        2 * small[0]["bytes"].as_u64().unwrap()
+    );
+    // Both ranks agree exactly, and the run stays near the full-precision one.
+    assert_eq!(small[0]["weights"], small[1]["weights"]);
+    let want: Vec<(String, Vec<f64>)> = serde_json::from_value(full[0]["weights"].clone()).unwrap();
+    assert_same_weights(&small[0]["weights"], &want, 2e-2, "bf16 vs fp32 gradients");
+    let differs = small[0]["weights"] != full[0]["weights"];
+    assert!(differs, "bf16 rounding changed something");
+}
+
 fn scratch(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("hearth-mpi-{name}-{}", std::process::id()))
 }

@@ -38,6 +38,7 @@ pub struct AcceleratorBuilder {
     scaler: GradScalerConfig,
     cpu_loss_scaling: bool,
     project: super::ProjectConfiguration,
+    ddp: crate::dist::DdpOptions,
 }
 
 /// A bad option or environment variable.
@@ -157,6 +158,13 @@ impl AcceleratorBuilder {
         self
     }
 
+    /// How gradients are averaged across processes (Accelerate's
+    /// `DistributedDataParallelKwargs`: bucket size, compression).
+    pub fn ddp(mut self, options: crate::dist::DdpOptions) -> Self {
+        self.ddp = options;
+        self
+    }
+
     /// Creates the accelerator.
     pub fn build(self) -> Result<Accelerator, BuildError> {
         let mixed_precision = match self.mixed_precision {
@@ -204,6 +212,7 @@ impl AcceleratorBuilder {
             scaler: self.scaler,
             cpu_loss_scaling: self.cpu_loss_scaling,
             project: self.project,
+            ddp: self.ddp,
         }))
     }
 }

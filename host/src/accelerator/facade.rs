@@ -2,6 +2,7 @@
 
 use super::builder::AcceleratorBuilder;
 use super::checkpointing::{ProjectConfiguration, Registered};
+use super::ddp::BackwardError;
 use super::optimizer::SharedOptimizer;
 use super::prepare::{Prepare, PrepareError};
 use super::{
@@ -54,6 +55,7 @@ pub struct Accelerator {
     pub(super) project: ProjectConfiguration,
     pub(super) micro_steps: std::sync::atomic::AtomicU64,
     pub(super) pending_save: Option<PendingSave>,
+    pub(super) ddp: super::ddp::DataParallel,
 }
 
 /// A checkpoint being written in the background.
@@ -71,6 +73,7 @@ pub(super) struct Settings {
     pub scaler: GradScalerConfig,
     pub cpu_loss_scaling: bool,
     pub project: ProjectConfiguration,
+    pub ddp: crate::dist::DdpOptions,
 }
 
 /// The random generators' states of a process (Accelerate saves them as
@@ -107,6 +110,7 @@ impl Accelerator {
             project: s.project,
             micro_steps: Default::default(),
             pending_save: None,
+            ddp: super::ddp::DataParallel::new(s.ddp),
         }
     }
 
@@ -203,16 +207,17 @@ impl Accelerator {
         }
     }
 
-    /// Runs `f` without synchronising gradients between processes (a world
-    /// of one has nothing to synchronise; the distributed backends use it).
+    /// Runs `f` without averaging gradients between processes in its
+    /// backward passes (DDP's `no_sync`): they add up locally until a
+    /// backward outside it.
     pub fn no_sync<R>(&self, f: impl FnOnce() -> R) -> R {
-        f()
+        self.ddp.while_set(&self.ddp.no_sync, f)
     }
 
-    /// Runs `f` with gradient synchronisation on for its backward pass even
+    /// Runs `f` with gradient averaging on for its backward passes even
     /// inside `no_sync` (Accelerate's `trigger_sync_in_backward`).
     pub fn trigger_sync_in_backward<R>(&self, f: impl FnOnce() -> R) -> R {
-        f()
+        self.ddp.while_set(&self.ddp.forced, f)
     }
 
     /// Autocast for this accelerator's mixed precision while the guard
@@ -302,8 +307,11 @@ impl Accelerator {
     /// Computes gradients of `loss` divided by the accumulation steps
     /// (Accelerate's `accelerator.backward`; a short last group at the end
     /// of an epoch is divided the same way, as there). Under fp16 the loss
-    /// is multiplied by the scaler's scale first.
-    pub fn backward(&self, loss: &Tensor) -> Result<(), TchError> {
+    /// is multiplied by the scaler's scale first. With several processes
+    /// the gradients of prepared models are then averaged across them,
+    /// except inside [`no_sync`](Self::no_sync) (which
+    /// [`accumulate`](Self::accumulate) uses between sync steps).
+    pub fn backward(&self, loss: &Tensor) -> Result<(), BackwardError> {
         let steps = self.state.num_steps();
         let loss = if steps > 1 {
             loss / steps as f64
@@ -313,7 +321,9 @@ impl Accelerator {
         match &self.scaler {
             Some(scaler) => scaler.lock().unwrap().scale(&loss).f_backward(),
             None => loss.f_backward(),
-        }
+        }?;
+        self.ddp.after_backward(self.group.as_ref())?;
+        Ok(())
     }
 
     /// Clips the total L2 norm of `optimizer`'s gradients to `max_norm`

@@ -6,6 +6,7 @@
 
 mod builder;
 mod checkpointing;
+mod ddp;
 mod facade;
 mod grad;
 mod loader;
@@ -20,6 +21,7 @@ mod trackers;
 
 pub use builder::{AcceleratorBuilder, BuildError};
 pub use checkpointing::{Checkpointable, ProjectConfiguration, TrainerState};
+pub use ddp::BackwardError;
 pub use facade::{Accelerator, RngState};
 pub use grad::clip_grad_norm_;
 pub use loader::{PreparedBatches, PreparedDataLoader};

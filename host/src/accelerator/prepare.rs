@@ -24,21 +24,9 @@ pub enum PrepareError {
         /// The number of processes.
         processes: usize,
     },
-    /// A model prepared in a world of several processes: its gradients
-    /// would not be averaged, so every process would train its own model.
-    #[error("preparing a model in a world of {processes} processes needs gradient averaging (DDP), which hearth does not do yet; run one process (the collectives — reduce, gather, broadcast — already work across processes)")]
-    NoGradientSync {
-        /// The number of processes.
-        processes: usize,
-    },
-}
-
-/// Refuses a model in a world of several processes until DDP exists.
-fn single_process_only(acc: &Accelerator) -> Result<(), PrepareError> {
-    match acc.num_processes() {
-        1 => Ok(()),
-        processes => Err(PrepareError::NoGradientSync { processes }),
-    }
+    /// The processes could not agree on the model's starting parameters.
+    #[error("making every process start from rank 0's parameters failed")]
+    Dist(#[source] crate::dist::DistError),
 }
 
 /// Something [`Accelerator::prepare`] can wrap. Preparing what is already
@@ -85,9 +73,11 @@ macro_rules! model {
         impl Prepare for $t {
             type Prepared = PreparedModel<$t>;
             fn prepare_with(self, acc: &mut Accelerator) -> Result<PreparedModel<$t>, PrepareError> {
-                single_process_only(acc)?;
                 let model = PreparedModel::new(self, acc.device(), acc.mixed_precision());
-                acc.remember_model(model.named_parameters());
+                let parameters = model.named_parameters();
+                acc.register_for_sync(parameters.iter().map(|(_, p)| p.shallow_clone()).collect())
+                    .map_err(PrepareError::Dist)?;
+                acc.remember_model(parameters);
                 Ok(model)
             }
         }
@@ -100,9 +90,11 @@ model!(Gpt, Mlp, TorchScriptModel, Box<dyn Model>);
 impl Prepare for tch::nn::VarStore {
     type Prepared = tch::nn::VarStore;
     fn prepare_with(mut self, acc: &mut Accelerator) -> Result<Self, PrepareError> {
-        single_process_only(acc)?;
         self.set_device(acc.device());
-        acc.remember_model(crate::models::sorted_variables(&self));
+        let variables = crate::models::sorted_variables(&self);
+        acc.register_for_sync(variables.iter().map(|(_, p)| p.shallow_clone()).collect())
+            .map_err(PrepareError::Dist)?;
+        acc.remember_model(variables);
         Ok(self)
     }
 }

@@ -3,12 +3,14 @@
 //! Every API in hearth is rank-aware; a single process is a world of size 1.
 //! The MPI (CPU) and NCCL (GPU) backends and the launcher join this module.
 
+mod grad_sync;
 mod mpi;
 mod process_group;
 mod single;
 
+pub use grad_sync::{CommHook, DdpOptions, GradientSync, SyncStats};
 pub use mpi::MpiGroup;
-pub use process_group::{DistError, ProcessGroup, ReduceOp};
+pub use process_group::{DistError, Pending, ProcessGroup, ReduceOp};
 pub use single::SingleProcess;
 
 /// How long a collective waits by default before it gives up (PyTorch's

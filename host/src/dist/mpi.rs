@@ -8,8 +8,8 @@
 //! buffers are leaked (they stay valid for MPI to finish writing into) and
 //! the group must not be used again: the caller stops the process.
 
-use super::process_group::{DistError, ProcessGroup, ReduceOp};
-use mpi::collective::SystemOperation;
+use super::process_group::{DistError, Pending, ProcessGroup, ReduceOp};
+use mpi::collective::{Operation, SystemOperation, UserOperation};
 use mpi::datatype::{Equivalence, PartitionMut};
 use mpi::request::{Request, StaticScope};
 use mpi::topology::{Communicator, SimpleCommunicator};
@@ -26,6 +26,11 @@ pub struct MpiGroup {
     local_rank: usize,
     local_size: usize,
     timeout: Duration,
+    /// Sums of IEEE half and bfloat16 values (MPI has neither type), so
+    /// 16-bit gradients cross the wire at 16 bits. Leaked: MPI operations
+    /// must not be freed after MPI is finalised, and there are two per process.
+    sum_f16: &'static UserOperation<'static>,
+    sum_bf16: &'static UserOperation<'static>,
     // Last: MPI is finalised when the universe drops, after the communicators.
     _universe: mpi::environment::Universe,
 }
@@ -85,6 +90,18 @@ impl MpiGroup {
             local_size: local.size() as usize,
             world,
             timeout,
+            sum_f16: Box::leak(Box::new(sum_of_16_bit(|a, b| {
+                half::f16::from_f32(
+                    half::f16::from_bits(a).to_f32() + half::f16::from_bits(b).to_f32(),
+                )
+                .to_bits()
+            }))),
+            sum_bf16: Box::leak(Box::new(sum_of_16_bit(|a, b| {
+                half::bf16::from_f32(
+                    half::bf16::from_bits(a).to_f32() + half::bf16::from_bits(b).to_f32(),
+                )
+                .to_bits()
+            }))),
             _universe: universe,
         })
     }
@@ -93,9 +110,18 @@ impl MpiGroup {
     fn finish<D: ?Sized>(
         &self,
         op: &'static str,
-        mut request: Request<'static, D, StaticScope>,
+        request: Request<'static, D, StaticScope>,
     ) -> Result<(), DistError> {
-        let deadline = Instant::now() + self.timeout;
+        self.finish_by(op, request, Instant::now() + self.timeout)
+    }
+
+    /// Polls `request` until it completes or `deadline` passes.
+    fn finish_by<D: ?Sized>(
+        &self,
+        op: &'static str,
+        mut request: Request<'static, D, StaticScope>,
+        deadline: Instant,
+    ) -> Result<(), DistError> {
         let mut pause = Duration::from_micros(5);
         loop {
             match request.test() {
@@ -117,34 +143,51 @@ impl MpiGroup {
         }
     }
 
-    fn reduce_values<T: Equivalence + Clone + 'static>(
+    /// Starts an all-reduce of `values` with `operation`; waiting gives
+    /// `finish` of the reduced values.
+    fn start_reduce<T, O>(
         &self,
         values: Vec<T>,
-        op: ReduceOp,
-    ) -> Result<Vec<T>, DistError> {
-        let system = match op {
-            ReduceOp::Sum | ReduceOp::Mean => SystemOperation::sum(),
-            ReduceOp::Max => SystemOperation::max(),
-            ReduceOp::Min => SystemOperation::min(),
-        };
+        operation: O,
+        finish: impl FnOnce(Vec<T>) -> Tensor + 'static,
+    ) -> Pending<'_>
+    where
+        T: Equivalence + Clone + 'static,
+        O: Operation + 'static,
+    {
+        let deadline = Instant::now() + self.timeout;
         let send = Leaked::new(values.clone());
         let recv = Leaked::new(values);
-        // SAFETY: one collective uses the buffers; taken back only after it completed.
-        unsafe {
-            let request =
-                self.world
-                    .immediate_all_reduce_into(StaticScope, &*send.get(), recv.get(), system);
-            self.finish("all_reduce", request)?;
-            drop(send.take());
-            Ok(recv.take())
-        }
+        // SAFETY: one collective uses the buffers; they are taken back only
+        // after it completed, and leaked if it never does (the request too:
+        // dropped unfinished, MPI's request would abort the process).
+        let request = unsafe {
+            std::mem::ManuallyDrop::new(self.world.immediate_all_reduce_into(
+                StaticScope,
+                &*send.get(),
+                recv.get(),
+                operation,
+            ))
+        };
+        Pending::new(move || {
+            self.finish_by(
+                "all_reduce",
+                std::mem::ManuallyDrop::into_inner(request),
+                deadline,
+            )?;
+            // SAFETY: the collective completed.
+            unsafe {
+                drop(send.take());
+                Ok(finish(recv.take()))
+            }
+        })
     }
 
     /// Every process's count (one `u64` each).
     fn gather_counts(&self, op: &'static str, count: u64) -> Result<Vec<u64>, DistError> {
         let send = Leaked::new(vec![count]);
         let recv = Leaked::new(vec![0u64; self.size]);
-        // SAFETY: as in reduce_values.
+        // SAFETY: as in start_reduce.
         unsafe {
             let request =
                 self.world
@@ -154,6 +197,21 @@ impl MpiGroup {
             Ok(recv.take())
         }
     }
+}
+
+/// A commutative sum of 16-bit floats stored as bits, element by element.
+fn sum_of_16_bit(add: fn(u16, u16) -> u16) -> UserOperation<'static> {
+    UserOperation::commutative(move |read, write| {
+        let read = read
+            .downcast::<u16>()
+            .expect("16-bit sums run on u16 buffers");
+        let write = write
+            .downcast::<u16>()
+            .expect("16-bit sums run on u16 buffers");
+        for (w, r) in write.iter_mut().zip(read) {
+            *w = add(*r, *w);
+        }
+    })
 }
 
 fn unsupported(op: &'static str, message: String) -> DistError {
@@ -196,27 +254,71 @@ impl ProcessGroup for MpiGroup {
     }
 
     fn all_reduce(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<(), DistError> {
+        let reduced = self.all_reduce_start(tensor, op)?.wait()?;
+        tch::no_grad(|| tensor.copy_(&reduced));
+        Ok(())
+    }
+
+    fn all_reduce_start(&self, tensor: &Tensor, op: ReduceOp) -> Result<Pending<'_>, DistError> {
         let cpu = on_cpu("all_reduce", tensor)?;
-        let shape = cpu.size();
+        let (shape, kind) = (cpu.size(), cpu.kind());
         let flat = cpu.view([-1]);
-        let reduced = match cpu.kind() {
+        let world = self.size as f64;
+        // Each kind comes back as itself, the mean divided after the sum.
+        let back = move |reduced: Tensor| {
+            let reduced = reduced.view(shape.as_slice());
+            if op == ReduceOp::Mean {
+                (reduced.to_kind(Kind::Float) / world).to_kind(kind)
+            } else {
+                reduced.to_kind(kind)
+            }
+        };
+        let system = match op {
+            ReduceOp::Sum | ReduceOp::Mean => SystemOperation::sum(),
+            ReduceOp::Max => SystemOperation::max(),
+            ReduceOp::Min => SystemOperation::min(),
+        };
+        Ok(match kind {
+            Kind::Half | Kind::BFloat16 if matches!(op, ReduceOp::Sum | ReduceOp::Mean) => {
+                // 16 bits on the wire, summed by the user operation.
+                let bits = Vec::<i16>::try_from(flat.view_dtype(Kind::Int16))
+                    .expect("a contiguous 16-bit tensor converts");
+                let bits: Vec<u16> = bits.into_iter().map(|b| b as u16).collect();
+                let sum = if kind == Kind::Half {
+                    self.sum_f16
+                } else {
+                    self.sum_bf16
+                };
+                self.start_reduce(bits, sum, move |bits: Vec<u16>| {
+                    let bits: Vec<i16> = bits.into_iter().map(|b| b as i16).collect();
+                    back(Tensor::from_slice(&bits).view_dtype(kind))
+                })
+            }
             Kind::Float | Kind::Half | Kind::BFloat16 => {
                 let values = Vec::<f32>::try_from(flat.to_kind(Kind::Float))
                     .expect("a contiguous float tensor converts");
-                Tensor::from_slice(&self.reduce_values(values, op)?)
+                self.start_reduce(values, system, move |v: Vec<f32>| {
+                    back(Tensor::from_slice(&v))
+                })
             }
             Kind::Double => {
                 let values =
                     Vec::<f64>::try_from(&flat).expect("a contiguous double tensor converts");
-                Tensor::from_slice(&self.reduce_values(values, op)?)
+                self.start_reduce(values, system, move |v: Vec<f64>| {
+                    back(Tensor::from_slice(&v))
+                })
             }
             Kind::Int64 if op != ReduceOp::Mean => {
                 let values = Vec::<i64>::try_from(&flat).expect("an int64 tensor converts");
-                Tensor::from_slice(&self.reduce_values(values, op)?)
+                self.start_reduce(values, system, move |v: Vec<i64>| {
+                    back(Tensor::from_slice(&v))
+                })
             }
             Kind::Int if op != ReduceOp::Mean => {
                 let values = Vec::<i32>::try_from(&flat).expect("an int32 tensor converts");
-                Tensor::from_slice(&self.reduce_values(values, op)?)
+                self.start_reduce(values, system, move |v: Vec<i32>| {
+                    back(Tensor::from_slice(&v))
+                })
             }
             kind => {
                 return Err(unsupported(
@@ -224,15 +326,7 @@ impl ProcessGroup for MpiGroup {
                     format!("{op:?} of a {kind:?} tensor is not supported; convert it to float32"),
                 ))
             }
-        };
-        let reduced = if op == ReduceOp::Mean {
-            reduced / self.size as f64
-        } else {
-            reduced
-        };
-        let reduced = reduced.view(shape.as_slice()).to_kind(tensor.kind());
-        tch::no_grad(|| tensor.copy_(&reduced));
-        Ok(())
+        })
     }
 
     fn all_gather(&self, tensor: &Tensor) -> Result<Tensor, DistError> {
@@ -317,7 +411,7 @@ impl ProcessGroup for MpiGroup {
         let recv = Leaked::new(vec![0u8; total]);
         let counts_buf = Leaked::new(counts.clone());
         let displs_buf = Leaked::new(displs.clone());
-        // SAFETY: as in reduce_values; the partition only borrows the
+        // SAFETY: as in start_reduce; the partition only borrows the
         // buffers and is itself leaked with them on a timeout.
         let joined = unsafe {
             let partition = Leaked::new(vec![PartitionMut::new(
@@ -353,7 +447,7 @@ impl ProcessGroup for MpiGroup {
         }
         let root_process = self.world.process_at_rank(root as i32);
         let length = Leaked::new(vec![bytes.len() as u64]);
-        // SAFETY: as in reduce_values.
+        // SAFETY: as in start_reduce.
         let length = unsafe {
             let request = root_process.immediate_broadcast_into(StaticScope, length.get());
             self.finish("broadcast", request)?;
@@ -362,7 +456,7 @@ impl ProcessGroup for MpiGroup {
         let mut data = bytes;
         data.resize(length, 0);
         let buffer = Leaked::new(data);
-        // SAFETY: as in reduce_values.
+        // SAFETY: as in start_reduce.
         unsafe {
             let request = root_process.immediate_broadcast_into(StaticScope, buffer.get());
             self.finish("broadcast", request)?;

@@ -55,6 +55,30 @@ pub enum DistError {
     },
 }
 
+/// A collective under way: [`wait`](Self::wait) finishes it. Dropped
+/// without waiting, its buffers are leaked rather than freed under the
+/// backend.
+#[must_use = "a started collective does nothing useful until waited for"]
+pub struct Pending<'g>(Box<dyn FnOnce() -> Result<Tensor, DistError> + 'g>);
+
+impl<'g> Pending<'g> {
+    /// A collective that `finish` completes.
+    pub fn new(finish: impl FnOnce() -> Result<Tensor, DistError> + 'g) -> Self {
+        Self(Box::new(finish))
+    }
+
+    /// A collective that already completed with `result`.
+    pub fn ready(result: Tensor) -> Self {
+        Self::new(move || Ok(result))
+    }
+
+    /// Waits for the collective (under the group's timeout) and returns
+    /// its result.
+    pub fn wait(self) -> Result<Tensor, DistError> {
+        (self.0)()
+    }
+}
+
 /// The processes of one training run and this process's place among them.
 ///
 /// The collectives have world-of-one defaults (what a single process
@@ -76,6 +100,18 @@ pub trait ProcessGroup: Send {
     fn all_reduce(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<(), DistError> {
         let _ = (tensor, op);
         self.only_one("all_reduce")
+    }
+
+    /// Starts combining `tensor` across processes with `op` and returns at
+    /// once; [`Pending::wait`] gives the result (a new tensor of the same
+    /// shape and kind). Started collectives finish in the order they were
+    /// started, and every process must start them in the same order. Work
+    /// done between start and wait overlaps the communication where the
+    /// backend allows (MPI does); the default finishes before returning.
+    fn all_reduce_start(&self, tensor: &Tensor, op: ReduceOp) -> Result<Pending<'_>, DistError> {
+        let mut out = tensor.detach().copy();
+        self.all_reduce(&mut out, op)?;
+        Ok(Pending::ready(out))
     }
 
     /// Every process's `tensor` concatenated along dimension 0, in rank

@@ -65,6 +65,7 @@ extern "C" {
     ) -> *mut c_char;
     pub fn hearth_empty_device_cache() -> *mut c_char;
     pub fn hearth_randperm(n: i64, seed: u64, out: *mut *mut C_tensor) -> *mut c_char;
+    pub fn hearth_set_grad(tensor: *mut C_tensor, grad: *mut C_tensor) -> *mut c_char;
     pub fn hearth_clear_grads(tensors: *const *mut C_tensor, n: usize) -> *mut c_char;
     pub fn hearth_rng_get_state(
         device_type: c_int,

@@ -205,6 +205,19 @@ pub fn clear_grads(tensors: &[Tensor]) -> Result<(), TchError> {
     check(unsafe { ffi::hearth_clear_grads(t.as_ptr(), t.len()) })
 }
 
+/// Sets the gradient of `tensor` to `grad` (`param.grad = grad`), which
+/// then holds `grad`'s storage.
+pub fn set_grad(tensor: &Tensor, grad: &Tensor) -> Result<(), TchError> {
+    // SAFETY: live handles borrowed for the call; the shim copies the
+    // at::Tensor (a reference count), not the pointer.
+    check(unsafe {
+        ffi::hearth_set_grad(
+            tensor.as_ptr() as *mut C_tensor,
+            grad.as_ptr() as *mut C_tensor,
+        )
+    })
+}
+
 /// The L2 norm of each tensor, as 0-dim tensors on the tensors' device.
 pub fn foreach_norm(tensors: &[Tensor]) -> Result<Vec<Tensor>, TchError> {
     if tensors.is_empty() {

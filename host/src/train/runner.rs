@@ -4,7 +4,7 @@ use super::config::{DataKind, DeviceChoice, ModelKind, OptimizerKind, TrainConfi
 use super::eval::{evaluate, Evaluation};
 use super::loss::lm_loss;
 use super::progress::Progress;
-use crate::accelerator::{Accelerator, BuildError, PrepareError};
+use crate::accelerator::{Accelerator, BackwardError, BuildError, PrepareError};
 use crate::checkpoint::CheckpointError;
 use crate::data::{RandomTokens, SortDigits, TextFile, TextFileError, TokenDataset};
 use crate::models::{Gpt, GptConfig, Mlp, MlpConfig, Model, TorchScriptError, TorchScriptModel};
@@ -72,6 +72,12 @@ pub enum TrainError {
     /// A libtorch operation failed.
     #[error("libtorch error")]
     Torch(#[from] TchError),
+    /// A backward pass, or the gradient averaging after it, failed.
+    #[error(transparent)]
+    Backward(#[from] BackwardError),
+    /// A collective between the processes failed.
+    #[error("the processes could not agree")]
+    Dist(#[from] crate::dist::DistError),
     /// The TorchScript model could not be loaded.
     #[error(transparent)]
     TorchScript(#[from] TorchScriptError),
