@@ -42,7 +42,7 @@ fn child_collectives() {
     let Ok(mode) = std::env::var(CHILD) else {
         return; // only under mpirun
     };
-    let acc = Accelerator::builder()
+    let mut acc = Accelerator::builder()
         .cpu(true)
         .timeout(Duration::from_secs(3))
         .build()
@@ -78,8 +78,18 @@ fn child_collectives() {
     let broadcast = acc.broadcast(&x, 0).unwrap();
     let objects: Vec<usize> = acc.gather_object(&r).unwrap();
     let word: String = acc.broadcast_object(&format!("from rank {r}"), 1).unwrap();
+    // 9 examples, batch 5: rank 1's batch ends with example 0 again.
+    let ids: Vec<Tensor> = (0..9).map(|i| Tensor::from(i as i64)).collect();
+    let loader = acc.prepare(hearth::data::DataLoader::new(ids, 5)).unwrap();
+    let (mut batches, mut gathered_ids, mut metric_ids) = (vec![], vec![], vec![]);
+    for batch in loader.iter() {
+        batches.push(values(&batch));
+        gathered_ids.push(values(&acc.gather(&batch).unwrap()));
+        metric_ids.push(values(&acc.gather_for_metrics(&batch).unwrap()));
+    }
     acc.wait_for_everyone().unwrap();
     let result = serde_json::json!({
+        "batches": batches, "gathered_ids": gathered_ids, "metric_ids": metric_ids,
         "rank": r,
         "world": acc.num_processes(),
         "local": acc.process_group().local_process_index(),
@@ -338,6 +348,13 @@ fn collectives_across_two_ranks_give_accelerates_values() {
             serde_json::json!([0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
         );
         assert_eq!(got["word"], "from rank 1");
+        // Accelerate's even batches: rank 1 completes its batch from the start.
+        let mine = [vec![0.0, 1.0, 2.0, 3.0, 4.0], vec![5.0, 6.0, 7.0, 8.0, 0.0]];
+        assert_eq!(got["batches"], serde_json::json!([mine[r]]));
+        let all: Vec<f64> = (0..9).map(f64::from).collect();
+        let with_repeat = [all.clone(), vec![0.0]].concat();
+        assert_eq!(got["gathered_ids"], serde_json::json!([with_repeat]));
+        assert_eq!(got["metric_ids"], serde_json::json!([all]));
     }
 }
 

@@ -446,10 +446,18 @@ impl Accelerator {
     }
 
     /// Gathers evaluation outputs from every process (see
-    /// [`gather`](Self::gather)). Not yet: dropping the samples that even
-    /// batching duplicated at the end of a sharded loader.
+    /// [`gather`](Self::gather)); on the last batch of a prepared loader's
+    /// epoch, keeps only the real examples of it, dropping those repeated
+    /// to give every process a full batch (Accelerate's
+    /// `gather_for_metrics`, with the loader's `remainder`).
     pub fn gather_for_metrics(&self, tensor: &Tensor) -> Result<Tensor, DistError> {
-        self.gather(tensor)
+        let all = self.gather(tensor)?;
+        match self.state.remainder() {
+            Some(r) if self.state.end_of_dataloader() && r > 0 && all.size()[0] > r as i64 => {
+                Ok(all.narrow(0, 0, r as i64))
+            }
+            _ => Ok(all),
+        }
     }
 
     /// `tensor` combined across processes with `op` (Accelerate's `reduce`:

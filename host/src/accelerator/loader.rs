@@ -30,6 +30,7 @@ where
     /// Reads the current epoch (see [`DataLoader::iter`]).
     pub fn iter(&self) -> PreparedBatches<'_, S> {
         self.state.set_end_of_dataloader(false);
+        self.state.set_remainder(self.inner.remainder());
         PreparedBatches {
             inner: self.inner.iter(),
             state: self.state.clone(),

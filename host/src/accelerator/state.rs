@@ -15,6 +15,8 @@ struct Inner {
     step: AtomicUsize,
     sync_gradients: AtomicBool,
     end_of_dataloader: AtomicBool,
+    /// The loader's remainder, `usize::MAX` for none.
+    remainder: AtomicUsize,
 }
 
 impl GradientState {
@@ -25,6 +27,7 @@ impl GradientState {
             step: AtomicUsize::new(0),
             sync_gradients: AtomicBool::new(true),
             end_of_dataloader: AtomicBool::new(false),
+            remainder: AtomicUsize::new(usize::MAX),
         }))
     }
 
@@ -42,6 +45,18 @@ impl GradientState {
     /// True while the batch being processed is the last of its epoch.
     pub fn end_of_dataloader(&self) -> bool {
         self.0.end_of_dataloader.load(Relaxed)
+    }
+
+    /// Real examples in the last global batch of the loader being read
+    /// (see [`DataLoader::remainder`](crate::data::DataLoader::remainder)).
+    pub fn remainder(&self) -> Option<usize> {
+        Some(self.0.remainder.load(Relaxed)).filter(|&r| r != usize::MAX)
+    }
+
+    pub(crate) fn set_remainder(&self, remainder: Option<usize>) {
+        self.0
+            .remainder
+            .store(remainder.unwrap_or(usize::MAX), Relaxed);
     }
 
     pub(crate) fn set_sync_gradients(&self, sync: bool) {

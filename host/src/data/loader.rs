@@ -139,6 +139,10 @@ pub trait BatchSource {
     ) -> Box<dyn Iterator<Item = Vec<Self::Item>> + '_>;
     /// Batches per epoch for this process, when known.
     fn num_batches(&self, options: &LoaderOptions, shard: Shard) -> Option<usize>;
+    /// Examples per epoch over all processes, when known.
+    fn num_examples(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// A map-style dataset as a batch source.
@@ -162,6 +166,9 @@ where
             mine.into_iter()
                 .map(move |b| b.into_iter().map(|i| self.0.get(i)).collect()),
         )
+    }
+    fn num_examples(&self) -> Option<usize> {
+        Some(self.0.len())
     }
     fn num_batches(&self, o: &LoaderOptions, shard: Shard) -> Option<usize> {
         let order: Vec<usize> = (0..self.0.len()).collect();
@@ -323,6 +330,23 @@ impl<S: BatchSource> DataLoader<S> {
         self.source.num_batches(&self.options, self.shard)
     }
 
+    /// Real examples in the epoch's last global batch (Accelerate's
+    /// `remainder`): the rest were repeated from the start of the epoch to
+    /// fill every process's batch, and `gather_for_metrics` drops them.
+    /// `None` with `drop_last` or when the number of examples is unknown;
+    /// `Some(0)` when the last global batch is full.
+    pub fn remainder(&self) -> Option<usize> {
+        if self.options.drop_last {
+            return None;
+        }
+        let total_batch = if self.shard.split_batches {
+            self.options.batch_size
+        } else {
+            self.options.batch_size * self.shard.num_processes.max(1)
+        };
+        Some(self.source.num_examples()? % total_batch)
+    }
+
     /// True when an epoch holds no batch.
     pub fn is_empty(&self) -> bool {
         self.len() == Some(0)
@@ -457,6 +481,42 @@ impl<S: BatchSource> Iterator for Batches<'_, S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    struct RangeStream(i64);
+    impl IterableDataset for RangeStream {
+        type Item = Tensor;
+        fn stream(&self, _: u64) -> Box<dyn Iterator<Item = Tensor> + '_> {
+            Box::new((0..self.0).map(Tensor::from))
+        }
+    }
+
+    #[test]
+    fn the_remainder_counts_the_real_examples_of_the_last_global_batch() {
+        let ids = || (0..9).map(|i| Tensor::from(i as i64)).collect::<Vec<_>>();
+        let shard = |split_batches| Shard {
+            process_index: 0,
+            num_processes: 2,
+            split_batches,
+            even_batches: true,
+        };
+        assert_eq!(
+            DataLoader::new(ids(), 5).sharded(shard(false)).remainder(),
+            Some(9)
+        );
+        assert_eq!(
+            DataLoader::new(ids(), 4).sharded(shard(true)).remainder(),
+            Some(1)
+        );
+        assert_eq!(DataLoader::new(ids(), 3).remainder(), Some(0));
+        let dropped = DataLoader::new(ids(), 5).drop_last(true);
+        assert_eq!(dropped.sharded(shard(false)).remainder(), None);
+        let stream = DataLoader::iterable(RangeStream(9), 5);
+        assert_eq!(
+            stream.remainder(),
+            None,
+            "an iterable dataset's length is unknown"
+        );
+    }
 
     #[test]
     fn collate_stacks_tensors_pairs_and_lists_field_by_field() {
