@@ -728,13 +728,19 @@ fn save_writes_from_the_main_process_only() {
 }
 
 #[test]
-fn a_model_in_a_world_of_two_is_refused_until_gradients_are_averaged() {
+fn a_model_in_a_world_without_collectives_is_refused_naming_the_broadcast() {
     let mut acc = Accelerator::builder()
         .cpu(true)
         .process_group(Box::new(FakeWorld { rank: 0, n: 2 }))
         .build()
         .unwrap();
     let vs = tch::nn::VarStore::new(Device::Cpu);
-    let err = acc.prepare(vs).err().unwrap().to_string();
-    assert!(err.contains("2 processes") && err.contains("DDP"), "{err}");
+    let _layer = nn::linear(vs.root(), 2, 2, Default::default());
+    let err = acc.prepare(vs).err().unwrap();
+    let source = std::error::Error::source(&err).unwrap().to_string();
+    assert!(err.to_string().contains("rank 0's parameters"), "{err}");
+    assert!(
+        source.contains("broadcast") && source.contains("no collectives"),
+        "{source}"
+    );
 }

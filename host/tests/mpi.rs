@@ -304,6 +304,116 @@ fn bf16_compression_halves_the_bytes_and_stays_close() {
     assert!(differs, "bf16 rounding changed something");
 }
 
+/// `hearth run` in `n` ranks under mpirun.
+fn hearth_run(n: usize, config: &std::path::Path, args: &[&str]) -> Output {
+    Command::new("mpirun")
+        .args(["--oversubscribe", "-n", &n.to_string()])
+        .arg(env!("CARGO_BIN_EXE_hearth"))
+        .arg("run")
+        .arg(config)
+        .args(args)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .expect("mpirun runs")
+}
+
+#[test]
+fn hearth_run_on_two_ranks_resumes_to_the_weights_of_an_unbroken_run() {
+    let dir = scratch("run");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("job.toml");
+    std::fs::write(
+        &config,
+        r#"
+[run]
+name = "two"
+steps = 24
+seed = 3
+log-every = 12
+save-every = 12
+
+[model]
+kind = "gpt"
+d-model = 32
+layers = 1
+heads = 2
+
+[data]
+kind = "sort-digits"
+digits = 6
+batch-size = 16
+
+[optimizer]
+kind = "adamw"
+lr = 3e-3
+
+[eval]
+samples = 50
+"#,
+    )
+    .unwrap();
+    let (whole, broken) = (dir.join("whole"), dir.join("broken"));
+    let out = hearth_run(
+        2,
+        &config,
+        &["--quiet", "--output-dir", whole.to_str().unwrap()],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout.matches("final training loss").count(),
+        1,
+        "the main process reports: {stdout}"
+    );
+    let broken_dir = ["--quiet", "--output-dir", broken.to_str().unwrap()];
+    let out = hearth_run(2, &config, &[&broken_dir[..], &["--steps", "12"]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Rank 0 wrote the shared state, each rank its generators and data stream.
+    let first = broken.join("two/checkpoints/checkpoint_0");
+    let manifest = std::fs::read_to_string(first.join("hearth_checkpoint.json")).unwrap();
+    for name in [
+        "model.safetensors",
+        "optimizer.safetensors",
+        "random_states_0.safetensors",
+        "random_states_1.safetensors",
+        "custom_checkpoint_0_0.bin",
+        "custom_checkpoint_0_1.bin",
+    ] {
+        assert!(first.join(name).is_file(), "{name}");
+        assert!(
+            manifest.contains(&format!("\"{name}\"")),
+            "{name} in {manifest}"
+        );
+    }
+    assert_ne!(
+        std::fs::read(first.join("custom_checkpoint_0_0.bin")).unwrap(),
+        std::fs::read(first.join("custom_checkpoint_0_1.bin")).unwrap(),
+        "the ranks draw different batches"
+    );
+    let out = hearth_run(2, &config, &[&broken_dir[..], &["--resume"]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("at step 13"));
+    assert_eq!(
+        std::fs::read(whole.join("two/model.safetensors")).unwrap(),
+        std::fs::read(broken.join("two/model.safetensors")).unwrap(),
+        "resumed on 2 ranks = never stopped"
+    );
+}
+
 fn scratch(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("hearth-mpi-{name}-{}", std::process::id()))
 }

@@ -66,12 +66,28 @@ impl ProjectConfiguration {
 
 /// An object saved with every checkpoint (Accelerate's
 /// `register_for_checkpointing`): its state as bytes, in
-/// `custom_checkpoint_<i>.bin`.
+/// `custom_checkpoint_<i>.bin` written by the main process, or — for an
+/// object whose state differs between processes — in
+/// `custom_checkpoint_<i>_<rank>.bin` written by each.
 pub trait Checkpointable: Send {
     /// The state to save.
     fn state_dict(&self) -> Vec<u8>;
     /// Restores what [`state_dict`](Self::state_dict) returned.
     fn load_state_dict(&mut self, state: &[u8]) -> Result<(), String>;
+    /// True when every process holds its own state (a per-process data
+    /// stream, say), saved and restored per rank.
+    fn per_process(&self) -> bool {
+        false
+    }
+}
+
+/// The file of custom object `i` of process `rank`.
+fn custom_file(i: usize, per_process: bool, rank: usize) -> String {
+    if per_process {
+        format!("custom_checkpoint_{i}_{rank}.bin")
+    } else {
+        format!("custom_checkpoint_{i}.bin")
+    }
 }
 
 /// What the accelerator saves besides the objects it prepared.
@@ -309,7 +325,16 @@ impl Accelerator {
                 ))
             }
         };
-        let staged = StagedCheckpoint::begin(&dest)?;
+        let Some(mut staged) = self.stage(&dest)? else {
+            // Another process than the main one: its part is written.
+            self.project.iteration += 1;
+            return Ok(dest);
+        };
+        for rank in 1..self.num_processes() {
+            for name in self.process_part_names(rank) {
+                staged.adopt(&name)?;
+            }
+        }
         let snapshot = self.snapshot(&dest, self.project.async_save)?;
         let context = self.hook_context(&dest, self.project.iteration);
         let hooks = self.registered.hooks.clone();
@@ -337,6 +362,107 @@ impl Accelerator {
         } else {
             write()
         }
+    }
+
+    /// Starts the checkpoint `dest`. In a world of one that is all; with
+    /// several processes, the main one stages the folder, every other
+    /// process writes its own parts (its generators, per-process objects)
+    /// into it, and all learn whether every process succeeded. Returns the
+    /// staged checkpoint on the main process, `None` on the others.
+    fn stage(&self, dest: &Path) -> Result<Option<StagedCheckpoint>, CheckpointError> {
+        let main = self.is_main_process();
+        let staged = main.then(|| StagedCheckpoint::begin(dest));
+        if self.num_processes() == 1 {
+            return staged.transpose();
+        }
+        let disagree = |e: crate::dist::DistError| {
+            state_err(dest, format!("the processes could not agree: {e}"))
+        };
+        let folder: Result<PathBuf, String> = match &staged {
+            Some(Ok(s)) => Ok(s.folder().to_path_buf()),
+            Some(Err(e)) => Err(e.to_string()),
+            None => Ok(PathBuf::new()),
+        };
+        let folder = self.broadcast_object(&folder, 0).map_err(disagree)?;
+        let written: Result<(), String> = match &folder {
+            Ok(folder) if !main => self
+                .write_process_parts(folder, dest)
+                .map_err(|e| format!("{e:#}")),
+            _ => Ok(()),
+        };
+        let all = self.gather_object(&written).map_err(disagree)?;
+        if let Err(m) = folder {
+            return match staged {
+                Some(Err(e)) => Err(e),
+                _ => Err(state_err(dest, format!("rank 0 could not start it: {m}"))),
+            };
+        }
+        if let Some((rank, Err(m))) = all.iter().enumerate().find(|(_, w)| w.is_err()) {
+            return Err(state_err(
+                dest,
+                format!("rank {rank} could not write its part, so nothing was saved (the previous checkpoint is untouched): {m}"),
+            ));
+        }
+        staged.transpose()
+    }
+
+    /// The files process `rank` writes itself.
+    fn process_part_names(&self, rank: usize) -> Vec<String> {
+        let customs = self.registered.custom.iter().enumerate();
+        std::iter::once(format!("random_states_{rank}.safetensors"))
+            .chain(
+                customs
+                    .filter(|(_, o)| lock(o).per_process())
+                    .map(|(i, _)| custom_file(i, true, rank)),
+            )
+            .collect()
+    }
+
+    /// This process's own parts: its generators and per-process objects.
+    fn process_parts(&self, dest: &Path) -> Result<Vec<Part>, CheckpointError> {
+        let rank = self.process_index();
+        let rng = self
+            .rng_state()
+            .map_err(|e| state_err(dest, format!("cannot read the random generators: {e}")))?;
+        let mut rng_tensors = vec![("cpu".to_string(), rng.cpu)];
+        rng_tensors.extend(
+            rng.cuda
+                .into_iter()
+                .enumerate()
+                .map(|(i, t)| (format!("cuda.{i}"), t)),
+        );
+        let mut parts = vec![Part::Tensors(
+            format!("random_states_{rank}.safetensors"),
+            rng_tensors,
+        )];
+        for (i, object) in self.registered.custom.iter().enumerate() {
+            let object = lock(object);
+            if object.per_process() {
+                parts.push(Part::Bytes(custom_file(i, true, rank), object.state_dict()));
+            }
+        }
+        Ok(parts)
+    }
+
+    /// Writes this process's own parts into the main process's staging
+    /// `folder` (each file atomically and durably).
+    fn write_process_parts(&self, folder: &Path, dest: &Path) -> Result<(), CheckpointError> {
+        for part in self.process_parts(dest)? {
+            match part {
+                Part::Tensors(name, tensors) => {
+                    crate::checkpoint::save_safetensors(&folder.join(name), &tensors)?
+                }
+                Part::Bytes(name, bytes) => {
+                    let path = folder.join(name);
+                    crate::durable::write_atomically(&path, |f| {
+                        std::io::Write::write_all(f, &bytes)
+                    })
+                    .map_err(CheckpointError::io(&path))?
+                }
+                Part::Json(..) => unreachable!("a process's own parts are tensors and bytes"),
+            }
+        }
+        Ok(())
     }
 
     /// Waits for a background save (see [`save_state`](Self::save_state))
@@ -425,25 +551,12 @@ impl Accelerator {
                 json(serde_json::to_value(loader.state())),
             ));
         }
-        let rng = self
-            .rng_state()
-            .map_err(|e| state_err(dest, format!("cannot read the random generators: {e}")))?;
-        let mut rng_tensors = vec![("cpu".to_string(), rng.cpu)];
-        rng_tensors.extend(
-            rng.cuda
-                .into_iter()
-                .enumerate()
-                .map(|(i, t)| (format!("cuda.{i}"), t)),
-        );
-        parts.push(Part::Tensors(
-            format!("random_states_{}.safetensors", self.process_index()),
-            rng_tensors,
-        ));
+        parts.extend(self.process_parts(dest)?);
         for (i, object) in self.registered.custom.iter().enumerate() {
-            parts.push(Part::Bytes(
-                format!("custom_checkpoint_{i}.bin"),
-                lock(object).state_dict(),
-            ));
+            let object = lock(object);
+            if !object.per_process() {
+                parts.push(Part::Bytes(custom_file(i, false, 0), object.state_dict()));
+            }
         }
         let trainer = TrainerState {
             iteration: self.project.iteration,
@@ -551,7 +664,8 @@ impl Accelerator {
         self.set_rng_state(&rng)
             .map_err(|e| state_err(&path, format!("cannot restore the generators: {e}")))?;
         for (i, object) in self.registered.custom.iter().enumerate() {
-            let path = dir.join(format!("custom_checkpoint_{i}.bin"));
+            let per_process = lock(object).per_process();
+            let path = dir.join(custom_file(i, per_process, self.process_index()));
             let bytes = std::fs::read(&path).map_err(CheckpointError::io(&path))?;
             lock(object)
                 .load_state_dict(&bytes)

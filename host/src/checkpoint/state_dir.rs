@@ -153,6 +153,12 @@ impl StagedCheckpoint {
         self.record(name)
     }
 
+    /// Records `name`, written into the folder by another process (its
+    /// own part of the checkpoint), as hearth's.
+    pub fn adopt(&mut self, name: &str) -> Result<(), CheckpointError> {
+        self.record(name)
+    }
+
     /// Writes raw bytes as `name`.
     pub fn bytes(&mut self, name: &str, bytes: &[u8]) -> Result<(), CheckpointError> {
         let path = self.tmp.join(name);

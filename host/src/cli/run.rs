@@ -46,6 +46,9 @@ pub(super) fn execute(args: RunArgs) -> Result<(), Failure> {
         }
         _ => Failure::failed(e),
     })?;
+    if summary.process_index != 0 {
+        return Ok(()); // the main process reports
+    }
     println!("final training loss: {:.4}", summary.final_loss);
     println!("throughput: {:.0} tokens/s", summary.tokens_per_sec);
     if let Some(eval) = summary.eval {

@@ -6,12 +6,15 @@ use std::time::Duration;
 
 pub(crate) struct Progress {
     bar: ProgressBar,
+    /// Off on every process but the main one.
+    speaks: bool,
 }
 
 impl Progress {
     /// A bar over `steps` steps; hidden when `quiet` or not on a terminal.
-    pub(crate) fn new(steps: u64, quiet: bool) -> Self {
-        let bar = if quiet {
+    /// Only the main process (`main`) shows or logs anything.
+    pub(crate) fn new(steps: u64, quiet: bool, main: bool) -> Self {
+        let bar = if quiet || !main {
             ProgressBar::hidden()
         } else {
             ProgressBar::new(steps)
@@ -24,7 +27,7 @@ impl Progress {
             .progress_chars("=> "),
         );
         bar.enable_steady_tick(Duration::from_millis(200));
-        Self { bar }
+        Self { bar, speaks: main }
     }
 
     pub(crate) fn advance(&self) {
@@ -33,6 +36,9 @@ impl Progress {
 
     /// Shows the latest numbers on the bar and logs them.
     pub(crate) fn report(&self, step: u64, steps: u64, loss: f64, lr: f64, tokens_per_sec: f64) {
+        if !self.speaks {
+            return;
+        }
         self.bar.set_message(format!(
             "loss {loss:.4} lr {lr:.2e} {tokens_per_sec:.0} tok/s"
         ));
@@ -45,6 +51,9 @@ impl Progress {
 
     /// Logs a line without tearing the bar.
     pub(crate) fn log(&self, line: impl std::fmt::Display) {
+        if !self.speaks {
+            return;
+        }
         self.bar.suspend(|| tracing::info!("{line}"));
     }
 

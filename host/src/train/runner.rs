@@ -58,6 +58,10 @@ pub struct RunSummary {
     pub tokens_per_sec: f64,
     /// The final held-out evaluation, when the dataset has one.
     pub eval: Option<Evaluation>,
+    /// This process's rank (the summary file is the main process's).
+    pub process_index: usize,
+    /// Number of processes that trained together.
+    pub num_processes: usize,
 }
 
 /// Why a run failed.
@@ -304,6 +308,10 @@ impl crate::accelerator::Checkpointable for DataStream {
         bytes.extend(self.0.get_word_pos().to_le_bytes());
         bytes
     }
+    /// Every process draws its own batches from its own stream.
+    fn per_process(&self) -> bool {
+        true
+    }
     fn load_state_dict(&mut self, state: &[u8]) -> Result<(), String> {
         if state.len() != 56 {
             return Err(format!(
@@ -407,9 +415,11 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
     let (model, mut opt) = acc.prepare((model, opt))?;
     let mut schedule = schedule.map(|s| acc.prepare(s)).transpose()?;
     let batch_size = config.data.batch_size;
-    let stream = std::sync::Arc::new(std::sync::Mutex::new(DataStream(
-        ChaCha8Rng::seed_from_u64(seed),
-    )));
+    // Process r draws from stream r of the seed: different batches on
+    // every process, the same ones as before for a world of one.
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    rng.set_stream(acc.process_index() as u64);
+    let stream = std::sync::Arc::new(std::sync::Mutex::new(DataStream(rng)));
     acc.register_for_checkpointing(stream.clone());
     let mut first_step = 1;
     if options.resume {
@@ -433,8 +443,10 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
             mode => format!(", mixed precision {mode}"),
         }
     ));
-    let progress = Progress::new(steps, options.quiet || !acc.is_main_process());
-    let tokens_per_step = (batch_size * data.seq_len()) as f64 * accumulation as f64;
+    let progress = Progress::new(steps, options.quiet, acc.is_main_process());
+    // Tokens of all processes.
+    let tokens_per_step =
+        (batch_size * data.seq_len()) as f64 * accumulation as f64 * acc.num_processes() as f64;
     // Throughput leaves out the first steps (allocator and kernel warm-up).
     let warmup = (steps / 5).min(10);
     let (mut timer, mut window_start) = (Instant::now(), Instant::now());
@@ -485,7 +497,12 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
         window_steps += 1;
         progress.advance();
         if step % config.run.log_every == 0 || step == steps {
-            final_loss = f64::try_from(&window_loss)? / window_micro as f64;
+            // The mean over all processes (every one logs at the same steps).
+            let mean_loss = acc.reduce(
+                &window_loss.to_device(tch::Device::Cpu),
+                crate::dist::ReduceOp::Mean,
+            )?;
+            final_loss = f64::try_from(&mean_loss)? / window_micro as f64;
             if !final_loss.is_finite() {
                 progress.finish();
                 return Err(TrainError::Diverged {
@@ -552,6 +569,8 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
         final_loss,
         tokens_per_sec,
         eval,
+        process_index: acc.process_index(),
+        num_processes: acc.num_processes(),
     };
     if acc.is_main_process() {
         std::fs::create_dir_all(&run_dir).map_err(io_err(&run_dir))?;
