@@ -65,6 +65,9 @@ fn environment_fills_in_and_explicit_settings_win() {
         chain.contains("WORLD_SIZE=2") && chain.contains("mpirun -n 2"),
         "{chain}"
     );
-    unsafe { std::env::set_var("WORLD_SIZE", "1") };
+    unsafe {
+        std::env::set_var("WORLD_SIZE", "1");
+        std::env::set_var("RANK", "0");
+    }
     assert_eq!(Accelerator::builder().build().unwrap().num_processes(), 1);
 }

@@ -2,6 +2,9 @@
 //! subcommand has its own file.
 
 mod checkpoint;
+mod config;
+mod env;
+mod launch;
 mod plugins;
 mod run;
 
@@ -36,6 +39,12 @@ enum Command {
     Plugins(plugins::PluginsArgs),
     /// Inspect and verify checkpoints written by save_state.
     Checkpoint(checkpoint::CheckpointArgs),
+    /// Run a config or a program in several processes, `[rank k]` on each line.
+    Launch(launch::LaunchArgs),
+    /// Print versions, devices, backends and this process's rank.
+    Env(env::EnvArgs),
+    /// Write a default training config to start from.
+    Config(config::ConfigArgs),
 }
 
 fn init_logging() {
@@ -57,6 +66,9 @@ pub fn main() -> ExitCode {
         Command::Run(args) => run::execute(args),
         Command::Plugins(args) => plugins::execute(args),
         Command::Checkpoint(args) => checkpoint::execute(args),
+        Command::Launch(args) => launch::execute(args),
+        Command::Env(args) => env::execute(args),
+        Command::Config(args) => config::execute(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,64 @@
+//! `hearth env`: versions, devices, backends and this process's place in
+//! its job — what to paste into a bug report.
+
+use super::Failure;
+use crate::dist::LaunchEnv;
+
+/// Arguments of `hearth env`.
+#[derive(Debug, clap::Args)]
+#[command(about = "Print versions, devices, available backends and this process's rank")]
+pub(super) struct EnvArgs {
+    /// One JSON object on one line.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
+    let launch = LaunchEnv::from_env().map_err(Failure::bad_input)?;
+    let cuda_devices = if tch::Cuda::is_available() {
+        tch::Cuda::device_count()
+    } else {
+        0
+    };
+    let mpi_library = mpi::environment::library_version()
+        .map(|v| {
+            v.trim_matches(|c: char| c == '\0' || c.is_whitespace())
+                .to_string()
+        })
+        .unwrap_or_else(|_| "unavailable".into());
+    let backends = ["single", "mpi"];
+    let report = serde_json::json!({
+        "hearth": env!("CARGO_PKG_VERSION"),
+        "tch": "0.24.0",
+        "cuda_available": cuda_devices > 0,
+        "cuda_devices": cuda_devices,
+        "cudnn_available": tch::Cuda::cudnn_is_available(),
+        "backends": backends,
+        "nccl": "not built (the cuda feature is not implemented yet)",
+        "mpi_library": mpi_library,
+        "launch": launch,
+    });
+    if args.json {
+        println!("{report}");
+        return Ok(());
+    }
+    println!("hearth {}", env!("CARGO_PKG_VERSION"));
+    println!("tch 0.24.0 (libtorch from the PyTorch 2.11 wheel)");
+    println!("CUDA devices: {cuda_devices}");
+    println!("backends: {} (NCCL: not built)", backends.join(", "));
+    println!("MPI library: {mpi_library}");
+    println!(
+        "this process: rank {} of {} (local {} of {}), started by {:?}{}",
+        launch.rank,
+        launch.world_size,
+        launch.local_rank,
+        launch.local_world_size,
+        launch.launcher,
+        launch
+            .master
+            .as_ref()
+            .map(|m| format!(", rendezvous {m}"))
+            .unwrap_or_default()
+    );
+    Ok(())
+}

@@ -1,0 +1,226 @@
+//! `hearth launch`, `hearth env` and `hearth config` as a user runs them:
+//! the same ranks whoever starts the processes, `[rank k]` prefixes, and a
+//! failed rank that stops the job, named, with nothing left behind.
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const HEARTH: &str = env!("CARGO_BIN_EXE_hearth");
+
+fn hearth(args: &[&str]) -> Command {
+    let mut cmd = Command::new(HEARTH);
+    cmd.args(args)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    for var in ["OMPI_COMM_WORLD_SIZE", "WORLD_SIZE", "RANK", "SLURM_NTASKS"] {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// (rank, world, local rank, local world, launcher) of each JSON line of
+/// `hearth env --json`, by rank; a `[rank k] ` prefix must match the rank.
+fn places(stdout: &[u8]) -> Vec<(u64, u64, u64, u64, String)> {
+    let mut found: Vec<_> = String::from_utf8_lossy(stdout)
+        .lines()
+        .map(|line| {
+            let (prefix, json) = line.split_at(line.find('{').expect("a JSON line"));
+            let v: serde_json::Value = serde_json::from_str(json).unwrap();
+            let l = &v["launch"];
+            let place = (
+                l["rank"].as_u64().unwrap(),
+                l["world_size"].as_u64().unwrap(),
+                l["local_rank"].as_u64().unwrap(),
+                l["local_world_size"].as_u64().unwrap(),
+                l["launcher"].as_str().unwrap().to_string(),
+            );
+            if !prefix.is_empty() {
+                assert_eq!(prefix, format!("[rank {}] ", place.0));
+            }
+            place
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+fn ranks_only(p: &[(u64, u64, u64, u64, String)]) -> Vec<(u64, u64, u64, u64)> {
+    p.iter().map(|x| (x.0, x.1, x.2, x.3)).collect()
+}
+
+#[test]
+fn every_launcher_gives_the_same_ranks() {
+    let want = vec![(0, 3, 0, 3), (1, 3, 1, 3), (2, 3, 2, 3)];
+    // hearth launch, CPU: through mpirun.
+    let out = hearth(&["launch", "-n", "3", "--cpu", "--", HEARTH, "env", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let launched = places(&out.stdout);
+    assert_eq!(ranks_only(&launched), want);
+    assert!(launched.iter().all(|p| p.4 == "mpirun"));
+    // hearth launch, spawn mode: torchrun's variables.
+    let out = hearth(&[
+        "launch",
+        "-n",
+        "3",
+        "--launcher",
+        "spawn",
+        "--",
+        HEARTH,
+        "env",
+        "--json",
+    ])
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let spawned = places(&out.stdout);
+    assert_eq!(ranks_only(&spawned), want);
+    assert!(spawned.iter().all(|p| p.4 == "torchrun"));
+    // mpirun directly.
+    let out = Command::new("mpirun")
+        .args(["--oversubscribe", "-n", "3", HEARTH, "env", "--json"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(ranks_only(&places(&out.stdout)), want);
+    // torchrun's and srun's variables set by hand.
+    for (vars, launcher) in [
+        (
+            ["WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"],
+            "torchrun",
+        ),
+        (
+            [
+                "SLURM_NTASKS",
+                "SLURM_PROCID",
+                "SLURM_LOCALID",
+                "SLURM_NTASKS_PER_NODE",
+            ],
+            "slurm",
+        ),
+    ] {
+        let mut by_hand = Vec::new();
+        for r in 0..3 {
+            let out = hearth(&["env", "--json"])
+                .env(vars[0], "3")
+                .env(vars[1], r.to_string())
+                .env(vars[2], r.to_string())
+                .env(vars[3], "3")
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}", text(&out));
+            by_hand.extend(places(&out.stdout));
+        }
+        assert_eq!(ranks_only(&by_hand), want, "{launcher}");
+        assert!(by_hand.iter().all(|p| p.4 == launcher));
+    }
+}
+
+/// A rank that fails stops the job: the launcher exits with its status
+/// naming it, promptly, and no process of the job is left.
+fn failing_job(mode: &str, rank_var: &str) {
+    // A sleep no other process runs: what pgrep looks for afterwards.
+    let which = if mode == "spawn" { 1 } else { 2 };
+    let marker = format!("sleep 60.{which}{}", std::process::id() % 100_000);
+    let script =
+        format!("echo ready; if [ ${rank_var} = 1 ]; then sleep 0.5; exit 3; fi; {marker}");
+    let started = Instant::now();
+    let out = hearth(&[
+        "launch",
+        "-n",
+        "2",
+        "--launcher",
+        mode,
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ])
+    .output()
+    .unwrap();
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{all}");
+    assert!(
+        all.contains("error: rank 1 exited with status 3; the other processes were stopped"),
+        "{all}"
+    );
+    assert!(
+        all.contains("[rank 0] ready") && all.contains("[rank 1] ready"),
+        "{all}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "stopped promptly"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let left = Command::new("pgrep")
+        .args(["-f", &marker])
+        .output()
+        .unwrap();
+    assert!(
+        left.stdout.is_empty(),
+        "left behind: {}",
+        String::from_utf8_lossy(&left.stdout)
+    );
+}
+
+#[test]
+fn a_failed_rank_stops_an_mpirun_job_naming_the_rank() {
+    failing_job("mpirun", "OMPI_COMM_WORLD_RANK");
+}
+
+#[test]
+fn a_failed_rank_stops_a_spawned_job_naming_the_rank() {
+    failing_job("spawn", "RANK");
+}
+
+#[test]
+fn launch_trains_a_config_on_two_cpu_processes() {
+    let dir = std::env::temp_dir().join(format!("hearth-launch-run-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("hearth.toml");
+    // `hearth config` writes the default job; shortened here.
+    let out = hearth(&["config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let again = hearth(&["config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(again.status.code(), Some(2), "an existing file is kept");
+    assert!(text(&again).contains("--force"));
+    // After `--`, flags for `hearth run` (the default job is shortened).
+    let out = hearth(&[
+        "launch",
+        "-n",
+        "2",
+        "--cpu",
+        config.to_str().unwrap(),
+        "--",
+        "--steps",
+        "20",
+        "--quiet",
+        "--output-dir",
+        dir.to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    assert_eq!(all.matches("final training loss").count(), 1, "{all}");
+    assert!(all.contains("[rank 0] final training loss"), "{all}");
+    assert!(dir.join("sort-digits/model.safetensors").is_file());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
