@@ -97,9 +97,11 @@ $(EXAMPLES)/js-tracker/js-tracker.wasm: $(JS_EXAMPLE)/tracker.js $(JS_EXAMPLE)/w
 	node $(JS_EXAMPLE)/build.mjs $@
 	cp $(JS_EXAMPLE)/plugin.toml $(@D)/
 
-# hearth vs Accelerate on the peer's tiny GPT, in one run (not a test).
+# hearth vs Accelerate on the peer's tiny GPT, in one run (not a test):
+# one process, then data parallel on 2 (hearth launch vs torchrun, gloo).
 bench: build
 	$(PY) examples/bench/gpt_vs_accelerate.py
+	$(PY) examples/bench/gpt_vs_accelerate.py 3 2
 
 # What a scheduler + tracker plugins cost per step, end to end and per call.
 bench-plugins: build

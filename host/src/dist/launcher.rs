@@ -110,6 +110,16 @@ fn forward(
     })
 }
 
+/// Threads each process's libtorch uses when `OMP_NUM_THREADS` is not set:
+/// this machine's cores shared between its processes (torchrun sets 1).
+fn threads_per_process(processes: usize) -> Option<String> {
+    if std::env::var_os("OMP_NUM_THREADS").is_some() {
+        return None;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    Some((cores / processes.max(1)).max(1).to_string())
+}
+
 /// Runs the job to its end.
 pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
     match spec.mode {
@@ -152,6 +162,9 @@ fn launch_mpirun(spec: &LaunchSpec) -> Result<(), LaunchError> {
         // One machine: more processes than cores is the user's call.
         None => cmd.arg("--oversubscribe"),
     };
+    if let Some(threads) = threads_per_process(spec.processes) {
+        cmd.env("OMP_NUM_THREADS", threads);
+    }
     if running_as_root() {
         cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
             .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
@@ -219,9 +232,14 @@ fn launch_spawn(spec: &LaunchSpec) -> Result<(), LaunchError> {
     let world = spec.nnodes * spec.processes;
     let mut children: Vec<(usize, Child)> = Vec::new();
     let mut forwarders = Vec::new();
+    let threads = threads_per_process(spec.processes);
     for local in 0..spec.processes {
         let rank = spec.node_rank * spec.processes + local;
-        let spawned = Command::new(program)
+        let mut cmd = Command::new(program);
+        if let Some(threads) = &threads {
+            cmd.env("OMP_NUM_THREADS", threads);
+        }
+        let spawned = cmd
             .args(args)
             .env("RANK", rank.to_string())
             .env("LOCAL_RANK", local.to_string())

@@ -122,6 +122,10 @@ impl MpiGroup {
         mut request: Request<'static, D, StaticScope>,
         deadline: Instant,
     ) -> Result<(), DistError> {
+        // Open MPI moves a non-blocking collective on only while it is
+        // tested: poll busily (yielding the core) for the first 50 ms, then
+        // back off to a 1 ms sleep for collectives that wait on a slow rank.
+        let busy_until = Instant::now() + Duration::from_millis(50);
         let mut pause = Duration::from_micros(5);
         loop {
             match request.test() {
@@ -137,6 +141,10 @@ impl MpiGroup {
                     rank: self.rank,
                     world: self.size,
                 });
+            }
+            if Instant::now() < busy_until {
+                std::thread::yield_now();
+                continue;
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(1));
