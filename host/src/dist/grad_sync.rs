@@ -114,25 +114,25 @@ impl GradientSync {
             .iter()
             .map(|bucket| {
                 let (flat, kind) = tch::no_grad(|| {
-                    let grads = bucket.iter().map(|p| {
-                        let g = p.grad();
-                        if g.defined() {
-                            g
-                        } else {
-                            p.zeros_like()
-                        }
-                    });
+                    let grads: Vec<Tensor> = bucket.iter().map(Tensor::grad).collect();
                     // One flag per parameter: 1 where this process has a gradient.
-                    let had: Vec<f32> = bucket
+                    let had: Vec<f32> = grads
                         .iter()
-                        .map(|p| if p.grad().defined() { 1.0 } else { 0.0 })
+                        .map(|g| if g.defined() { 1.0 } else { 0.0 })
                         .collect();
-                    let flat = flatten(grads);
-                    let kind = flat.kind();
-                    let flags = Tensor::from_slice(&had)
-                        .to_device(flat.device())
-                        .to_kind(kind);
-                    (Tensor::cat(&[flat, flags], 0), kind)
+                    let kind = bucket[0].kind();
+                    let mut parts: Vec<Tensor> = grads
+                        .into_iter()
+                        .zip(bucket)
+                        .map(|(g, p)| if g.defined() { g } else { p.zeros_like() }.reshape([-1]))
+                        .collect();
+                    parts.push(
+                        Tensor::from_slice(&had)
+                            .to_device(bucket[0].device())
+                            .to_kind(kind),
+                    );
+                    // One copy: the gradients and their flags together.
+                    (Tensor::cat(&parts, 0), kind)
                 });
                 let pending = match self.options.comm_hook {
                     CommHook::No => group.all_reduce_start(&flat, ReduceOp::Mean),

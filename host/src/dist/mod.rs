@@ -32,8 +32,11 @@ pub fn from_environment(timeout: std::time::Duration) -> Result<Box<dyn ProcessG
         backend: "launch",
         message: e.to_string(),
     })?;
+    // mpirun always means MPI (even -n 1); srun only when it started several tasks.
+    let joins_mpi =
+        env.launcher == Launcher::Mpirun || (env.launcher == Launcher::Slurm && env.world_size > 1);
     match env.launcher {
-        Launcher::Mpirun | Launcher::Slurm if env.launcher == Launcher::Mpirun || env.world_size > 1 => {
+        _ if joins_mpi => {
             let group = MpiGroup::init(timeout)?;
             if (group.process_index(), group.num_processes()) != (env.rank, env.world_size) {
                 return Err(DistError::Unsupported {
