@@ -3,6 +3,8 @@
 //! `child_collectives` runs in each rank and prints what it got, and the
 //! parent checks it against the values of the distributed issue.
 
+mod common;
+
 use hearth::accelerator::Accelerator;
 use hearth::dist::{DistError, ReduceOp};
 use std::process::{Command, Output};
@@ -99,6 +101,95 @@ fn child_collectives() {
         "gather": values(&gathered), "scalars": values(&scalars),
         "unequal_shape": unequal.size(), "unequal": values(&unequal),
         "broadcast": values(&broadcast), "objects": objects, "word": word,
+    });
+    let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
+    std::fs::write(out.join(format!("rank_{r}.json")), result.to_string()).unwrap();
+}
+
+/// One rank of the Accelerate-helpers comparison: the same inputs as
+/// `tests/oracles/accelerate_collectives.py`, the same keys in its JSON.
+#[test]
+fn child_process_helpers() {
+    if std::env::var(CHILD).as_deref() != Ok("helpers") {
+        return; // only under mpirun
+    }
+    let acc = Accelerator::builder()
+        .cpu(true)
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let (r, n) = (acc.process_index(), acc.num_processes());
+    let rows =
+        |t: &Tensor| -> Vec<Vec<f64>> { (0..t.size()[0]).map(|i| values(&t.get(i))).collect() };
+    let (mut split, mut split_tensor, mut pad) = (
+        serde_json::Map::new(),
+        serde_json::Map::new(),
+        serde_json::Map::new(),
+    );
+    for length in 0..8usize {
+        for padding in [false, true] {
+            if length == 0 && padding {
+                continue;
+            }
+            let key = format!("{length}:{}", u8::from(padding));
+            let items: Vec<usize> = (0..length).collect();
+            split.insert(
+                key.clone(),
+                acc.split_between_processes(&items, padding).into(),
+            );
+            let table = Tensor::arange(length as i64 * 2, (Kind::Float, Device::Cpu)).view([-1, 2]);
+            let mine = acc.split_tensor_between_processes(&table, padding);
+            split_tensor.insert(key, rows(&mine).into());
+        }
+    }
+    let x = Tensor::arange(((r + 1) * (r + 2)) as i64, (Kind::Float, Device::Cpu))
+        .view([r as i64 + 1, r as i64 + 2])
+        + 1.0;
+    for (dim, value, first) in [
+        (0i64, 0.0, false),
+        (1, -1.0, true),
+        (-1, 7.0, false),
+        (-2, 0.0, true),
+        (2, 5.0, false),
+    ] {
+        let padded = acc.pad_across_processes(&x, dim, value, first).unwrap();
+        pad.insert(
+            format!("{dim}:{value}:{}", u8::from(first)),
+            rows(&padded).into(),
+        );
+    }
+    if r == n - 1 {
+        acc.set_trigger();
+    }
+    let triggers = [acc.check_trigger().unwrap(), acc.check_trigger().unwrap()];
+    tch::manual_seed(100 + r as i64);
+    let own_draw = values(&Tensor::rand([3], (Kind::Float, Device::Cpu)));
+    acc.synchronize_rng_state().unwrap();
+    let synced_draw = values(&Tensor::rand([3], (Kind::Float, Device::Cpu)));
+    // Not in Accelerate: the issue's reduce-scatter of [1+2r, 2+2r].
+    let x = Tensor::from_slice(&[1.0f32 + 2.0 * r as f32, 2.0 + 2.0 * r as f32]);
+    let scattered = if 2 % n == 0 {
+        values(&acc.reduce_scatter(&x, ReduceOp::Sum).unwrap())
+    } else {
+        vec![]
+    };
+    // The main process goes first: it writes a file the others then read.
+    let marker = std::path::PathBuf::from(std::env::var(OUT).unwrap()).join("first");
+    let seen_first = acc
+        .main_process_first(|| {
+            if r == 0 {
+                std::thread::sleep(Duration::from_millis(300));
+                std::fs::write(&marker, "rank 0").unwrap();
+            }
+            marker.exists()
+        })
+        .unwrap();
+    let last = acc.on_last_process(|| r);
+    let second = acc.on_process(1, || r);
+    let result = serde_json::json!({
+        "rank": r, "world": n, "split": split, "split_tensor": split_tensor, "pad": pad,
+        "triggers": triggers, "own_draw": own_draw, "synced_draw": synced_draw,
+        "reduce_scatter": scattered, "seen_first": seen_first, "last": last, "second": second,
     });
     let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
     std::fs::write(out.join(format!("rank_{r}.json")), result.to_string()).unwrap();
@@ -466,6 +557,102 @@ fn collectives_across_two_ranks_give_accelerates_values() {
         assert_eq!(got["gathered_ids"], serde_json::json!([with_repeat]));
         assert_eq!(got["metric_ids"], serde_json::json!([all]));
     }
+}
+
+/// Accelerate's helpers run under torchrun (gloo, CPU) on the same inputs.
+fn accelerate_oracle(n: usize, out: &std::path::Path) {
+    let _ = std::fs::remove_dir_all(out);
+    std::fs::create_dir_all(out).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let run = Command::new(common::python())
+        .args([
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            &n.to_string(),
+        ])
+        .args(["--master_port", &port.to_string()])
+        .arg(common::repo_root().join("tests/oracles/accelerate_collectives.py"))
+        .arg(out)
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .expect("the project's Python (.venv) runs; run `make setup`");
+    assert!(
+        run.status.success(),
+        "the Accelerate oracle failed:\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
+
+#[test]
+fn process_helpers_on_three_ranks_match_accelerate() {
+    let theirs_dir = scratch("helpers-accelerate");
+    accelerate_oracle(3, &theirs_dir);
+    let ours_dir = scratch("helpers");
+    let out = mpirun(3, "child_process_helpers", "helpers", &ours_dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (theirs, ours) = (results(&theirs_dir, 3), results(&ours_dir, 3));
+    for r in 0..3 {
+        for key in ["split", "split_tensor", "pad", "triggers"] {
+            assert_eq!(ours[r][key], theirs[r][key], "rank {r}: {key}");
+        }
+        // The same generator (libtorch's mt19937) gives the same floats.
+        for key in ["own_draw", "synced_draw"] {
+            let (a, b): (Vec<f64>, Vec<f64>) = (
+                serde_json::from_value(ours[r][key].clone()).unwrap(),
+                serde_json::from_value(theirs[r][key].clone()).unwrap(),
+            );
+            assert_eq!(a.len(), 3);
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() < 1e-7, "rank {r}: {key} {a:?} vs {b:?}");
+            }
+        }
+        assert_eq!(ours[r]["synced_draw"], ours[0]["synced_draw"]);
+        assert_ne!(ours[r]["own_draw"], ours[(r + 1) % 3]["own_draw"]);
+        assert_eq!(
+            ours[r]["seen_first"], true,
+            "rank {r} ran before rank 0 wrote"
+        );
+        assert_eq!(
+            ours[r]["last"],
+            if r == 2 {
+                2.into()
+            } else {
+                serde_json::Value::Null
+            }
+        );
+        assert_eq!(
+            ours[r]["second"],
+            if r == 1 {
+                1.into()
+            } else {
+                serde_json::Value::Null
+            }
+        );
+    }
+}
+
+#[test]
+fn reduce_scatter_gives_each_rank_its_share_of_the_sum() {
+    let dir = scratch("scatter");
+    let out = mpirun(2, "child_process_helpers", "helpers", &dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ranks = results(&dir, 2);
+    // [1, 2] + [3, 4] = [4, 6]: rank 0 gets [4], rank 1 [6].
+    assert_eq!(ranks[0]["reduce_scatter"], serde_json::json!([4.0]));
+    assert_eq!(ranks[1]["reduce_scatter"], serde_json::json!([6.0]));
 }
 
 #[test]

@@ -10,7 +10,7 @@ use super::{
     TrackerHub,
 };
 use crate::data::Shard;
-use crate::dist::{DistError, ProcessGroup, ReduceOp};
+use crate::dist::ProcessGroup;
 use crate::models::Model;
 use crate::ops::{self, AutocastGuard};
 use crate::optim::Optimizer;
@@ -43,7 +43,7 @@ use tch::{Device, TchError, Tensor};
 /// ```
 pub struct Accelerator {
     pub(super) device: Device,
-    group: Box<dyn ProcessGroup>,
+    pub(super) group: Box<dyn ProcessGroup>,
     trackers: Option<TrackerHub>,
     mixed_precision: MixedPrecision,
     pub(super) state: GradientState,
@@ -56,6 +56,8 @@ pub struct Accelerator {
     pub(super) micro_steps: std::sync::atomic::AtomicU64,
     pub(super) pending_save: Option<PendingSave>,
     pub(super) ddp: super::ddp::DataParallel,
+    /// Set by [`set_trigger`](Self::set_trigger), read by `check_trigger`.
+    pub(super) trigger: std::sync::atomic::AtomicBool,
 }
 
 /// A checkpoint being written in the background.
@@ -111,6 +113,7 @@ impl Accelerator {
             micro_steps: Default::default(),
             pending_save: None,
             ddp: super::ddp::DataParallel::new(s.ddp),
+            trigger: Default::default(),
         }
     }
 
@@ -431,102 +434,6 @@ impl Accelerator {
         drop(objects);
         self.optimizers.retain(|o| Arc::strong_count(o) > 1);
         ops::empty_device_cache()
-    }
-
-    /// Every process's `tensor` concatenated along dimension 0 in rank
-    /// order (Accelerate's `gather`; a scalar counts as one row). The first
-    /// dimension may differ between processes.
-    pub fn gather(&self, tensor: &Tensor) -> Result<Tensor, DistError> {
-        let rows = if tensor.dim() == 0 {
-            tensor.view([1])
-        } else {
-            tensor.shallow_clone()
-        };
-        self.group.all_gather(&rows)
-    }
-
-    /// Gathers evaluation outputs from every process (see
-    /// [`gather`](Self::gather)); on the last batch of a prepared loader's
-    /// epoch, keeps only the real examples of it, dropping those repeated
-    /// to give every process a full batch (Accelerate's
-    /// `gather_for_metrics`, with the loader's `remainder`).
-    pub fn gather_for_metrics(&self, tensor: &Tensor) -> Result<Tensor, DistError> {
-        let all = self.gather(tensor)?;
-        match self.state.remainder() {
-            Some(r) if self.state.end_of_dataloader() && r > 0 && all.size()[0] > r as i64 => {
-                Ok(all.narrow(0, 0, r as i64))
-            }
-            _ => Ok(all),
-        }
-    }
-
-    /// `tensor` combined across processes with `op` (Accelerate's `reduce`:
-    /// sum, mean, max; min too), as a new tensor.
-    pub fn reduce(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
-        let mut out = tensor.detach().copy();
-        self.group.all_reduce(&mut out, op)?;
-        Ok(out)
-    }
-
-    /// Process `from`'s `tensor`, on every process (Accelerate's
-    /// `broadcast`; every process passes a tensor of the same shape).
-    pub fn broadcast(&self, tensor: &Tensor, from: usize) -> Result<Tensor, DistError> {
-        let mut out = tensor.detach().copy();
-        self.group.broadcast(&mut out, from)?;
-        Ok(out)
-    }
-
-    /// Every process's `object`, in rank order (Accelerate's
-    /// `gather_object`), sent as JSON.
-    pub fn gather_object<T: serde::Serialize + serde::de::DeserializeOwned>(
-        &self,
-        object: &T,
-    ) -> Result<Vec<T>, DistError> {
-        let bytes = serde_json::to_vec(object).expect("a Serialize value serialises to JSON");
-        self.group
-            .all_gather_bytes(&bytes)?
-            .iter()
-            .enumerate()
-            .map(|(rank, b)| {
-                serde_json::from_slice(b).map_err(|e| DistError::Mismatch {
-                    op: "gather_object",
-                    rank: self.process_index(),
-                    message: format!("rank {rank} sent another type: {e}"),
-                })
-            })
-            .collect()
-    }
-
-    /// Process `from`'s `object`, on every process (Accelerate's
-    /// `broadcast_object_list`), sent as JSON.
-    pub fn broadcast_object<T: serde::Serialize + serde::de::DeserializeOwned>(
-        &self,
-        object: &T,
-        from: usize,
-    ) -> Result<T, DistError> {
-        let bytes = serde_json::to_vec(object).expect("a Serialize value serialises to JSON");
-        let got = self.group.broadcast_bytes(bytes, from)?;
-        serde_json::from_slice(&got).map_err(|e| DistError::Mismatch {
-            op: "broadcast_object",
-            rank: self.process_index(),
-            message: format!("rank {from} sent another type: {e}"),
-        })
-    }
-
-    /// Runs `f` on the main process only.
-    pub fn on_main_process<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
-        self.is_main_process().then(f)
-    }
-
-    /// Runs `f` on the first process of each machine only.
-    pub fn on_local_main_process<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
-        self.is_local_main_process().then(f)
-    }
-
-    /// Waits until every process reaches this point (a world of one does
-    /// not wait).
-    pub fn wait_for_everyone(&self) -> Result<(), DistError> {
-        self.group.barrier()
     }
 
     /// Starts `trackers` for this run (Accelerate's `init_trackers`): on the

@@ -6,6 +6,7 @@
 
 mod builder;
 mod checkpointing;
+mod collectives;
 mod ddp;
 mod facade;
 mod grad;

@@ -8,7 +8,7 @@
 //! buffers are leaked (they stay valid for MPI to finish writing into) and
 //! the group must not be used again: the caller stops the process.
 
-use super::process_group::{DistError, Pending, ProcessGroup, ReduceOp};
+use super::process_group::{scatter_rows, DistError, Pending, ProcessGroup, ReduceOp};
 use mpi::collective::{Operation, SystemOperation, UserOperation};
 use mpi::datatype::{Equivalence, PartitionMut};
 use mpi::request::{Request, StaticScope};
@@ -151,12 +151,14 @@ impl MpiGroup {
         }
     }
 
-    /// Starts an all-reduce of `values` with `operation`; waiting gives
-    /// `finish` of the reduced values.
+    /// Starts an all-reduce of `values` with `operation` (or, with
+    /// `scatter`, a reduce-scatter: this process receives only its equal
+    /// share); waiting gives `finish` of the reduced values.
     fn start_reduce<T, O>(
         &self,
         values: Vec<T>,
         operation: O,
+        scatter: bool,
         finish: impl FnOnce(Vec<T>) -> Tensor + 'static,
     ) -> Pending<'_>
     where
@@ -164,29 +166,130 @@ impl MpiGroup {
         O: Operation + 'static,
     {
         let deadline = Instant::now() + self.timeout;
-        let send = Leaked::new(values.clone());
-        let recv = Leaked::new(values);
+        let op = if scatter {
+            "reduce_scatter"
+        } else {
+            "all_reduce"
+        };
+        let share = if scatter {
+            values[..values.len() / self.size].to_vec()
+        } else {
+            values.clone()
+        };
+        let send = Leaked::new(values);
+        let recv = Leaked::new(share);
         // SAFETY: one collective uses the buffers; they are taken back only
         // after it completed, and leaked if it never does (the request too:
         // dropped unfinished, MPI's request would abort the process).
         let request = unsafe {
-            std::mem::ManuallyDrop::new(self.world.immediate_all_reduce_into(
-                StaticScope,
-                &*send.get(),
-                recv.get(),
-                operation,
-            ))
+            std::mem::ManuallyDrop::new(if scatter {
+                self.world.immediate_reduce_scatter_block_into(
+                    StaticScope,
+                    &*send.get(),
+                    recv.get(),
+                    operation,
+                )
+            } else {
+                self.world.immediate_all_reduce_into(
+                    StaticScope,
+                    &*send.get(),
+                    recv.get(),
+                    operation,
+                )
+            })
         };
         Pending::new(move || {
-            self.finish_by(
-                "all_reduce",
-                std::mem::ManuallyDrop::into_inner(request),
-                deadline,
-            )?;
+            self.finish_by(op, std::mem::ManuallyDrop::into_inner(request), deadline)?;
             // SAFETY: the collective completed.
             unsafe {
                 drop(send.take());
                 Ok(finish(recv.take()))
+            }
+        })
+    }
+
+    /// Starts an all-reduce (or with `scatter` a reduce-scatter) of a CPU
+    /// tensor of any kind MPI can sum: 16-bit floats travel at 16 bits,
+    /// each kind comes back as itself.
+    fn start_reduction(
+        &self,
+        tensor: &Tensor,
+        op: ReduceOp,
+        scatter: bool,
+    ) -> Result<Pending<'_>, DistError> {
+        let name = if scatter {
+            "reduce_scatter"
+        } else {
+            "all_reduce"
+        };
+        let cpu = on_cpu(name, tensor)?;
+        let (mut shape, kind) = (cpu.size(), cpu.kind());
+        if scatter {
+            shape[0] /= self.size as i64;
+        }
+        let flat = cpu.view([-1]);
+        let world = self.size as f64;
+        // Each kind comes back as itself, the mean divided after the sum.
+        let back = move |reduced: Tensor| {
+            let reduced = reduced.view(shape.as_slice());
+            if op == ReduceOp::Mean {
+                (reduced.to_kind(Kind::Float) / world).to_kind(kind)
+            } else {
+                reduced.to_kind(kind)
+            }
+        };
+        let system = match op {
+            ReduceOp::Sum | ReduceOp::Mean => SystemOperation::sum(),
+            ReduceOp::Max => SystemOperation::max(),
+            ReduceOp::Min => SystemOperation::min(),
+        };
+        Ok(match kind {
+            Kind::Half | Kind::BFloat16 if matches!(op, ReduceOp::Sum | ReduceOp::Mean) => {
+                // 16 bits on the wire, summed by the user operation.
+                let bits = Vec::<i16>::try_from(flat.view_dtype(Kind::Int16))
+                    .expect("a contiguous 16-bit tensor converts");
+                let bits: Vec<u16> = bits.into_iter().map(|b| b as u16).collect();
+                let sum = if kind == Kind::Half {
+                    self.sum_f16
+                } else {
+                    self.sum_bf16
+                };
+                self.start_reduce(bits, sum, scatter, move |bits: Vec<u16>| {
+                    let bits: Vec<i16> = bits.into_iter().map(|b| b as i16).collect();
+                    back(Tensor::from_slice(&bits).view_dtype(kind))
+                })
+            }
+            Kind::Float | Kind::Half | Kind::BFloat16 => {
+                let values = Vec::<f32>::try_from(flat.to_kind(Kind::Float))
+                    .expect("a contiguous float tensor converts");
+                self.start_reduce(values, system, scatter, move |v: Vec<f32>| {
+                    back(Tensor::from_slice(&v))
+                })
+            }
+            Kind::Double => {
+                let values =
+                    Vec::<f64>::try_from(&flat).expect("a contiguous double tensor converts");
+                self.start_reduce(values, system, scatter, move |v: Vec<f64>| {
+                    back(Tensor::from_slice(&v))
+                })
+            }
+            Kind::Int64 if op != ReduceOp::Mean => {
+                let values = Vec::<i64>::try_from(&flat).expect("an int64 tensor converts");
+                self.start_reduce(values, system, scatter, move |v: Vec<i64>| {
+                    back(Tensor::from_slice(&v))
+                })
+            }
+            Kind::Int if op != ReduceOp::Mean => {
+                let values = Vec::<i32>::try_from(&flat).expect("an int32 tensor converts");
+                self.start_reduce(values, system, scatter, move |v: Vec<i32>| {
+                    back(Tensor::from_slice(&v))
+                })
+            }
+            kind => {
+                return Err(unsupported(
+                    name,
+                    format!("{op:?} of a {kind:?} tensor is not supported; convert it to float32"),
+                ))
             }
         })
     }
@@ -268,75 +371,13 @@ impl ProcessGroup for MpiGroup {
     }
 
     fn all_reduce_start(&self, tensor: &Tensor, op: ReduceOp) -> Result<Pending<'_>, DistError> {
-        let cpu = on_cpu("all_reduce", tensor)?;
-        let (shape, kind) = (cpu.size(), cpu.kind());
-        let flat = cpu.view([-1]);
-        let world = self.size as f64;
-        // Each kind comes back as itself, the mean divided after the sum.
-        let back = move |reduced: Tensor| {
-            let reduced = reduced.view(shape.as_slice());
-            if op == ReduceOp::Mean {
-                (reduced.to_kind(Kind::Float) / world).to_kind(kind)
-            } else {
-                reduced.to_kind(kind)
-            }
-        };
-        let system = match op {
-            ReduceOp::Sum | ReduceOp::Mean => SystemOperation::sum(),
-            ReduceOp::Max => SystemOperation::max(),
-            ReduceOp::Min => SystemOperation::min(),
-        };
-        Ok(match kind {
-            Kind::Half | Kind::BFloat16 if matches!(op, ReduceOp::Sum | ReduceOp::Mean) => {
-                // 16 bits on the wire, summed by the user operation.
-                let bits = Vec::<i16>::try_from(flat.view_dtype(Kind::Int16))
-                    .expect("a contiguous 16-bit tensor converts");
-                let bits: Vec<u16> = bits.into_iter().map(|b| b as u16).collect();
-                let sum = if kind == Kind::Half {
-                    self.sum_f16
-                } else {
-                    self.sum_bf16
-                };
-                self.start_reduce(bits, sum, move |bits: Vec<u16>| {
-                    let bits: Vec<i16> = bits.into_iter().map(|b| b as i16).collect();
-                    back(Tensor::from_slice(&bits).view_dtype(kind))
-                })
-            }
-            Kind::Float | Kind::Half | Kind::BFloat16 => {
-                let values = Vec::<f32>::try_from(flat.to_kind(Kind::Float))
-                    .expect("a contiguous float tensor converts");
-                self.start_reduce(values, system, move |v: Vec<f32>| {
-                    back(Tensor::from_slice(&v))
-                })
-            }
-            Kind::Double => {
-                let values =
-                    Vec::<f64>::try_from(&flat).expect("a contiguous double tensor converts");
-                self.start_reduce(values, system, move |v: Vec<f64>| {
-                    back(Tensor::from_slice(&v))
-                })
-            }
-            Kind::Int64 if op != ReduceOp::Mean => {
-                let values = Vec::<i64>::try_from(&flat).expect("an int64 tensor converts");
-                self.start_reduce(values, system, move |v: Vec<i64>| {
-                    back(Tensor::from_slice(&v))
-                })
-            }
-            Kind::Int if op != ReduceOp::Mean => {
-                let values = Vec::<i32>::try_from(&flat).expect("an int32 tensor converts");
-                self.start_reduce(values, system, move |v: Vec<i32>| {
-                    back(Tensor::from_slice(&v))
-                })
-            }
-            kind => {
-                return Err(unsupported(
-                    "all_reduce",
-                    format!("{op:?} of a {kind:?} tensor is not supported; convert it to float32"),
-                ))
-            }
-        })
+        self.start_reduction(tensor, op, false)
     }
 
+    fn reduce_scatter(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
+        scatter_rows(self, "reduce_scatter", tensor)?;
+        self.start_reduction(tensor, op, true)?.wait()
+    }
     fn all_gather(&self, tensor: &Tensor) -> Result<Tensor, DistError> {
         let cpu = on_cpu("all_gather", tensor)?;
         let cpu = if cpu.dim() == 0 { cpu.view([1]) } else { cpu };

@@ -43,6 +43,15 @@ pub enum DistError {
         /// What is not supported, and what to do.
         message: String,
     },
+    /// The processes could not find each other before their communicator
+    /// existed (the rendezvous store).
+    #[error("rendezvous at {address}: {message}")]
+    Rendezvous {
+        /// `host:port` of the store.
+        address: String,
+        /// What failed, and what to check.
+        message: String,
+    },
     /// The processes disagree (a tensor of another shape, dtype or size).
     #[error("{op} on rank {rank}: {message}")]
     Mismatch {
@@ -114,6 +123,19 @@ pub trait ProcessGroup: Send {
         Ok(Pending::ready(out))
     }
 
+    /// `tensor` combined across processes with `op`, then cut into
+    /// `num_processes()` equal chunks along dimension 0: this process gets
+    /// the chunk of its index (PyTorch's `reduce_scatter_tensor`). The first
+    /// dimension must divide by the number of processes. The default
+    /// reduces everything and keeps one chunk; backends override it to move
+    /// only their share.
+    fn reduce_scatter(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
+        let rows = scatter_rows(self, "reduce_scatter", tensor)?;
+        let mut all = tensor.detach().copy();
+        self.all_reduce(&mut all, op)?;
+        Ok(all.narrow(0, rows * self.process_index() as i64, rows))
+    }
+
     /// Every process's `tensor` concatenated along dimension 0, in rank
     /// order; the sizes along dimension 0 may differ between processes,
     /// the other dimensions may not.
@@ -162,5 +184,26 @@ pub trait ProcessGroup: Send {
                 ),
             })
         }
+    }
+}
+
+/// The rows of each process's chunk when `tensor` is scattered over
+/// `group`, or why it cannot be.
+pub(crate) fn scatter_rows(
+    group: &(impl ProcessGroup + ?Sized),
+    op: &'static str,
+    tensor: &Tensor,
+) -> Result<i64, DistError> {
+    let world = group.num_processes() as i64;
+    match tensor.size().first() {
+        Some(&n) if n % world == 0 => Ok(n / world),
+        _ => Err(DistError::Mismatch {
+            op,
+            rank: group.process_index(),
+            message: format!(
+                "a tensor of shape {:?} cannot be cut into {world} equal chunks along dimension 0",
+                tensor.size()
+            ),
+        }),
     }
 }

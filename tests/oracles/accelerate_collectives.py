@@ -1,0 +1,55 @@
+"""Oracle for host/tests/mpi.rs: what Accelerate's process helpers give on
+each rank of a CPU world (gloo), started as
+`python -m torch.distributed.run --nproc_per_node N this.py OUT_DIR`.
+Each rank writes OUT_DIR/rank_<r>.json; hearth's child under mpirun
+writes the same keys from the same inputs."""
+import json
+import os
+import sys
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import synchronize_rng_states
+
+
+def main(out):
+    acc = Accelerator(cpu=True)
+    r, n = acc.process_index, acc.num_processes
+    res = {"rank": r, "world": n, "split": {}, "split_tensor": {}, "pad": {}}
+
+    # split_between_processes over lists and tensors (rows of 2) of 0..7
+    # items, with and without padding (Accelerate cannot pad nothing).
+    for length in range(8):
+        for pad in (False, True) if length else (False,):
+            key = f"{length}:{int(pad)}"
+            with acc.split_between_processes(list(range(length)), apply_padding=pad) as mine:
+                res["split"][key] = list(mine)
+            rows = torch.arange(length * 2, dtype=torch.float32).view(length, 2)
+            with acc.split_between_processes(rows, apply_padding=pad) as mine:
+                res["split_tensor"][key] = mine.tolist()
+
+    # pad_across_processes: rank r holds an (r+1) x (r+2) tensor.
+    x = torch.arange((r + 1) * (r + 2), dtype=torch.float32).view(r + 1, r + 2) + 1
+    for dim, value, first in [(0, 0, False), (1, -1, True), (-1, 7, False), (-2, 0, True), (2, 5, False)]:
+        padded = acc.pad_across_processes(x, dim=dim, pad_index=value, pad_first=first)
+        res["pad"][f"{dim}:{value}:{int(first)}"] = padded.tolist()
+
+    # A trigger raised on the last process stops everyone once.
+    if r == n - 1:
+        acc.set_trigger()
+    res["triggers"] = [acc.check_trigger(), acc.check_trigger()]
+
+    # Every rank draws rank 0's numbers after synchronising the CPU generator.
+    torch.manual_seed(100 + r)
+    res["own_draw"] = torch.rand(3).tolist()
+    synchronize_rng_states(["torch"])
+    res["synced_draw"] = torch.rand(3).tolist()
+
+    with open(os.path.join(out, f"rank_{r}.json"), "w") as f:
+        json.dump(res, f)
+    acc.wait_for_everyone()
+    acc.end_training()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
