@@ -12,6 +12,9 @@ PY_STAMP := $(VENV)/.installed-$(shell sha256sum $(REQS) | cut -c1-16)
 APT_PACKAGES := libopenmpi-dev openmpi-bin libclang-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 HEARTH := target/debug/hearth
+# CUDA=1 builds the NCCL backend in (the `cuda` feature); it loads the
+# driver and NCCL at run time, so it builds on any machine.
+CARGO_FEATURES := $(if $(CUDA),--features hearth/cuda,)
 # Plugin crates are unit-tested natively (their .wasm is built for wasm32-wasip2).
 HOST_TARGET = $(shell rustc -vV | sed -n 's/host: //p')
 
@@ -21,7 +24,9 @@ run: build
 	$(HEARTH) run examples/sort-digits.toml
 
 test: build example-plugins
-	cargo test --workspace
+	@echo "test: the NCCL backend (cuda feature) builds"
+	cargo build -p hearth --features cuda --lib
+	cargo test --workspace $(CARGO_FEATURES)
 	cd plugins && cargo test --quiet --target $(HOST_TARGET)
 	cd guest-sdk && cargo test --quiet --target $(HOST_TARGET)
 	$(PY) -m pytest tests -q
@@ -54,7 +59,7 @@ $(PY_STAMP): $(REQS)
 	touch $@
 
 build: setup plugins
-	cargo build --workspace
+	cargo build --workspace $(CARGO_FEATURES)
 
 # The built-in plugins (plugins/*) for wasm32-wasip2, installed as
 # target/plugins/<name>/{plugin.toml,<component>} where hearth finds them.
@@ -115,5 +120,6 @@ bench-checkpoint: build
 lint: setup
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy -p hearth --all-targets --features cuda -- -D warnings
 	for ws in plugins tests/plugins; do (cd $$ws && cargo fmt --all --check && cargo clippy --release -- -D warnings); done
 	cd guest-sdk && cargo fmt --check && cargo clippy --target wasm32-wasip2 -- -D warnings

@@ -1,6 +1,7 @@
 //! Links the hearth binaries against libtorch so they run without
 //! `LD_LIBRARY_PATH`, and compiles the small C++ shim in `csrc/` that binds
-//! the ATen kernels tch does not expose (fused AdamW, foreach norms).
+//! the ATen kernels tch does not expose (fused AdamW, foreach norms). With
+//! the `cuda` feature it also puts NCCL where cudarc looks for it.
 
 use std::env;
 use std::path::PathBuf;
@@ -28,6 +29,10 @@ fn main() {
         println!("cargo:rustc-link-arg=-Wl,--as-needed");
     }
 
+    if env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        link_nccl(&root);
+    }
+
     let abi = env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     println!("cargo:rerun-if-changed=csrc/shim.cpp");
@@ -40,4 +45,27 @@ fn main() {
         .define("_GLIBCXX_USE_CXX11_ABI", abi.as_str())
         .file("csrc/shim.cpp")
         .compile("hearth_shim");
+}
+
+/// cudarc opens `libnccl.so`; the nvidia-nccl wheel beside torch ships only
+/// `libnccl.so.2` (the copy libtorch_cuda loads). A `libnccl.so` linked to
+/// it in a folder on the rpath makes both open the same library.
+fn link_nccl(torch: &std::path::Path) {
+    let nccl = torch
+        .parent()
+        .map(|site| site.join("nvidia/nccl/lib/libnccl.so.2"))
+        .filter(|p| p.exists());
+    let Some(nccl) = nccl else {
+        println!(
+            "cargo:warning=no nvidia/nccl/lib/libnccl.so.2 beside {}: the NCCL backend will look for libnccl.so on LD_LIBRARY_PATH",
+            torch.display()
+        );
+        return;
+    };
+    let dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("nccl");
+    std::fs::create_dir_all(&dir).expect("OUT_DIR is writable");
+    let link = dir.join("libnccl.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&nccl, &link).expect("a symlink in OUT_DIR");
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.display());
 }

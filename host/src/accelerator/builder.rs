@@ -31,6 +31,7 @@ pub struct AcceleratorBuilder {
     device: Option<Device>,
     group: Option<Box<dyn ProcessGroup>>,
     timeout: Option<std::time::Duration>,
+    backend: Option<crate::dist::Backend>,
     mixed_precision: Option<MixedPrecision>,
     gradient_accumulation_steps: Option<usize>,
     split_batches: bool,
@@ -106,6 +107,15 @@ impl AcceleratorBuilder {
     /// as `InitProcessGroupKwargs`).
     pub fn timeout(mut self, timeout: std::time::Duration) -> Self {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// The collectives library of a world of several processes
+    /// (Accelerate's `InitProcessGroupKwargs.backend`); by default NCCL
+    /// when this process trains on a GPU, MPI on the CPU. See
+    /// [`crate::dist::choose_backend`] for what each launcher allows.
+    pub fn backend(mut self, backend: crate::dist::Backend) -> Self {
+        self.backend = Some(backend);
         self
     }
 
@@ -188,19 +198,32 @@ impl AcceleratorBuilder {
             Some(c) => c,
             None => env_var("HEARTH_USE_CPU", parse_bool)?.unwrap_or(false),
         };
-        let group = match self.group {
-            Some(group) => group,
-            None => {
-                crate::dist::from_environment(self.timeout.unwrap_or(crate::dist::DEFAULT_TIMEOUT))?
-            }
+        // The device first: the launcher's local rank picks the GPU, and
+        // the device decides the default backend.
+        let local_rank = match &self.group {
+            Some(group) => group.local_process_index(),
+            None => crate::dist::LaunchEnv::from_env()
+                .map(|env| env.local_rank)
+                .unwrap_or(0),
         };
         let device = match self.device {
             Some(device) => device,
             None if cpu => Device::Cpu,
             None if tch::Cuda::is_available() => {
-                Device::Cuda(group.local_process_index() % tch::Cuda::device_count() as usize)
+                Device::Cuda(local_rank % tch::Cuda::device_count() as usize)
             }
             None => Device::Cpu,
+        };
+        let group = match self.group {
+            Some(group) => group,
+            None => crate::dist::from_environment(
+                self.timeout.unwrap_or(crate::dist::DEFAULT_TIMEOUT),
+                self.backend,
+                match device {
+                    Device::Cuda(index) => Some(index),
+                    _ => None,
+                },
+            )?,
         };
         Ok(Accelerator::new(super::facade::Settings {
             device,

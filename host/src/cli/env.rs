@@ -26,7 +26,11 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
                 .to_string()
         })
         .unwrap_or_else(|_| "unavailable".into());
-    let backends = ["single", "mpi"];
+    let nccl = nccl_status();
+    let mut backends = vec!["single", "mpi"];
+    if nccl == "available" {
+        backends.push("nccl");
+    }
     let report = serde_json::json!({
         "hearth": env!("CARGO_PKG_VERSION"),
         "tch": "0.24.0",
@@ -34,7 +38,7 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
         "cuda_devices": cuda_devices,
         "cudnn_available": tch::Cuda::cudnn_is_available(),
         "backends": backends,
-        "nccl": "not built (the cuda feature is not implemented yet)",
+        "nccl": nccl,
         "mpi_library": mpi_library,
         "launch": launch,
     });
@@ -45,7 +49,7 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
     println!("hearth {}", env!("CARGO_PKG_VERSION"));
     println!("tch 0.24.0 (libtorch from the PyTorch 2.11 wheel)");
     println!("CUDA devices: {cuda_devices}");
-    println!("backends: {} (NCCL: not built)", backends.join(", "));
+    println!("backends: {} (NCCL: {nccl})", backends.join(", "));
     println!("MPI library: {mpi_library}");
     println!(
         "this process: rank {} of {} (local {} of {}), started by {:?}{}",
@@ -61,4 +65,17 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
             .unwrap_or_default()
     );
     Ok(())
+}
+
+/// `available`, or why NCCL cannot be used by this build on this machine.
+fn nccl_status() -> String {
+    #[cfg(feature = "cuda")]
+    {
+        crate::dist::nccl_unavailable()
+            .map_or_else(|| "available".into(), |why| format!("unavailable: {why}"))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        "not built (rebuild with `--features cuda`: `make build CUDA=1`)".into()
+    }
 }

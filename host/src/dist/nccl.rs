@@ -1,0 +1,652 @@
+//! The NCCL backend (CUDA tensors), built with the `cuda` feature: hearth
+//! creates and owns one communicator and one CUDA stream per process, on
+//! the device this process trains on. The communicator's unique id reaches
+//! the other ranks through the rendezvous store (torchrun's variables,
+//! `hearth launch` on GPUs) or through MPI (`mpirun`).
+//!
+//! Ordering with libtorch: before each collective, the communicator's
+//! stream waits for an event recorded on libtorch's default stream (so it
+//! sees every tensor written before the call); the result is handed back
+//! only once the collective's own event completed, polled against the
+//! group's timeout. On a timeout or an NCCL error the communicator is
+//! aborted (which frees stuck kernels) and the group refuses further use.
+//!
+//! CPU tensors are copied to this process's GPU and back, so host-side
+//! helpers (triggers, objects, checkpoints) work unchanged.
+//!
+//! Loading: cudarc looks for `libnccl.so`; the pip NCCL wheel beside torch
+//! ships only `libnccl.so.2`, so `build.rs` links a `libnccl.so` to it in
+//! a folder on the binaries' rpath. Both the driver and NCCL are probed
+//! before first use (cudarc panics when a library is missing).
+
+use super::process_group::{scatter_rows, DistError, Pending, ProcessGroup, ReduceOp};
+use cudarc::driver::result as cu;
+use cudarc::driver::sys as cusys;
+use cudarc::nccl::result as nc;
+use cudarc::nccl::sys as ncsys;
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+use tch::{Device, Kind, Tensor};
+
+/// The oldest NCCL whose `ncclConfig_t` layout this build knows (2.28,
+/// what torch 2.11 ships).
+const MIN_NCCL_VERSION: i32 = 22800;
+
+/// What a process knows of its place before the communicator exists.
+#[derive(Debug, Clone, Copy)]
+pub struct NcclPlace {
+    /// Index of this process in the world.
+    pub rank: usize,
+    /// Number of processes in the world.
+    pub world_size: usize,
+    /// Index of this process on its machine.
+    pub local_rank: usize,
+    /// Number of processes on its machine.
+    pub local_world_size: usize,
+    /// The CUDA device this process's tensors live on.
+    pub device: usize,
+}
+
+/// A world of processes joined by NCCL, one GPU each.
+pub struct NcclGroup {
+    comm: ncsys::ncclComm_t,
+    stream: cusys::CUstream,
+    context: cusys::CUcontext,
+    place: NcclPlace,
+    timeout: Duration,
+    /// Set once the communicator was aborted (a timeout or an error).
+    aborted: Cell<bool>,
+    /// What delivered the unique id (the store, or MPI), kept alive as
+    /// long as the communicator: rank 0's store serves until then, and
+    /// MPI must not be finalised before.
+    _rendezvous: Option<Box<dyn std::any::Any + Send>>,
+}
+
+// SAFETY: the raw handles are owned by this group, which is used by one
+// thread at a time (`ProcessGroup` is `Send`, not `Sync`); NCCL and the
+// CUDA driver allow a communicator and a stream to move between threads
+// as long as they are not used concurrently.
+unsafe impl Send for NcclGroup {}
+
+fn unsupported(op: &'static str, message: String) -> DistError {
+    DistError::Unsupported {
+        op,
+        backend: "nccl",
+        message,
+    }
+}
+
+fn nccl_failed(op: &'static str, e: nc::NcclError) -> DistError {
+    // SAFETY: ncclGetErrorString returns a static C string.
+    let text = unsafe { std::ffi::CStr::from_ptr(ncsys::ncclGetErrorString(e.0)) };
+    unsupported(
+        op,
+        format!("NCCL error {:?}: {}", e.0, text.to_string_lossy()),
+    )
+}
+
+fn driver_failed(op: &'static str, e: cu::DriverError) -> DistError {
+    unsupported(op, format!("CUDA driver: {e}"))
+}
+
+/// Why NCCL cannot be used in this process, or `None` when it can: the
+/// NVIDIA driver (`libcuda.so`) and `libnccl.so` must load.
+pub fn nccl_unavailable() -> Option<String> {
+    // SAFETY: the probes only try to open the libraries.
+    if !unsafe { cusys::is_culib_present() } {
+        return Some("the NVIDIA driver (libcuda.so) is not installed on this machine".into());
+    }
+    if !unsafe { ncsys::is_culib_present() } {
+        return Some(
+            "libnccl.so was not found (hearth links it to the nvidia-nccl wheel beside torch at build time; rebuild with `make build`, or put a libnccl.so on LD_LIBRARY_PATH)"
+                .into(),
+        );
+    }
+    None
+}
+
+/// The NCCL type of a libtorch kind.
+fn nccl_type(kind: Kind) -> Option<ncsys::ncclDataType_t> {
+    use ncsys::ncclDataType_t::*;
+    Some(match kind {
+        Kind::Float => ncclFloat32,
+        Kind::Half => ncclFloat16,
+        Kind::BFloat16 => ncclBfloat16,
+        Kind::Double => ncclFloat64,
+        Kind::Int64 => ncclInt64,
+        Kind::Int => ncclInt32,
+        Kind::Uint8 | Kind::Bool => ncclUint8,
+        Kind::Int8 => ncclInt8,
+        _ => return None,
+    })
+}
+
+/// The NCCL reduction of `op` on `kind`: a mean is NCCL's average, which
+/// integer tensors do not have (as with MPI).
+fn nccl_op(op: ReduceOp, kind: Kind) -> Option<ncsys::ncclRedOp_t> {
+    use ncsys::ncclRedOp_t::*;
+    Some(match op {
+        ReduceOp::Sum => ncclSum,
+        ReduceOp::Max => ncclMax,
+        ReduceOp::Min => ncclMin,
+        ReduceOp::Mean
+            if matches!(
+                kind,
+                Kind::Float | Kind::Half | Kind::BFloat16 | Kind::Double
+            ) =>
+        {
+            ncclAvg
+        }
+        ReduceOp::Mean => return None,
+    })
+}
+
+/// A collective launched on the group's stream: its completion event and
+/// the tensors it reads and writes (kept alive until it completed).
+struct Launched {
+    done: cusys::CUevent,
+    keep: Vec<Tensor>,
+}
+
+impl NcclGroup {
+    /// Creates this process's communicator on `place.device`. Rank 0 makes
+    /// the unique id and `share_id(Some(id))` sends it; the other ranks get
+    /// it from `share_id(None)`. Creating the communicator and every
+    /// collective give up after `timeout`.
+    pub fn init(
+        place: NcclPlace,
+        timeout: Duration,
+        share_id: impl FnOnce(Option<Vec<u8>>) -> Result<Vec<u8>, DistError>,
+    ) -> Result<Self, DistError> {
+        if let Some(why) = nccl_unavailable() {
+            return Err(unsupported("init", why));
+        }
+        let context = unsafe {
+            cu::init().map_err(|e| driver_failed("init", e))?;
+            let device =
+                cu::device::get(place.device as i32).map_err(|e| driver_failed("init", e))?;
+            let context = cu::primary_ctx::retain(device).map_err(|e| driver_failed("init", e))?;
+            cu::ctx::set_current(context).map_err(|e| driver_failed("init", e))?;
+            context
+        };
+        let version = nc::get_nccl_version().map_err(|e| nccl_failed("init", e))?;
+        if version < MIN_NCCL_VERSION {
+            return Err(unsupported(
+                "init",
+                format!("NCCL {version} is older than 2.28, the oldest this build of hearth knows; install torch 2.11's nvidia-nccl wheel"),
+            ));
+        }
+        let id = if place.rank == 0 {
+            let id = nc::get_uniqueid().map_err(|e| nccl_failed("init", e))?;
+            share_id(Some(id.internal.iter().map(|&b| b as u8).collect()))?
+        } else {
+            share_id(None)?
+        };
+        let internal: [std::ffi::c_char; 128] = id
+            .iter()
+            .map(|&b| b as std::ffi::c_char)
+            .collect::<Vec<_>>()
+            .try_into()
+            .map_err(|_| DistError::Mismatch {
+                op: "init",
+                rank: place.rank,
+                message: format!(
+                    "the NCCL unique id from rank 0 has {} bytes, not 128",
+                    id.len()
+                ),
+            })?;
+        let mut config = default_config();
+        config.blocking = 0;
+        let mut comm: ncsys::ncclComm_t = std::ptr::null_mut();
+        // SAFETY: `comm` and `config` outlive the call; a non-blocking
+        // init completes in the background and is polled below.
+        unsafe {
+            nc::comm_init_rank_config(
+                &mut comm,
+                place.world_size as i32,
+                ncsys::ncclUniqueId { internal },
+                place.rank as i32,
+                &mut config,
+            )
+            .map_err(|e| nccl_failed("init", e))?;
+        }
+        let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking)
+            .map_err(|e| driver_failed("init", e))?;
+        let group = Self {
+            comm,
+            stream,
+            context,
+            place,
+            timeout,
+            aborted: Cell::new(false),
+            _rendezvous: None,
+        };
+        group.settle("init", Instant::now() + timeout)?;
+        Ok(group)
+    }
+
+    /// Keeps `rendezvous` (the store or MPI group that carried the unique
+    /// id) alive as long as the group: rank 0's store serves until then,
+    /// and MPI is finalised only after the communicator is destroyed.
+    pub fn keeping(mut self, rendezvous: impl std::any::Any + Send) -> Self {
+        self._rendezvous = Some(Box::new(rendezvous));
+        self
+    }
+
+    /// Waits until the communicator has no operation in progress (a
+    /// non-blocking init or launch), aborting it on an error or at `deadline`.
+    fn settle(&self, op: &'static str, deadline: Instant) -> Result<(), DistError> {
+        let mut pause = Duration::from_micros(20);
+        loop {
+            let mut state = ncsys::ncclResult_t::ncclSuccess;
+            // SAFETY: a live communicator.
+            unsafe { ncsys::ncclCommGetAsyncError(self.comm, &mut state) };
+            match state.result() {
+                Ok(nc::NcclStatus::InProgress) => {}
+                Ok(_) => return Ok(()),
+                Err(e) => {
+                    self.abort();
+                    return Err(nccl_failed(op, e));
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(self.timed_out(op));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+
+    fn abort(&self) {
+        if !self.aborted.replace(true) {
+            // SAFETY: a live communicator, aborted once.
+            unsafe { ncsys::ncclCommAbort(self.comm) };
+        }
+    }
+
+    fn timed_out(&self, op: &'static str) -> DistError {
+        self.abort();
+        DistError::Timeout {
+            op,
+            timeout: self.timeout,
+            rank: self.place.rank,
+            world: self.place.world_size,
+        }
+    }
+
+    /// `tensor` as a contiguous tensor on this group's device (a CPU
+    /// tensor is copied there), or why it cannot be used.
+    fn on_device(&self, op: &'static str, tensor: &Tensor) -> Result<Tensor, DistError> {
+        if self.aborted.get() {
+            return Err(unsupported(
+                op,
+                "the communicator was aborted after an earlier failure; the process group cannot be used any more".into(),
+            ));
+        }
+        let device = Device::Cuda(self.place.device);
+        match tensor.device() {
+            Device::Cpu => Ok(tensor.detach().to_device(device).contiguous()),
+            d if d == device => Ok(tensor.detach().contiguous()),
+            d => Err(unsupported(
+                op,
+                format!("the tensor is on {d:?}, this process's communicator on {device:?}; move it with .to_device(accelerator.device())"),
+            )),
+        }
+    }
+
+    /// Launches `call` on the group's stream after everything libtorch
+    /// queued so far, and records its completion.
+    fn launch(
+        &self,
+        op: &'static str,
+        keep: Vec<Tensor>,
+        call: impl FnOnce(ncsys::cudaStream_t) -> Result<nc::NcclStatus, nc::NcclError>,
+    ) -> Result<Launched, DistError> {
+        let flags = cusys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
+        // SAFETY: handles owned by this group; the events are destroyed
+        // once done with (CUDA defers it until they complete).
+        unsafe {
+            cu::ctx::set_current(self.context).map_err(|e| driver_failed(op, e))?;
+            let ready = cu::event::create(flags).map_err(|e| driver_failed(op, e))?;
+            cu::event::record(ready, cu::stream::null()).map_err(|e| driver_failed(op, e))?;
+            cu::stream::wait_event(
+                self.stream,
+                ready,
+                cusys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+            .map_err(|e| driver_failed(op, e))?;
+            cu::event::destroy(ready).map_err(|e| driver_failed(op, e))?;
+            match call(self.stream as ncsys::cudaStream_t) {
+                Ok(_) => {}
+                Err(e) => {
+                    self.abort();
+                    return Err(nccl_failed(op, e));
+                }
+            }
+            self.settle(op, Instant::now() + self.timeout)?;
+            let done = cu::event::create(flags).map_err(|e| driver_failed(op, e))?;
+            cu::event::record(done, self.stream).map_err(|e| driver_failed(op, e))?;
+            Ok(Launched { done, keep })
+        }
+    }
+
+    /// Polls `launched` until it completed, an NCCL error, or `deadline`.
+    fn finish(
+        &self,
+        op: &'static str,
+        launched: Launched,
+        deadline: Instant,
+    ) -> Result<(), DistError> {
+        let busy_until = Instant::now() + Duration::from_millis(50);
+        let mut pause = Duration::from_micros(5);
+        loop {
+            // SAFETY: an event this group created.
+            match unsafe { cu::event::query(launched.done) } {
+                Ok(()) => break,
+                Err(cu::DriverError(cusys::CUresult::CUDA_ERROR_NOT_READY)) => {}
+                Err(e) => return Err(driver_failed(op, e)),
+            }
+            let mut state = ncsys::ncclResult_t::ncclSuccess;
+            // SAFETY: a live communicator.
+            unsafe { ncsys::ncclCommGetAsyncError(self.comm, &mut state) };
+            if let Err(e) = state.result() {
+                self.abort();
+                return Err(nccl_failed(op, e));
+            }
+            if Instant::now() >= deadline {
+                // The tensors stay alive: the aborted kernels may still touch them.
+                std::mem::forget(launched.keep);
+                return Err(self.timed_out(op));
+            }
+            if Instant::now() < busy_until {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(1));
+            }
+        }
+        // SAFETY: the event completed.
+        unsafe { cu::event::destroy(launched.done) }.map_err(|e| driver_failed(op, e))?;
+        drop(launched.keep);
+        Ok(())
+    }
+
+    fn run(
+        &self,
+        op: &'static str,
+        keep: Vec<Tensor>,
+        call: impl FnOnce(ncsys::cudaStream_t) -> Result<nc::NcclStatus, nc::NcclError>,
+    ) -> Result<(), DistError> {
+        let deadline = Instant::now() + self.timeout;
+        let launched = self.launch(op, keep, call)?;
+        self.finish(op, launched, deadline)
+    }
+
+    fn kind_of(&self, op: &'static str, kind: Kind) -> Result<ncsys::ncclDataType_t, DistError> {
+        nccl_type(kind).ok_or_else(|| {
+            unsupported(
+                op,
+                format!("NCCL has no {kind:?} type; convert the tensor to float32"),
+            )
+        })
+    }
+
+    /// Every process's `tensor` (all the same shape), stacked along
+    /// dimension 0 in rank order.
+    fn gather_equal(&self, op: &'static str, tensor: &Tensor) -> Result<Tensor, DistError> {
+        let send = self.on_device(op, tensor)?;
+        let send = if send.dim() == 0 {
+            send.view([1])
+        } else {
+            send
+        };
+        let dtype = self.kind_of(op, send.kind())?;
+        let mut shape = send.size();
+        shape[0] *= self.place.world_size as i64;
+        let recv = Tensor::empty(shape.as_slice(), (send.kind(), send.device()));
+        let count = send.numel();
+        let (s, r) = (send.data_ptr(), recv.data_ptr());
+        let comm = self.comm;
+        self.run(op, vec![send, recv.shallow_clone()], |stream| unsafe {
+            nc::all_gather(s, r, count, dtype, comm, stream)
+        })?;
+        Ok(recv)
+    }
+
+    /// `tensor` on every process as `root` has it.
+    fn broadcast_device(
+        &self,
+        op: &'static str,
+        tensor: &Tensor,
+        root: usize,
+    ) -> Result<Tensor, DistError> {
+        if root >= self.place.world_size {
+            return Err(unsupported(
+                op,
+                format!(
+                    "root {root} is not a rank of this world of {}",
+                    self.place.world_size
+                ),
+            ));
+        }
+        let buffer = self.on_device(op, tensor)?.copy();
+        let dtype = self.kind_of(op, buffer.kind())?;
+        let (count, ptr, comm) = (buffer.numel(), buffer.data_ptr(), self.comm);
+        self.run(op, vec![buffer.shallow_clone()], |stream| unsafe {
+            nc::broadcast(ptr, ptr, count, dtype, root as i32, comm, stream)
+        })?;
+        Ok(buffer)
+    }
+
+    /// Starts a reduction of `tensor` (all-reduce, or with `scatter` a
+    /// reduce-scatter), returning the launched work and its output.
+    fn start_reduction(
+        &self,
+        op_name: &'static str,
+        tensor: &Tensor,
+        op: ReduceOp,
+        scatter: bool,
+    ) -> Result<(Launched, Tensor), DistError> {
+        let send = self.on_device(op_name, tensor)?;
+        let dtype = self.kind_of(op_name, send.kind())?;
+        let red = nccl_op(op, send.kind()).ok_or_else(|| {
+            unsupported(
+                op_name,
+                format!(
+                    "{op:?} of a {:?} tensor is not supported; convert it to float32",
+                    send.kind()
+                ),
+            )
+        })?;
+        let mut shape = send.size();
+        if scatter {
+            shape[0] /= self.place.world_size as i64;
+        }
+        let recv = Tensor::empty(shape.as_slice(), (send.kind(), send.device()));
+        let (s, r, comm) = (send.data_ptr(), recv.data_ptr(), self.comm);
+        let count = recv.numel();
+        let launched = self.launch(op_name, vec![send, recv.shallow_clone()], |stream| unsafe {
+            if scatter {
+                nc::reduce_scatter(s, r, count, dtype, red, comm, stream)
+            } else {
+                nc::all_reduce(s, r, count, dtype, red, comm, stream)
+            }
+        })?;
+        Ok((launched, recv))
+    }
+}
+
+/// NCCL's `NCCL_CONFIG_INITIALIZER` for the 2.28 layout: every setting
+/// left to NCCL.
+fn default_config() -> ncsys::ncclConfig_t {
+    const UNDEF: i32 = i32::MIN;
+    ncsys::ncclConfig_t {
+        size: std::mem::size_of::<ncsys::ncclConfig_t>(),
+        magic: 0xcafebeef,
+        version: 22809,
+        blocking: UNDEF,
+        cgaClusterSize: UNDEF,
+        minCTAs: UNDEF,
+        maxCTAs: UNDEF,
+        netName: std::ptr::null(),
+        splitShare: UNDEF,
+        trafficClass: UNDEF,
+        commName: std::ptr::null(),
+        collnetEnable: UNDEF,
+        CTAPolicy: UNDEF,
+        shrinkShare: UNDEF,
+        nvlsCTAs: UNDEF,
+        nChannelsPerNetPeer: UNDEF,
+        nvlinkCentricSched: UNDEF,
+    }
+}
+
+impl Drop for NcclGroup {
+    fn drop(&mut self) {
+        // SAFETY: owned handles, released once. An aborted communicator
+        // is already freed.
+        unsafe {
+            let _ = cu::ctx::set_current(self.context);
+            if !self.aborted.get() {
+                let _ = cu::stream::synchronize(self.stream);
+                let _ = ncsys::ncclCommDestroy(self.comm);
+            }
+            let _ = cu::stream::destroy(self.stream);
+        }
+    }
+}
+
+/// The result on the device the input came from.
+fn back_to(result: Tensor, like: &Tensor) -> Tensor {
+    if like.device() == result.device() {
+        result
+    } else {
+        result.to_device(like.device())
+    }
+}
+
+impl ProcessGroup for NcclGroup {
+    fn process_index(&self) -> usize {
+        self.place.rank
+    }
+    fn num_processes(&self) -> usize {
+        self.place.world_size
+    }
+    fn local_process_index(&self) -> usize {
+        self.place.local_rank
+    }
+    fn num_local_processes(&self) -> usize {
+        self.place.local_world_size
+    }
+    fn backend(&self) -> &'static str {
+        "nccl"
+    }
+
+    fn all_reduce(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<(), DistError> {
+        let reduced = self.all_reduce_start(tensor, op)?.wait()?;
+        tch::no_grad(|| tensor.copy_(&reduced));
+        Ok(())
+    }
+
+    fn all_reduce_start(&self, tensor: &Tensor, op: ReduceOp) -> Result<Pending<'_>, DistError> {
+        let deadline = Instant::now() + self.timeout;
+        let (launched, out) = self.start_reduction("all_reduce", tensor, op, false)?;
+        let like = tensor.shallow_clone();
+        Ok(Pending::new(move || {
+            self.finish("all_reduce", launched, deadline)?;
+            Ok(back_to(out, &like))
+        }))
+    }
+
+    fn reduce_scatter(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
+        scatter_rows(self, "reduce_scatter", tensor)?;
+        let deadline = Instant::now() + self.timeout;
+        let (launched, out) = self.start_reduction("reduce_scatter", tensor, op, true)?;
+        self.finish("reduce_scatter", launched, deadline)?;
+        Ok(back_to(out, tensor))
+    }
+
+    fn all_gather(&self, tensor: &Tensor) -> Result<Tensor, DistError> {
+        let rows = if tensor.dim() == 0 {
+            tensor.view([1])
+        } else {
+            tensor.shallow_clone()
+        };
+        let shape = rows.size();
+        // Every process must agree on the dtype and the trailing dimensions.
+        let header = format!("{:?} {:?}", rows.kind(), &shape[1..]);
+        let headers = self.all_gather_bytes(header.as_bytes())?;
+        if let Some((r, other)) = headers
+            .iter()
+            .enumerate()
+            .find(|(_, h)| h.as_slice() != header.as_bytes())
+        {
+            return Err(DistError::Mismatch {
+                op: "all_gather",
+                rank: self.place.rank,
+                message: format!(
+                    "this process gathers {header}, rank {r} gathers {} (dtype and all but the first dimension must agree)",
+                    String::from_utf8_lossy(other)
+                ),
+            });
+        }
+        let counts = self.gather_equal("all_gather", &Tensor::from_slice(&[shape[0]]))?;
+        let counts = Vec::<i64>::try_from(counts.to_device(Device::Cpu)).expect("int64 counts");
+        let longest = counts.iter().copied().max().unwrap_or(0);
+        let mut padded_shape = shape.clone();
+        padded_shape[0] = longest;
+        let padded = if shape[0] == longest {
+            rows
+        } else {
+            let p = Tensor::zeros(padded_shape.as_slice(), (rows.kind(), rows.device()));
+            tch::no_grad(|| p.narrow(0, 0, shape[0]).copy_(&rows));
+            p
+        };
+        let all = self.gather_equal("all_gather", &padded)?;
+        let parts: Vec<Tensor> = counts
+            .iter()
+            .enumerate()
+            .map(|(r, &n)| all.narrow(0, r as i64 * longest, n))
+            .collect();
+        Ok(back_to(Tensor::cat(&parts, 0), tensor))
+    }
+
+    fn broadcast(&self, tensor: &mut Tensor, root: usize) -> Result<(), DistError> {
+        let value = self.broadcast_device("broadcast", tensor, root)?;
+        tch::no_grad(|| tensor.copy_(&value));
+        Ok(())
+    }
+
+    fn barrier(&self) -> Result<(), DistError> {
+        let mut one = Tensor::ones([1], (Kind::Float, Device::Cuda(self.place.device)));
+        self.all_reduce(&mut one, ReduceOp::Sum)
+    }
+
+    fn all_gather_bytes(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, DistError> {
+        let op = "all_gather_bytes";
+        let lengths = self.gather_equal(op, &Tensor::from_slice(&[bytes.len() as i64]))?;
+        let lengths = Vec::<i64>::try_from(lengths.to_device(Device::Cpu)).expect("int64 lengths");
+        let longest = lengths.iter().copied().max().unwrap_or(0).max(1) as usize;
+        let mut mine = bytes.to_vec();
+        mine.resize(longest, 0);
+        let all = self.gather_equal(op, &Tensor::from_slice(&mine))?;
+        let all = Vec::<u8>::try_from(all.to_device(Device::Cpu)).expect("uint8 bytes");
+        Ok(lengths
+            .iter()
+            .enumerate()
+            .map(|(r, &n)| all[r * longest..r * longest + n as usize].to_vec())
+            .collect())
+    }
+
+    fn broadcast_bytes(&self, bytes: Vec<u8>, root: usize) -> Result<Vec<u8>, DistError> {
+        let op = "broadcast_bytes";
+        let length = self.broadcast_device(op, &Tensor::from_slice(&[bytes.len() as i64]), root)?;
+        let length = length.to_device(Device::Cpu).int64_value(&[0]) as usize;
+        let mut data = bytes;
+        data.resize(length.max(1), 0);
+        let got = self.broadcast_device(op, &Tensor::from_slice(&data), root)?;
+        let mut got = Vec::<u8>::try_from(got.to_device(Device::Cpu)).expect("uint8 bytes");
+        got.truncate(length);
+        Ok(got)
+    }
+}
