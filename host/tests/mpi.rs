@@ -113,9 +113,10 @@ fn child_process_helpers() {
     if std::env::var(CHILD).as_deref() != Ok("helpers") {
         return; // only under mpirun
     }
-    let acc = Accelerator::builder()
+    let mut acc = Accelerator::builder()
         .cpu(true)
         .timeout(Duration::from_secs(60))
+        .dispatch_batches(true)
         .build()
         .unwrap();
     let (r, n) = (acc.process_index(), acc.num_processes());
@@ -184,6 +185,23 @@ fn child_process_helpers() {
             marker.exists()
         })
         .unwrap();
+    // dispatch_batches: rank 0 reads 11 examples in batches of 2.
+    let mut dispatched = serde_json::Map::new();
+    for drop_last in [false, true] {
+        let loader = hearth::data::DataLoader::iterable(Count(11), 2).drop_last(drop_last);
+        let loader = acc.prepare(loader).unwrap();
+        assert!(loader.dispatches());
+        let ints = |t: &Tensor| Vec::<i64>::try_from(t).unwrap();
+        let (mut batches, mut metrics) = (vec![], vec![]);
+        for batch in loader.iter() {
+            batches.push(ints(&batch));
+            metrics.push(ints(&acc.gather_for_metrics(&batch).unwrap()));
+        }
+        dispatched.insert(
+            format!("dispatch:{}", u8::from(drop_last)),
+            serde_json::json!({"batches": batches, "metrics": metrics}),
+        );
+    }
     let last = acc.on_last_process(|| r);
     let second = acc.on_process(1, || r);
     let result = serde_json::json!({
@@ -191,6 +209,8 @@ fn child_process_helpers() {
         "triggers": triggers, "own_draw": own_draw, "synced_draw": synced_draw,
         "reduce_scatter": scattered, "seen_first": seen_first, "last": last, "second": second,
     });
+    let mut result = result;
+    result.as_object_mut().unwrap().extend(dispatched);
     let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
     std::fs::write(out.join(format!("rank_{r}.json")), result.to_string()).unwrap();
 }
@@ -559,6 +579,16 @@ fn collectives_across_two_ranks_give_accelerates_values() {
     }
 }
 
+/// The numbers `0..n` as a stream (an iterable dataset).
+struct Count(i64);
+
+impl hearth::data::IterableDataset for Count {
+    type Item = Tensor;
+    fn stream(&self, _: u64) -> Box<dyn Iterator<Item = Tensor> + '_> {
+        Box::new((0..self.0).map(Tensor::from))
+    }
+}
+
 /// Accelerate's helpers run under torchrun (gloo, CPU) on the same inputs.
 fn accelerate_oracle(n: usize, out: &std::path::Path) {
     let _ = std::fs::remove_dir_all(out);
@@ -601,7 +631,14 @@ fn process_helpers_on_three_ranks_match_accelerate() {
     );
     let (theirs, ours) = (results(&theirs_dir, 3), results(&ours_dir, 3));
     for r in 0..3 {
-        for key in ["split", "split_tensor", "pad", "triggers"] {
+        for key in [
+            "split",
+            "split_tensor",
+            "pad",
+            "triggers",
+            "dispatch:0",
+            "dispatch:1",
+        ] {
             assert_eq!(ours[r][key], theirs[r][key], "rank {r}: {key}");
         }
         // The same generator (libtorch's mt19937) gives the same floats.

@@ -9,11 +9,12 @@ import sys
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import synchronize_rng_states
+from accelerate.utils import DataLoaderConfiguration, synchronize_rng_states
+from torch.utils.data import DataLoader, IterableDataset
 
 
 def main(out):
-    acc = Accelerator(cpu=True)
+    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
     r, n = acc.process_index, acc.num_processes
     res = {"rank": r, "world": n, "split": {}, "split_tensor": {}, "pad": {}}
 
@@ -45,10 +46,28 @@ def main(out):
     synchronize_rng_states(["torch"])
     res["synced_draw"] = torch.rand(3).tolist()
 
+    # dispatch_batches: rank 0 reads 11 examples in batches of 2 and sends
+    # each process its slice; gather_for_metrics drops the repeats.
+    for drop in (False, True):
+        loader = acc.prepare(DataLoader(Stream(11), batch_size=2, drop_last=drop))
+        batches, metrics = [], []
+        for batch in loader:
+            batches.append(batch.tolist())
+            metrics.append(acc.gather_for_metrics(batch).tolist())
+        res[f"dispatch:{int(drop)}"] = {"batches": batches, "metrics": metrics}
+
     with open(os.path.join(out, f"rank_{r}.json"), "w") as f:
         json.dump(res, f)
     acc.wait_for_everyone()
     acc.end_training()
+
+
+class Stream(IterableDataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter(torch.arange(self.n))
 
 
 if __name__ == "__main__":

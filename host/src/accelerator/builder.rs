@@ -36,6 +36,7 @@ pub struct AcceleratorBuilder {
     gradient_accumulation_steps: Option<usize>,
     split_batches: bool,
     even_batches: Option<bool>,
+    dispatch_batches: bool,
     scaler: GradScalerConfig,
     cpu_loss_scaling: bool,
     project: super::ProjectConfiguration,
@@ -147,6 +148,18 @@ impl AcceleratorBuilder {
         self
     }
 
+    /// The main process reads every batch of prepared loaders and sends
+    /// each process its slice (Accelerate's `dispatch_batches`), for
+    /// datasets only one process can read. Off by default, where
+    /// Accelerate turns it on for iterable datasets: a hearth
+    /// [`IterableDataset`](crate::data::IterableDataset) gives the same
+    /// stream for an epoch on every process, so each reads its own share
+    /// without moving batches through the main process.
+    pub fn dispatch_batches(mut self, dispatch: bool) -> Self {
+        self.dispatch_batches = dispatch;
+        self
+    }
+
     /// Settings of the fp16 loss scaler (Accelerate's `GradScalerKwargs`).
     pub fn grad_scaler(mut self, config: GradScalerConfig) -> Self {
         self.scaler = config;
@@ -232,6 +245,7 @@ impl AcceleratorBuilder {
             gradient_accumulation_steps: steps,
             split_batches: self.split_batches,
             even_batches: self.even_batches.unwrap_or(true),
+            dispatch_batches: self.dispatch_batches,
             scaler: self.scaler,
             cpu_loss_scaling: self.cpu_loss_scaling,
             project: self.project,

@@ -28,7 +28,7 @@ pub use grad::clip_grad_norm_;
 pub use loader::{PreparedBatches, PreparedDataLoader};
 pub use memory::{find_executable_batch_size, is_out_of_memory, BatchSizeError};
 pub use model::PreparedModel;
-pub use nested::TensorTree;
+pub use nested::{TensorTree, TreeShape};
 pub use optimizer::AcceleratedOptimizer;
 pub use prepare::{Prepare, PrepareError};
 pub use scheduler::{AcceleratedScheduler, LrSchedule};

@@ -19,6 +19,12 @@ pub trait TensorTree: Sized {
     fn tensors(&self) -> Vec<&Tensor>;
     /// Joins values of the same structure, tensors along dimension 0.
     fn concatenate(parts: Vec<Self>) -> Self;
+    /// The structure without its tensors (what Accelerate's
+    /// `get_data_structure` sends ahead of a dispatched batch).
+    fn shape(&self) -> TreeShape;
+    /// A value of structure `shape` holding `tensors` in the order
+    /// [`tensors`](Self::tensors) lists them; `None` when they do not fit.
+    fn from_tensors(shape: &TreeShape, tensors: &mut dyn Iterator<Item = Tensor>) -> Option<Self>;
 
     /// Every tensor moved to `device` (`send_to_device`).
     fn to_device(&self, device: Device) -> Self {
@@ -49,6 +55,21 @@ pub trait TensorTree: Sized {
     }
 }
 
+/// The structure of a [`TensorTree`] value without its tensors.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum TreeShape {
+    /// One tensor.
+    Tensor,
+    /// A list, or a record of tensors, of these parts.
+    List(Vec<TreeShape>),
+    /// An absent optional value.
+    Absent,
+    /// A present optional value.
+    Present(Box<TreeShape>),
+    /// Named parts, in key order.
+    Map(Vec<(String, TreeShape)>),
+}
+
 fn tensor_to_json(t: &Tensor) -> Value {
     let t = t.to_device(Device::Cpu).to_kind(Kind::Double);
     if t.dim() == 0 {
@@ -71,6 +92,14 @@ impl TensorTree for Tensor {
     fn concatenate(parts: Vec<Self>) -> Self {
         Tensor::cat(&parts, 0)
     }
+    fn shape(&self) -> TreeShape {
+        TreeShape::Tensor
+    }
+    fn from_tensors(shape: &TreeShape, tensors: &mut dyn Iterator<Item = Tensor>) -> Option<Self> {
+        (*shape == TreeShape::Tensor)
+            .then(|| tensors.next())
+            .flatten()
+    }
 }
 
 impl<T: TensorTree> TensorTree for Vec<T> {
@@ -91,6 +120,15 @@ impl<T: TensorTree> TensorTree for Vec<T> {
         }
         columns.into_iter().map(T::concatenate).collect()
     }
+    fn shape(&self) -> TreeShape {
+        TreeShape::List(self.iter().map(TensorTree::shape).collect())
+    }
+    fn from_tensors(shape: &TreeShape, tensors: &mut dyn Iterator<Item = Tensor>) -> Option<Self> {
+        match shape {
+            TreeShape::List(parts) => parts.iter().map(|p| T::from_tensors(p, tensors)).collect(),
+            _ => None,
+        }
+    }
 }
 
 impl<T: TensorTree> TensorTree for Option<T> {
@@ -103,6 +141,19 @@ impl<T: TensorTree> TensorTree for Option<T> {
     fn concatenate(parts: Vec<Self>) -> Self {
         let present: Option<Vec<T>> = parts.into_iter().collect();
         present.map(T::concatenate)
+    }
+    fn shape(&self) -> TreeShape {
+        match self {
+            Some(x) => TreeShape::Present(Box::new(x.shape())),
+            None => TreeShape::Absent,
+        }
+    }
+    fn from_tensors(shape: &TreeShape, tensors: &mut dyn Iterator<Item = Tensor>) -> Option<Self> {
+        match shape {
+            TreeShape::Absent => Some(None),
+            TreeShape::Present(inner) => T::from_tensors(inner, tensors).map(Some),
+            _ => None,
+        }
     }
 }
 
@@ -118,6 +169,18 @@ impl<A: TensorTree, B: TensorTree> TensorTree for (A, B) {
     fn concatenate(parts: Vec<Self>) -> Self {
         let (a, b): (Vec<A>, Vec<B>) = parts.into_iter().unzip();
         (A::concatenate(a), B::concatenate(b))
+    }
+    fn shape(&self) -> TreeShape {
+        TreeShape::List(vec![self.0.shape(), self.1.shape()])
+    }
+    fn from_tensors(shape: &TreeShape, tensors: &mut dyn Iterator<Item = Tensor>) -> Option<Self> {
+        match shape {
+            TreeShape::List(parts) if parts.len() == 2 => Some((
+                A::from_tensors(&parts[0], tensors)?,
+                B::from_tensors(&parts[1], tensors)?,
+            )),
+            _ => None,
+        }
     }
 }
 
@@ -146,6 +209,27 @@ macro_rules! string_map {
                     .map(|(k, v)| (k, T::concatenate(v)))
                     .collect()
             }
+            fn shape(&self) -> TreeShape {
+                let mut keys: Vec<&String> = self.keys().collect();
+                keys.sort();
+                TreeShape::Map(
+                    keys.into_iter()
+                        .map(|k| (k.clone(), self[k].shape()))
+                        .collect(),
+                )
+            }
+            fn from_tensors(
+                shape: &TreeShape,
+                tensors: &mut dyn Iterator<Item = Tensor>,
+            ) -> Option<Self> {
+                match shape {
+                    TreeShape::Map(parts) => parts
+                        .iter()
+                        .map(|(k, p)| Some((k.clone(), T::from_tensors(p, tensors)?)))
+                        .collect(),
+                    _ => None,
+                }
+            }
         }
     };
 }
@@ -169,6 +253,13 @@ impl TensorTree for Batch {
             inputs: Tensor::cat(&inputs, 0),
             targets: Tensor::cat(&targets, 0),
         }
+    }
+    fn shape(&self) -> TreeShape {
+        TreeShape::List(vec![TreeShape::Tensor, TreeShape::Tensor])
+    }
+    fn from_tensors(shape: &TreeShape, tensors: &mut dyn Iterator<Item = Tensor>) -> Option<Self> {
+        let (inputs, targets) = <(Tensor, Tensor)>::from_tensors(shape, tensors)?;
+        Some(Batch { inputs, targets })
     }
 }
 
@@ -202,6 +293,34 @@ mod tests {
         assert_eq!(Vec::<f32>::try_from(&b[0]).unwrap(), vec![3.0, 5.0, 6.0]);
         let sliced = (a, b).slice_rows(1, 10);
         assert_eq!(Vec::<f32>::try_from(&sliced.0).unwrap(), vec![2.0, 4.0]);
+    }
+
+    #[test]
+    fn a_structure_is_rebuilt_from_its_shape_and_tensors() {
+        let mut m = BTreeMap::new();
+        m.insert("b".to_string(), (t(&[1.0]), None::<Tensor>));
+        m.insert("a".to_string(), (t(&[2.0, 3.0]), Some(t(&[4.0]))));
+        let value = vec![m];
+        let shape = value.shape();
+        let json = serde_json::to_string(&shape).unwrap();
+        let shape: TreeShape = serde_json::from_str(&json).unwrap();
+        let leaves: Vec<Tensor> = value.tensors().into_iter().map(|x| x * 10).collect();
+        let rebuilt = Vec::<BTreeMap<String, (Tensor, Option<Tensor>)>>::from_tensors(
+            &shape,
+            &mut leaves.into_iter(),
+        )
+        .unwrap();
+        assert_eq!(rebuilt.shape(), value.shape());
+        assert_eq!(
+            rebuilt.listify(),
+            vec![
+                serde_json::json!([20.0, 30.0]),
+                serde_json::json!([40.0]),
+                serde_json::json!([10.0])
+            ]
+        );
+        assert!(Tensor::from_tensors(&TreeShape::Absent, &mut std::iter::empty()).is_none());
+        assert!(Tensor::from_tensors(&TreeShape::Tensor, &mut std::iter::empty()).is_none());
     }
 
     #[test]

@@ -27,6 +27,9 @@ pub enum PrepareError {
     /// The processes could not agree on the model's starting parameters.
     #[error("making every process start from rank 0's parameters failed")]
     Dist(#[source] crate::dist::DistError),
+    /// A dispatching loader could not open its channel between processes.
+    #[error("dispatch_batches: the processes could not open the loader's channel")]
+    Dispatch(#[source] crate::dist::DistError),
 }
 
 /// Something [`Accelerator::prepare`] can wrap. Preparing what is already
@@ -120,12 +123,27 @@ where
                 processes: shard.num_processes,
             });
         }
-        let loader = self.sharded(shard);
+        // Dispatching: the main process reads whole batches of its own.
+        let dispatch = if acc.dispatch_batches && shard.num_processes > 1 {
+            Some(acc.group.duplicate().map_err(PrepareError::Dispatch)?)
+        } else {
+            None
+        };
+        let loader = if dispatch.is_some() {
+            self.sharded(crate::data::Shard {
+                process_index: 0,
+                num_processes: 1,
+                ..shard
+            })
+        } else {
+            self.sharded(shard)
+        };
         acc.remember_loader(loader.handle());
         Ok(PreparedDataLoader::new(
             loader,
             acc.gradient_state().clone(),
             acc.device(),
+            dispatch,
         ))
     }
 }

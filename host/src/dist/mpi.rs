@@ -20,7 +20,9 @@ use tch::{Device, Kind, Tensor};
 
 /// A world of processes joined by MPI.
 pub struct MpiGroup {
-    world: SimpleCommunicator,
+    /// MPI's world, or a duplicate of it (freed on drop unless MPI was
+    /// finalised first).
+    world: std::mem::ManuallyDrop<SimpleCommunicator>,
     rank: usize,
     size: usize,
     local_rank: usize,
@@ -31,8 +33,18 @@ pub struct MpiGroup {
     /// must not be freed after MPI is finalised, and there are two per process.
     sum_f16: &'static UserOperation<'static>,
     sum_bf16: &'static UserOperation<'static>,
-    // Last: MPI is finalised when the universe drops, after the communicators.
-    _universe: mpi::environment::Universe,
+    // Last: MPI is finalised when the universe drops, after the
+    // communicators. Duplicates hold none.
+    _universe: Option<mpi::environment::Universe>,
+}
+
+impl Drop for MpiGroup {
+    fn drop(&mut self) {
+        if !mpi::environment::is_finalized() {
+            // SAFETY: dropped once, here; freeing MPI's world is a no-op.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.world) };
+        }
+    }
 }
 
 // SAFETY: MPI is initialised with `Threading::Serialized`; a group is owned
@@ -88,7 +100,7 @@ impl MpiGroup {
             size: world.size() as usize,
             local_rank: local.rank() as usize,
             local_size: local.size() as usize,
-            world,
+            world: std::mem::ManuallyDrop::new(world),
             timeout,
             sum_f16: Box::leak(Box::new(sum_of_16_bit(|a, b| {
                 half::f16::from_f32(
@@ -102,7 +114,7 @@ impl MpiGroup {
                 )
                 .to_bits()
             }))),
-            _universe: universe,
+            _universe: Some(universe),
         })
     }
 
@@ -430,6 +442,14 @@ impl ProcessGroup for MpiGroup {
         let value = Tensor::from_data_size(&got, &cpu.size(), cpu.kind());
         tch::no_grad(|| tensor.copy_(&value));
         Ok(())
+    }
+
+    fn duplicate(&self) -> Result<Box<dyn ProcessGroup>, DistError> {
+        Ok(Box::new(Self {
+            world: std::mem::ManuallyDrop::new(self.world.duplicate()),
+            _universe: None,
+            ..*self
+        }))
     }
 
     fn barrier(&self) -> Result<(), DistError> {

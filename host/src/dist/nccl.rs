@@ -617,6 +617,12 @@ impl ProcessGroup for NcclGroup {
         Ok(())
     }
 
+    fn duplicate(&self) -> Result<Box<dyn ProcessGroup>, DistError> {
+        // A new communicator whose unique id travels over this one.
+        let share = |id: Option<Vec<u8>>| self.broadcast_bytes(id.unwrap_or_default(), 0);
+        Ok(Box::new(NcclGroup::init(self.place, self.timeout, share)?))
+    }
+
     fn barrier(&self) -> Result<(), DistError> {
         let mut one = Tensor::ones([1], (Kind::Float, Device::Cuda(self.place.device)));
         self.all_reduce(&mut one, ReduceOp::Sum)

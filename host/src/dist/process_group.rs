@@ -150,6 +150,15 @@ pub trait ProcessGroup: Send {
         self.only_one("broadcast")
     }
 
+    /// A group of the same processes with a channel of its own, so that
+    /// its collectives never interleave with this group's (torch's
+    /// `new_group` over every rank; a loader that dispatches batches
+    /// uses one). Every process must call it at the same point.
+    fn duplicate(&self) -> Result<Box<dyn ProcessGroup>, DistError> {
+        self.only_one("duplicate")?;
+        Ok(Box::new(super::SingleProcess))
+    }
+
     /// Returns once every process has called it.
     fn barrier(&self) -> Result<(), DistError> {
         self.only_one("barrier")
