@@ -579,6 +579,47 @@ fn collectives_across_two_ranks_give_accelerates_values() {
     }
 }
 
+/// One rank of a run on two pretend machines (ranks 0–1 on `a`, 2–3 on
+/// `b`, each with a folder of its own) saving with `save_on_each_node`,
+/// then loading back: each rank reports what it drew after the save and
+/// after the load.
+#[test]
+fn child_save_on_each_node() {
+    if std::env::var(CHILD).as_deref() != Ok("each-node") {
+        return; // only under mpirun
+    }
+    let rank: usize = std::env::var("OMPI_COMM_WORLD_RANK")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let node = if rank < 2 { "a" } else { "b" };
+    std::env::set_var("HEARTH_NODE_NAME", node);
+    let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
+    let mut acc = Accelerator::builder()
+        .cpu(true)
+        .timeout(Duration::from_secs(60))
+        .project_config(hearth::accelerator::ProjectConfiguration {
+            project_dir: out.join(format!("node_{node}")),
+            automatic_checkpoint_naming: true,
+            save_on_each_node: true,
+            ..Default::default()
+        })
+        .build()
+        .unwrap();
+    tch::manual_seed(7 + rank as i64);
+    let vs = tch::nn::VarStore::new(Device::Cpu);
+    let _layer = tch::nn::linear(vs.root() / "l", 3, 2, Default::default());
+    let _vs = acc.prepare(vs).unwrap();
+    acc.save_state(None).unwrap();
+    acc.wait_for_everyone().unwrap();
+    let after_save = values(&Tensor::rand([2], (Kind::Float, Device::Cpu)));
+    let _ = Tensor::rand([5], (Kind::Float, Device::Cpu));
+    acc.load_state(None).unwrap();
+    let after_load = values(&Tensor::rand([2], (Kind::Float, Device::Cpu)));
+    let result = serde_json::json!({"after_save": after_save, "after_load": after_load});
+    std::fs::write(out.join(format!("rank_{rank}.json")), result.to_string()).unwrap();
+}
+
 /// The numbers `0..n` as a stream (an iterable dataset).
 struct Count(i64);
 
@@ -690,6 +731,57 @@ fn reduce_scatter_gives_each_rank_its_share_of_the_sum() {
     // [1, 2] + [3, 4] = [4, 6]: rank 0 gets [4], rank 1 [6].
     assert_eq!(ranks[0]["reduce_scatter"], serde_json::json!([4.0]));
     assert_eq!(ranks[1]["reduce_scatter"], serde_json::json!([6.0]));
+}
+
+#[test]
+fn save_on_each_node_writes_a_whole_checkpoint_per_machine_with_its_ranks_generators() {
+    let dir = scratch("each-node");
+    let out = mpirun(4, "child_save_on_each_node", "each-node", &dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let files = |node: &str| -> Vec<String> {
+        let folder = dir.join(format!("node_{node}/checkpoints/checkpoint_0"));
+        let mut names: Vec<String> = std::fs::read_dir(&folder)
+            .unwrap_or_else(|e| panic!("{}: {e}", folder.display()))
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("random_states") || n == "model.safetensors")
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(
+        files("a"),
+        [
+            "model.safetensors",
+            "random_states_0.safetensors",
+            "random_states_1.safetensors"
+        ]
+    );
+    assert_eq!(
+        files("b"),
+        [
+            "model.safetensors",
+            "random_states_2.safetensors",
+            "random_states_3.safetensors"
+        ]
+    );
+    // Both machines hold rank 0's weights (prepare broadcast them).
+    let model = |node: &str| {
+        std::fs::read(dir.join(format!(
+            "node_{node}/checkpoints/checkpoint_0/model.safetensors"
+        )))
+        .unwrap()
+    };
+    assert_eq!(model("a"), model("b"));
+    // Every rank's generators came back from its own machine's folder.
+    let ranks = results(&dir, 4);
+    for (r, got) in ranks.iter().enumerate() {
+        assert_eq!(got["after_load"], got["after_save"], "rank {r}");
+    }
+    assert_ne!(ranks[0]["after_save"], ranks[2]["after_save"]);
 }
 
 #[test]

@@ -49,6 +49,33 @@ pub struct ProjectConfiguration {
     /// `save_state` returns once the state is copied; a background thread
     /// writes it.
     pub async_save: bool,
+    /// With several machines that share no filesystem: the first process
+    /// of every machine writes a whole checkpoint there, holding the
+    /// generators of its machine's processes (Accelerate's
+    /// `save_on_each_node`). Otherwise rank 0 writes the one checkpoint
+    /// and every process puts its generators into it. Machines are told
+    /// apart by [`node_name`].
+    pub save_on_each_node: bool,
+}
+
+/// The name that tells this process's machine from the others for
+/// `save_on_each_node`: `HEARTH_NODE_NAME` when set, else the host name.
+pub fn node_name() -> String {
+    if let Some(name) = std::env::var("HEARTH_NODE_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+    {
+        return name;
+    }
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    if ok {
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        "localhost".into()
+    }
 }
 
 impl ProjectConfiguration {
@@ -325,16 +352,11 @@ impl Accelerator {
                 ))
             }
         };
-        let Some(mut staged) = self.stage(&dest)? else {
-            // Another process than the main one: its part is written.
+        let Some(staged) = self.stage(&dest)? else {
+            // A process that writes no checkpoint: its part is written.
             self.project.iteration += 1;
             return Ok(dest);
         };
-        for rank in 1..self.num_processes() {
-            for name in self.process_part_names(rank) {
-                staged.adopt(&name)?;
-            }
-        }
         let snapshot = self.snapshot(&dest, self.project.async_save)?;
         let context = self.hook_context(&dest, self.project.iteration);
         let hooks = self.registered.hooks.clone();
@@ -365,36 +387,42 @@ impl Accelerator {
     }
 
     /// Starts the checkpoint `dest`. In a world of one that is all; with
-    /// several processes, the main one stages the folder, every other
+    /// several processes, the writers (rank 0, or the first process of
+    /// each machine with `save_on_each_node`) stage a folder, every other
     /// process writes its own parts (its generators, per-process objects)
-    /// into it, and all learn whether every process succeeded. Returns the
-    /// staged checkpoint on the main process, `None` on the others.
+    /// into its writer's, and all learn whether every process succeeded.
+    /// Returns the staged checkpoint, holding its processes' parts, on a
+    /// writer, `None` on the others.
     fn stage(&self, dest: &Path) -> Result<Option<StagedCheckpoint>, CheckpointError> {
-        let main = self.is_main_process();
-        let staged = main.then(|| StagedCheckpoint::begin(dest));
         if self.num_processes() == 1 {
-            return staged.transpose();
+            return StagedCheckpoint::begin(dest).map(Some);
         }
         let disagree = |e: crate::dist::DistError| {
             state_err(dest, format!("the processes could not agree: {e}"))
         };
+        let me = self.process_index();
+        let writers = self.checkpoint_writers().map_err(disagree)?;
+        let staged = (writers[me] == me).then(|| StagedCheckpoint::begin(dest));
         let folder: Result<PathBuf, String> = match &staged {
             Some(Ok(s)) => Ok(s.folder().to_path_buf()),
             Some(Err(e)) => Err(e.to_string()),
             None => Ok(PathBuf::new()),
         };
-        let folder = self.broadcast_object(&folder, 0).map_err(disagree)?;
-        let written: Result<(), String> = match &folder {
-            Ok(folder) if !main => self
+        let folders = self.gather_object(&folder).map_err(disagree)?;
+        let written: Result<(), String> = match &folders[writers[me]] {
+            Ok(folder) if staged.is_none() => self
                 .write_process_parts(folder, dest)
                 .map_err(|e| format!("{e:#}")),
             _ => Ok(()),
         };
         let all = self.gather_object(&written).map_err(disagree)?;
-        if let Err(m) = folder {
+        if let Some((writer, Err(m))) = folders.iter().enumerate().find(|(_, f)| f.is_err()) {
             return match staged {
-                Some(Err(e)) => Err(e),
-                _ => Err(state_err(dest, format!("rank 0 could not start it: {m}"))),
+                Some(Err(e)) if writer == me => Err(e),
+                _ => Err(state_err(
+                    dest,
+                    format!("rank {writer} could not start it: {m}"),
+                )),
             };
         }
         if let Some((rank, Err(m))) = all.iter().enumerate().find(|(_, w)| w.is_err()) {
@@ -403,7 +431,30 @@ impl Accelerator {
                 format!("rank {rank} could not write its part, so nothing was saved (the previous checkpoint is untouched): {m}"),
             ));
         }
-        staged.transpose()
+        let Some(mut staged) = staged.transpose()? else {
+            return Ok(None);
+        };
+        let mine = (0..self.num_processes()).filter(|&r| r != me && writers[r] == me);
+        for rank in mine {
+            for name in self.process_part_names(rank) {
+                staged.adopt(&name)?;
+            }
+        }
+        Ok(Some(staged))
+    }
+
+    /// For each rank, the rank that writes the checkpoint its parts go
+    /// into: rank 0, or with `save_on_each_node` the first rank on the
+    /// same machine.
+    fn checkpoint_writers(&self) -> Result<Vec<usize>, crate::dist::DistError> {
+        if !self.project.save_on_each_node {
+            return Ok(vec![0; self.num_processes()]);
+        }
+        let names = self.gather_object(&node_name())?;
+        Ok(names
+            .iter()
+            .map(|n| names.iter().position(|m| m == n).unwrap_or(0))
+            .collect())
     }
 
     /// The files process `rank` writes itself.

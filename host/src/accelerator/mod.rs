@@ -21,7 +21,7 @@ mod state;
 mod trackers;
 
 pub use builder::{AcceleratorBuilder, BuildError};
-pub use checkpointing::{Checkpointable, ProjectConfiguration, TrainerState};
+pub use checkpointing::{node_name, Checkpointable, ProjectConfiguration, TrainerState};
 pub use ddp::BackwardError;
 pub use facade::{Accelerator, RngState};
 pub use grad::clip_grad_norm_;

@@ -385,6 +385,7 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
         // Training goes on while a checkpoint is written; the next save and
         // the end of the run wait for it.
         async_save: true,
+        save_on_each_node: false,
     });
     let mut acc = builder.build()?;
     let device = acc.device();
