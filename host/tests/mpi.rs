@@ -620,6 +620,53 @@ fn child_save_on_each_node() {
     std::fs::write(out.join(format!("rank_{rank}.json")), result.to_string()).unwrap();
 }
 
+/// One rank of a sharded, shuffled loader stopped mid-epoch: mode
+/// `loader:save` reads 2 batches, saves, then reads on to the end of the
+/// next epoch; `loader:resume` (a fresh process) loads that checkpoint and
+/// reads the same stretch. Each writes the batches it read after the save.
+#[test]
+fn child_loader_resume() {
+    let Some(mode) = std::env::var(CHILD)
+        .ok()
+        .filter(|m| m.starts_with("loader:"))
+    else {
+        return; // only under mpirun
+    };
+    let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
+    // The test's process id ends both output folders' names.
+    let test_pid = out
+        .to_string_lossy()
+        .rsplit('-')
+        .next()
+        .unwrap()
+        .to_string();
+    let checkpoint = std::env::temp_dir().join(format!("hearth-mpi-loader-checkpoint-{test_pid}"));
+    let mut acc = Accelerator::builder()
+        .cpu(true)
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let ids: Vec<Tensor> = (0..13).map(|i| Tensor::from(i as i64)).collect();
+    let loader = acc
+        .prepare(hearth::data::DataLoader::new(ids, 2).shuffle(5))
+        .unwrap();
+    let ints = |t: &Tensor| Vec::<i64>::try_from(t).unwrap();
+    let mut after = Vec::new();
+    if mode == "loader:save" {
+        let mut epoch = loader.iter();
+        let _ = (epoch.next(), epoch.next());
+        acc.save_state(Some(&checkpoint)).unwrap();
+        after.extend(epoch.map(|b| ints(&b)));
+    } else {
+        acc.load_state(Some(&checkpoint)).unwrap();
+        after.extend(loader.iter().map(|b| ints(&b)));
+    }
+    after.extend(loader.iter().map(|b| ints(&b)));
+    let r = acc.process_index();
+    let result = serde_json::json!({ "after": after, "state": loader.state().epoch });
+    std::fs::write(out.join(format!("rank_{r}.json")), result.to_string()).unwrap();
+}
+
 /// The numbers `0..n` as a stream (an iterable dataset).
 struct Count(i64);
 
@@ -782,6 +829,40 @@ fn save_on_each_node_writes_a_whole_checkpoint_per_machine_with_its_ranks_genera
         assert_eq!(got["after_load"], got["after_save"], "rank {r}");
     }
     assert_ne!(ranks[0]["after_save"], ranks[2]["after_save"]);
+}
+
+#[test]
+fn a_sharded_loader_resumed_on_two_ranks_reads_what_the_unbroken_run_read() {
+    let saved = scratch("loader-save");
+    let checkpoint = scratch("loader-checkpoint");
+    let _ = std::fs::remove_dir_all(&checkpoint);
+    let out = mpirun(2, "child_loader_resume", "loader:save", &saved);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let resumed = scratch("loader-resume");
+    let out = mpirun(2, "child_loader_resume", "loader:resume", &resumed);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (saved, resumed) = (results(&saved, 2), results(&resumed, 2));
+    for r in 0..2 {
+        // 13 examples, batch 2, 2 ranks: 4 batches each per epoch, 2 read
+        // before the save: 2 more of epoch 0, then 4 of epoch 1.
+        let after = saved[r]["after"].as_array().unwrap();
+        assert_eq!(after.len(), 6, "rank {r}: {after:?}");
+        assert_eq!(resumed[r]["after"], saved[r]["after"], "rank {r}");
+        assert_eq!(resumed[r]["state"], 2, "two epochs finished");
+    }
+    assert_ne!(
+        saved[0]["after"], saved[1]["after"],
+        "the ranks read different shards"
+    );
+    let _ = std::fs::remove_dir_all(&checkpoint);
 }
 
 #[test]
