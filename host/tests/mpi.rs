@@ -116,9 +116,16 @@ fn child_process_helpers() {
     let mut acc = Accelerator::builder()
         .cpu(true)
         .timeout(Duration::from_secs(60))
-        .dispatch_batches(true)
+        .dataloader_config(hearth::accelerator::DataLoaderConfiguration {
+            dispatch_batches: true,
+            ..Default::default()
+        })
         .build()
         .unwrap();
+    assert_eq!(
+        acc.distributed_type(),
+        hearth::dist::DistributedType::MultiCpu
+    );
     let (r, n) = (acc.process_index(), acc.num_processes());
     let rows =
         |t: &Tensor| -> Vec<Vec<f64>> { (0..t.size()[0]).map(|i| values(&t.get(i))).collect() };
@@ -319,6 +326,7 @@ fn reference(batch: usize) -> Vec<(String, Vec<f64>)> {
         .process_group(Box::new(hearth::dist::SingleProcess))
         .build()
         .unwrap();
+    assert_eq!(acc.distributed_type(), hearth::dist::DistributedType::No);
     // Rank 0's seed: the weights every rank starts from.
     train_ddp(&mut acc, batch, 1, 1000).0
 }

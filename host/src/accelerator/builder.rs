@@ -43,6 +43,30 @@ pub struct AcceleratorBuilder {
     ddp: crate::dist::DdpOptions,
 }
 
+/// How prepared data loaders share batches between processes
+/// (Accelerate's `DataLoaderConfiguration`); see the builder's setters of
+/// the same names. Default: whole batches per process, even batches, no
+/// dispatching.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataLoaderConfiguration {
+    /// Each batch is split between the processes.
+    pub split_batches: bool,
+    /// Every process gets the same number of batches.
+    pub even_batches: bool,
+    /// The main process reads and sends each process its slice.
+    pub dispatch_batches: bool,
+}
+
+impl Default for DataLoaderConfiguration {
+    fn default() -> Self {
+        Self {
+            split_batches: false,
+            even_batches: true,
+            dispatch_batches: false,
+        }
+    }
+}
+
 /// A bad option or environment variable.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
@@ -158,6 +182,14 @@ impl AcceleratorBuilder {
     pub fn dispatch_batches(mut self, dispatch: bool) -> Self {
         self.dispatch_batches = dispatch;
         self
+    }
+
+    /// `split_batches`, `even_batches` and `dispatch_batches` at once
+    /// (Accelerate's `dataloader_config`).
+    pub fn dataloader_config(self, config: DataLoaderConfiguration) -> Self {
+        self.split_batches(config.split_batches)
+            .even_batches(config.even_batches)
+            .dispatch_batches(config.dispatch_batches)
     }
 
     /// Settings of the fp16 loss scaler (Accelerate's `GradScalerKwargs`).

@@ -4,12 +4,24 @@
 //! chosen processes.
 
 use super::Accelerator;
-use crate::dist::{DistError, ReduceOp};
+use crate::dist::{DistError, DistributedType, ReduceOp};
 use crate::ops;
 use std::sync::atomic::Ordering;
 use tch::{Device, Tensor};
 
 impl Accelerator {
+    /// What kind of world this is (Accelerate's `distributed_type`): one
+    /// process, several on CPUs, or several with a GPU each.
+    pub fn distributed_type(&self) -> DistributedType {
+        if self.num_processes() == 1 {
+            DistributedType::No
+        } else if self.device.is_cuda() {
+            DistributedType::MultiGpu
+        } else {
+            DistributedType::MultiCpu
+        }
+    }
+
     /// Every process's `tensor` concatenated along dimension 0 in rank
     /// order (Accelerate's `gather`; a scalar counts as one row). The first
     /// dimension may differ between processes.

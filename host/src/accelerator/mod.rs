@@ -20,7 +20,7 @@ mod scheduler;
 mod state;
 mod trackers;
 
-pub use builder::{AcceleratorBuilder, BuildError};
+pub use builder::{AcceleratorBuilder, BuildError, DataLoaderConfiguration};
 pub use checkpointing::{node_name, Checkpointable, ProjectConfiguration, TrainerState};
 pub use ddp::BackwardError;
 pub use facade::{Accelerator, RngState};

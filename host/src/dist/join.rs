@@ -42,6 +42,17 @@ impl std::str::FromStr for Backend {
     }
 }
 
+/// What kind of world a run is (Accelerate's `DistributedType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum DistributedType {
+    /// One process.
+    No,
+    /// Several processes on CPUs (MPI).
+    MultiCpu,
+    /// Several processes, one GPU each.
+    MultiGpu,
+}
+
 /// How this process joins its world.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Join {

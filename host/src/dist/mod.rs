@@ -16,7 +16,7 @@ mod single;
 mod store;
 
 pub use grad_sync::{CommHook, DdpOptions, GradientSync, SyncStats};
-pub use join::{choose_backend, from_environment, Backend, Join, NCCL_BUILT};
+pub use join::{choose_backend, from_environment, Backend, DistributedType, Join, NCCL_BUILT};
 pub use launch_env::{LaunchEnv, LaunchEnvError, Launcher};
 pub use launcher::{launch, LaunchError, LaunchMode, LaunchSpec};
 pub use mpi::MpiGroup;
