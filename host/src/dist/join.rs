@@ -147,6 +147,19 @@ pub fn from_environment(
             "this process trains on a GPU in a world of several processes, which needs the NCCL backend, and this hearth was built without it: rebuild with `--features cuda` (`make build CUDA=1`), or train on the CPU (`--cpu`) under mpirun".into(),
         ));
     }
+    let gpus = if tch::Cuda::is_available() {
+        tch::Cuda::device_count() as usize
+    } else {
+        0
+    };
+    if matches!(join, Join::NcclOverMpi { .. } | Join::NcclOverStore { .. })
+        && env.local_world_size > gpus
+    {
+        return Err(refused(format!(
+            "{} processes run on this machine but it has {gpus} GPU(s), and NCCL needs a GPU of its own for each: start at most {gpus} per machine (`hearth launch -n {gpus}`), or train on the CPU (`--cpu`) under mpirun",
+            env.local_world_size
+        )));
+    }
     match join {
         Join::Single => Ok(Box::new(SingleProcess)),
         Join::Mpi => Ok(Box::new(joined_mpi(&env, timeout)?)),

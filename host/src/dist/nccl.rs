@@ -52,6 +52,8 @@ pub struct NcclGroup {
     comm: ncsys::ncclComm_t,
     stream: cusys::CUstream,
     context: cusys::CUcontext,
+    /// The device whose primary context `context` is (released on drop).
+    cu_device: cusys::CUdevice,
     place: NcclPlace,
     timeout: Duration,
     /// Set once the communicator was aborted (a timeout or an error).
@@ -115,7 +117,7 @@ fn nccl_type(kind: Kind) -> Option<ncsys::ncclDataType_t> {
         Kind::Double => ncclFloat64,
         Kind::Int64 => ncclInt64,
         Kind::Int => ncclInt32,
-        Kind::Uint8 | Kind::Bool => ncclUint8,
+        Kind::Uint8 => ncclUint8,
         Kind::Int8 => ncclInt8,
         _ => return None,
     })
@@ -142,10 +144,39 @@ fn nccl_op(op: ReduceOp, kind: Kind) -> Option<ncsys::ncclRedOp_t> {
 }
 
 /// A collective launched on the group's stream: its completion event and
-/// the tensors it reads and writes (kept alive until it completed).
+/// the tensors it reads and writes. The tensors are freed only once the
+/// event is known to have completed; dropped before that (a timeout, an
+/// error, a `Pending` never waited for), they are leaked, so libtorch never
+/// reuses memory a running kernel still touches.
 struct Launched {
     done: cusys::CUevent,
-    keep: Vec<Tensor>,
+    /// Whether `done` was recorded after the collective.
+    recorded: bool,
+    keep: Option<Vec<Tensor>>,
+}
+
+impl Drop for Launched {
+    fn drop(&mut self) {
+        // SAFETY: an event this group created, destroyed once (CUDA defers
+        // the release of an event still pending).
+        unsafe {
+            if let Some(keep) = self.keep.take() {
+                if self.recorded && cu::event::query(self.done).is_ok() {
+                    drop(keep);
+                } else {
+                    std::mem::forget(keep);
+                }
+            }
+            let _ = cu::event::destroy(self.done);
+        }
+    }
+}
+
+fn aborted(op: &'static str) -> DistError {
+    unsupported(
+        op,
+        "the communicator was aborted after an earlier failure; the process group cannot be used any more".into(),
+    )
 }
 
 impl NcclGroup {
@@ -161,13 +192,35 @@ impl NcclGroup {
         if let Some(why) = nccl_unavailable() {
             return Err(unsupported("init", why));
         }
-        let context = unsafe {
+        let deadline = Instant::now() + timeout;
+        // SAFETY: plain driver calls; the context and stream are owned by
+        // the group built below, whose drop releases them.
+        let (cu_device, context, stream) = unsafe {
             cu::init().map_err(|e| driver_failed("init", e))?;
             let device =
                 cu::device::get(place.device as i32).map_err(|e| driver_failed("init", e))?;
             let context = cu::primary_ctx::retain(device).map_err(|e| driver_failed("init", e))?;
-            cu::ctx::set_current(context).map_err(|e| driver_failed("init", e))?;
-            context
+            let stream = cu::ctx::set_current(context)
+                .and_then(|()| cu::stream::create(cu::stream::StreamKind::NonBlocking));
+            match stream {
+                Ok(stream) => (device, context, stream),
+                Err(e) => {
+                    let _ = cu::primary_ctx::release(device);
+                    return Err(driver_failed("init", e));
+                }
+            }
+        };
+        // Marked aborted until the communicator exists: dropped early, the
+        // group only releases the stream and the context.
+        let mut group = Self {
+            comm: std::ptr::null_mut(),
+            stream,
+            context,
+            cu_device,
+            place,
+            timeout,
+            aborted: Cell::new(true),
+            _rendezvous: None,
         };
         let version = nc::get_nccl_version().map_err(|e| nccl_failed("init", e))?;
         if version < MIN_NCCL_VERSION {
@@ -197,31 +250,27 @@ impl NcclGroup {
             })?;
         let mut config = default_config();
         config.blocking = 0;
-        let mut comm: ncsys::ncclComm_t = std::ptr::null_mut();
         // SAFETY: `comm` and `config` outlive the call; a non-blocking
-        // init completes in the background and is polled below.
-        unsafe {
+        // init completes in the background and is polled below. NCCL may
+        // set `comm` before failing: it is aborted then.
+        let started = unsafe {
             nc::comm_init_rank_config(
-                &mut comm,
+                &mut group.comm,
                 place.world_size as i32,
                 ncsys::ncclUniqueId { internal },
                 place.rank as i32,
                 &mut config,
             )
-            .map_err(|e| nccl_failed("init", e))?;
-        }
-        let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking)
-            .map_err(|e| driver_failed("init", e))?;
-        let group = Self {
-            comm,
-            stream,
-            context,
-            place,
-            timeout,
-            aborted: Cell::new(false),
-            _rendezvous: None,
         };
-        group.settle("init", Instant::now() + timeout)?;
+        if let Err(e) = started {
+            if !group.comm.is_null() {
+                // SAFETY: a communicator NCCL handed back, aborted once.
+                unsafe { ncsys::ncclCommAbort(group.comm) };
+            }
+            return Err(nccl_failed("init", e));
+        }
+        group.aborted.set(false);
+        group.settle("init", deadline)?;
         Ok(group)
     }
 
@@ -233,28 +282,42 @@ impl NcclGroup {
         self
     }
 
+    /// The communicator's state: `Ok(true)` while an operation is still
+    /// being enqueued or created, `Ok(false)` when idle; an NCCL error
+    /// aborts it. An aborted communicator (freed by NCCL) is never touched.
+    fn in_progress(&self, op: &'static str) -> Result<bool, DistError> {
+        if self.aborted.get() {
+            return Err(aborted(op));
+        }
+        let mut state = ncsys::ncclResult_t::ncclSuccess;
+        // SAFETY: a live communicator.
+        let rc = unsafe { ncsys::ncclCommGetAsyncError(self.comm, &mut state) };
+        if rc != ncsys::ncclResult_t::ncclSuccess {
+            state = rc;
+        }
+        match state.result() {
+            Ok(nc::NcclStatus::InProgress) => Ok(true),
+            Ok(_) => Ok(false),
+            Err(e) => {
+                self.abort();
+                Err(nccl_failed(op, e))
+            }
+        }
+    }
+
     /// Waits until the communicator has no operation in progress (a
-    /// non-blocking init or launch), aborting it on an error or at `deadline`.
+    /// non-blocking init, launch or finalize), aborting it on an error or
+    /// at `deadline`.
     fn settle(&self, op: &'static str, deadline: Instant) -> Result<(), DistError> {
         let mut pause = Duration::from_micros(20);
-        loop {
-            let mut state = ncsys::ncclResult_t::ncclSuccess;
-            // SAFETY: a live communicator.
-            unsafe { ncsys::ncclCommGetAsyncError(self.comm, &mut state) };
-            match state.result() {
-                Ok(nc::NcclStatus::InProgress) => {}
-                Ok(_) => return Ok(()),
-                Err(e) => {
-                    self.abort();
-                    return Err(nccl_failed(op, e));
-                }
-            }
+        while self.in_progress(op)? {
             if Instant::now() >= deadline {
                 return Err(self.timed_out(op));
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(1));
         }
+        Ok(())
     }
 
     fn abort(&self) {
@@ -278,10 +341,7 @@ impl NcclGroup {
     /// tensor is copied there), or why it cannot be used.
     fn on_device(&self, op: &'static str, tensor: &Tensor) -> Result<Tensor, DistError> {
         if self.aborted.get() {
-            return Err(unsupported(
-                op,
-                "the communicator was aborted after an earlier failure; the process group cannot be used any more".into(),
-            ));
+            return Err(aborted(op));
         }
         let device = Device::Cuda(self.place.device);
         match tensor.device() {
@@ -295,46 +355,57 @@ impl NcclGroup {
     }
 
     /// Launches `call` on the group's stream after everything libtorch
-    /// queued so far, and records its completion.
+    /// queued so far, and records its completion; `deadline` bounds the
+    /// launch too.
     fn launch(
         &self,
         op: &'static str,
         keep: Vec<Tensor>,
+        deadline: Instant,
         call: impl FnOnce(ncsys::cudaStream_t) -> Result<nc::NcclStatus, nc::NcclError>,
     ) -> Result<Launched, DistError> {
+        if self.aborted.get() {
+            return Err(aborted(op));
+        }
         let flags = cusys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
         // SAFETY: handles owned by this group; the events are destroyed
         // once done with (CUDA defers it until they complete).
         unsafe {
             cu::ctx::set_current(self.context).map_err(|e| driver_failed(op, e))?;
-            let ready = cu::event::create(flags).map_err(|e| driver_failed(op, e))?;
-            cu::event::record(ready, cu::stream::null()).map_err(|e| driver_failed(op, e))?;
-            cu::stream::wait_event(
-                self.stream,
-                ready,
-                cusys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            )
-            .map_err(|e| driver_failed(op, e))?;
-            cu::event::destroy(ready).map_err(|e| driver_failed(op, e))?;
-            match call(self.stream as ncsys::cudaStream_t) {
-                Ok(_) => {}
-                Err(e) => {
-                    self.abort();
-                    return Err(nccl_failed(op, e));
-                }
-            }
-            self.settle(op, Instant::now() + self.timeout)?;
             let done = cu::event::create(flags).map_err(|e| driver_failed(op, e))?;
+            // From here on an early return leaks `keep` (see Launched).
+            let mut launched = Launched {
+                done,
+                recorded: false,
+                keep: Some(keep),
+            };
+            let ready = cu::event::create(flags).map_err(|e| driver_failed(op, e))?;
+            let ordered = cu::event::record(ready, cu::stream::null()).and_then(|()| {
+                cu::stream::wait_event(
+                    self.stream,
+                    ready,
+                    cusys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                )
+            });
+            let _ = cu::event::destroy(ready);
+            ordered.map_err(|e| driver_failed(op, e))?;
+            if let Err(e) = call(self.stream as ncsys::cudaStream_t) {
+                self.abort();
+                return Err(nccl_failed(op, e));
+            }
+            self.settle(op, deadline)?;
             cu::event::record(done, self.stream).map_err(|e| driver_failed(op, e))?;
-            Ok(Launched { done, keep })
+            launched.recorded = true;
+            Ok(launched)
         }
     }
 
-    /// Polls `launched` until it completed, an NCCL error, or `deadline`.
+    /// Polls `launched` until it completed, an NCCL error, an abort, or
+    /// `deadline`.
     fn finish(
         &self,
         op: &'static str,
-        launched: Launched,
+        mut launched: Launched,
         deadline: Instant,
     ) -> Result<(), DistError> {
         let busy_until = Instant::now() + Duration::from_millis(50);
@@ -346,16 +417,8 @@ impl NcclGroup {
                 Err(cu::DriverError(cusys::CUresult::CUDA_ERROR_NOT_READY)) => {}
                 Err(e) => return Err(driver_failed(op, e)),
             }
-            let mut state = ncsys::ncclResult_t::ncclSuccess;
-            // SAFETY: a live communicator.
-            unsafe { ncsys::ncclCommGetAsyncError(self.comm, &mut state) };
-            if let Err(e) = state.result() {
-                self.abort();
-                return Err(nccl_failed(op, e));
-            }
+            self.in_progress(op)?;
             if Instant::now() >= deadline {
-                // The tensors stay alive: the aborted kernels may still touch them.
-                std::mem::forget(launched.keep);
                 return Err(self.timed_out(op));
             }
             if Instant::now() < busy_until {
@@ -365,9 +428,12 @@ impl NcclGroup {
                 pause = (pause * 2).min(Duration::from_millis(1));
             }
         }
-        // SAFETY: the event completed.
-        unsafe { cu::event::destroy(launched.done) }.map_err(|e| driver_failed(op, e))?;
-        drop(launched.keep);
+        // Completed: the tensors may go (dropping `launched` frees them).
+        if self.aborted.get() {
+            // Kernels an abort stopped early completed with partial data.
+            return Err(aborted(op));
+        }
+        drop(launched.keep.take());
         Ok(())
     }
 
@@ -378,7 +444,7 @@ impl NcclGroup {
         call: impl FnOnce(ncsys::cudaStream_t) -> Result<nc::NcclStatus, nc::NcclError>,
     ) -> Result<(), DistError> {
         let deadline = Instant::now() + self.timeout;
-        let launched = self.launch(op, keep, call)?;
+        let launched = self.launch(op, keep, deadline, call)?;
         self.finish(op, launched, deadline)
     }
 
@@ -446,6 +512,7 @@ impl NcclGroup {
         tensor: &Tensor,
         op: ReduceOp,
         scatter: bool,
+        deadline: Instant,
     ) -> Result<(Launched, Tensor), DistError> {
         let send = self.on_device(op_name, tensor)?;
         let dtype = self.kind_of(op_name, send.kind())?;
@@ -465,13 +532,18 @@ impl NcclGroup {
         let recv = Tensor::empty(shape.as_slice(), (send.kind(), send.device()));
         let (s, r, comm) = (send.data_ptr(), recv.data_ptr(), self.comm);
         let count = recv.numel();
-        let launched = self.launch(op_name, vec![send, recv.shallow_clone()], |stream| unsafe {
-            if scatter {
-                nc::reduce_scatter(s, r, count, dtype, red, comm, stream)
-            } else {
-                nc::all_reduce(s, r, count, dtype, red, comm, stream)
-            }
-        })?;
+        let launched = self.launch(
+            op_name,
+            vec![send, recv.shallow_clone()],
+            deadline,
+            |stream| unsafe {
+                if scatter {
+                    nc::reduce_scatter(s, r, count, dtype, red, comm, stream)
+                } else {
+                    nc::all_reduce(s, r, count, dtype, red, comm, stream)
+                }
+            },
+        )?;
         Ok((launched, recv))
     }
 }
@@ -502,16 +574,26 @@ fn default_config() -> ncsys::ncclConfig_t {
 }
 
 impl Drop for NcclGroup {
+    /// Finalizes the communicator (which waits for its peers) under a
+    /// deadline, then frees it; on an error or past the deadline it is
+    /// aborted instead, so a process never hangs on its way out.
     fn drop(&mut self) {
-        // SAFETY: owned handles, released once. An aborted communicator
-        // is already freed.
+        // SAFETY: owned handles, released once; an aborted communicator
+        // was freed by NCCL and is not touched.
         unsafe {
             let _ = cu::ctx::set_current(self.context);
             if !self.aborted.get() {
-                let _ = cu::stream::synchronize(self.stream);
-                let _ = ncsys::ncclCommDestroy(self.comm);
+                let deadline = Instant::now() + self.timeout.min(Duration::from_secs(60));
+                let finalized = nc::comm_finalize(self.comm).is_ok()
+                    && self.settle("destroy", deadline).is_ok();
+                if finalized {
+                    let _ = ncsys::ncclCommDestroy(self.comm);
+                } else {
+                    self.abort();
+                }
             }
             let _ = cu::stream::destroy(self.stream);
+            let _ = cu::primary_ctx::release(self.cu_device);
         }
     }
 }
@@ -550,7 +632,7 @@ impl ProcessGroup for NcclGroup {
 
     fn all_reduce_start(&self, tensor: &Tensor, op: ReduceOp) -> Result<Pending<'_>, DistError> {
         let deadline = Instant::now() + self.timeout;
-        let (launched, out) = self.start_reduction("all_reduce", tensor, op, false)?;
+        let (launched, out) = self.start_reduction("all_reduce", tensor, op, false, deadline)?;
         let like = tensor.shallow_clone();
         Ok(Pending::new(move || {
             self.finish("all_reduce", launched, deadline)?;
@@ -561,7 +643,7 @@ impl ProcessGroup for NcclGroup {
     fn reduce_scatter(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
         scatter_rows(self, "reduce_scatter", tensor)?;
         let deadline = Instant::now() + self.timeout;
-        let (launched, out) = self.start_reduction("reduce_scatter", tensor, op, true)?;
+        let (launched, out) = self.start_reduction("reduce_scatter", tensor, op, true, deadline)?;
         self.finish("reduce_scatter", launched, deadline)?;
         Ok(back_to(out, tensor))
     }
@@ -612,6 +694,23 @@ impl ProcessGroup for NcclGroup {
     }
 
     fn broadcast(&self, tensor: &mut Tensor, root: usize) -> Result<(), DistError> {
+        // Every process must hold the same kind and size as the root, or
+        // NCCL would wait for bytes that never come: check first, together.
+        let mine = format!("{:?} {:?}", tensor.kind(), tensor.size());
+        let roots = self.broadcast_bytes(mine.clone().into_bytes(), root)?;
+        let differs = i64::from(roots != mine.as_bytes());
+        let mut any = Tensor::from_slice(&[differs]);
+        self.all_reduce(&mut any, ReduceOp::Max)?;
+        if any.int64_value(&[0]) != 0 {
+            return Err(DistError::Mismatch {
+                op: "broadcast",
+                rank: self.place.rank,
+                message: format!(
+                    "rank {root} broadcasts {}, this process holds {mine} (some process's tensor differs)",
+                    String::from_utf8_lossy(&roots)
+                ),
+            });
+        }
         let value = self.broadcast_device("broadcast", tensor, root)?;
         tch::no_grad(|| tensor.copy_(&value));
         Ok(())
