@@ -376,12 +376,6 @@ impl ProcessGroup for MpiGroup {
         "mpi"
     }
 
-    fn all_reduce(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<(), DistError> {
-        let reduced = self.all_reduce_start(tensor, op)?.wait()?;
-        tch::no_grad(|| tensor.copy_(&reduced));
-        Ok(())
-    }
-
     fn all_reduce_start(&self, tensor: &Tensor, op: ReduceOp) -> Result<Pending<'_>, DistError> {
         self.start_reduction(tensor, op, false)
     }

@@ -624,12 +624,6 @@ impl ProcessGroup for NcclGroup {
         "nccl"
     }
 
-    fn all_reduce(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<(), DistError> {
-        let reduced = self.all_reduce_start(tensor, op)?.wait()?;
-        tch::no_grad(|| tensor.copy_(&reduced));
-        Ok(())
-    }
-
     fn all_reduce_start(&self, tensor: &Tensor, op: ReduceOp) -> Result<Pending<'_>, DistError> {
         let deadline = Instant::now() + self.timeout;
         let (launched, out) = self.start_reduction("all_reduce", tensor, op, false, deadline)?;

@@ -105,10 +105,12 @@ pub trait ProcessGroup: Send {
     /// A short name of the backend (`"single"`, `"mpi"`, `"nccl"`).
     fn backend(&self) -> &'static str;
 
-    /// Combines `tensor` across processes with `op`, in place.
+    /// Combines `tensor` across processes with `op`, in place (what
+    /// [`all_reduce_start`](Self::all_reduce_start) gives, copied back).
     fn all_reduce(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<(), DistError> {
-        let _ = (tensor, op);
-        self.only_one("all_reduce")
+        let reduced = self.all_reduce_start(tensor, op)?.wait()?;
+        tch::no_grad(|| tensor.copy_(&reduced));
+        Ok(())
     }
 
     /// Starts combining `tensor` across processes with `op` and returns at
@@ -116,11 +118,11 @@ pub trait ProcessGroup: Send {
     /// shape and kind). Started collectives finish in the order they were
     /// started, and every process must start them in the same order. Work
     /// done between start and wait overlaps the communication where the
-    /// backend allows (MPI does); the default finishes before returning.
+    /// backend allows (MPI and NCCL do); the default is a world of one's.
     fn all_reduce_start(&self, tensor: &Tensor, op: ReduceOp) -> Result<Pending<'_>, DistError> {
-        let mut out = tensor.detach().copy();
-        self.all_reduce(&mut out, op)?;
-        Ok(Pending::ready(out))
+        let _ = op;
+        self.only_one("all_reduce")?;
+        Ok(Pending::ready(tensor.detach().copy()))
     }
 
     /// `tensor` combined across processes with `op`, then cut into
