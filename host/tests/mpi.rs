@@ -34,6 +34,16 @@ fn mpirun(n: usize, child: &str, mode: &str, out: &std::path::Path) -> Output {
         .expect("mpirun runs (Open MPI is installed by `make setup`)")
 }
 
+/// [`mpirun`], which must succeed (its stderr is the failure message).
+fn mpirun_ok(n: usize, child: &str, mode: &str, out: &std::path::Path) {
+    let run = mpirun(n, child, mode, out);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
+
 fn values(t: &Tensor) -> Vec<f64> {
     Vec::<f64>::try_from(t.to_kind(Kind::Double).view([-1])).unwrap()
 }
@@ -348,12 +358,7 @@ fn assert_same_weights(got: &serde_json::Value, want: &[(String, Vec<f64>)], tol
 /// with batch N·b does.
 fn ddp_matches_one_process(n: usize, b: usize, ga: usize) -> Vec<serde_json::Value> {
     let dir = scratch(&format!("ddp{n}-{ga}"));
-    let out = mpirun(n, "child_ddp", &format!("ddp:{b}:{ga}:no"), &dir);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    mpirun_ok(n, "child_ddp", &format!("ddp:{b}:{ga}:no"), &dir);
     let ranks = results(&dir, n);
     let want = reference(n * b * ga);
     for (r, got) in ranks.iter().enumerate() {
@@ -397,19 +402,9 @@ fn with_accumulation_gradients_cross_processes_only_on_sync_steps() {
 fn bf16_compression_halves_the_bytes_and_stays_close() {
     let (n, b) = (2, 4);
     let full = scratch("ddp-full");
-    let out = mpirun(n, "child_ddp", &format!("ddp:{b}:1:no"), &full);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    mpirun_ok(n, "child_ddp", &format!("ddp:{b}:1:no"), &full);
     let small = scratch("ddp-bf16");
-    let out = mpirun(n, "child_ddp", &format!("ddp:{b}:1:bf16"), &small);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    mpirun_ok(n, "child_ddp", &format!("ddp:{b}:1:bf16"), &small);
     let (full, small) = (results(&full, n), results(&small, n));
     assert_eq!(
         full[0]["bytes"].as_u64().unwrap(),
@@ -550,12 +545,7 @@ fn results(dir: &std::path::Path, n: usize) -> Vec<serde_json::Value> {
 #[test]
 fn collectives_across_two_ranks_give_accelerates_values() {
     let dir = scratch("two");
-    let out = mpirun(2, "child_collectives", "normal", &dir);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    mpirun_ok(2, "child_collectives", "normal", &dir);
     let ranks = results(&dir, 2);
     for (r, got) in ranks.iter().enumerate() {
         assert_eq!(got["rank"], r);
@@ -719,12 +709,7 @@ fn process_helpers_on_three_ranks_match_accelerate() {
     let theirs_dir = scratch("helpers-accelerate");
     accelerate_oracle(3, &theirs_dir);
     let ours_dir = scratch("helpers");
-    let out = mpirun(3, "child_process_helpers", "helpers", &ours_dir);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    mpirun_ok(3, "child_process_helpers", "helpers", &ours_dir);
     let (theirs, ours) = (results(&theirs_dir, 3), results(&ours_dir, 3));
     for r in 0..3 {
         for key in [
@@ -776,12 +761,7 @@ fn process_helpers_on_three_ranks_match_accelerate() {
 #[test]
 fn reduce_scatter_gives_each_rank_its_share_of_the_sum() {
     let dir = scratch("scatter");
-    let out = mpirun(2, "child_process_helpers", "helpers", &dir);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    mpirun_ok(2, "child_process_helpers", "helpers", &dir);
     let ranks = results(&dir, 2);
     // [1, 2] + [3, 4] = [4, 6]: rank 0 gets [4], rank 1 [6].
     assert_eq!(ranks[0]["reduce_scatter"], serde_json::json!([4.0]));
@@ -791,12 +771,7 @@ fn reduce_scatter_gives_each_rank_its_share_of_the_sum() {
 #[test]
 fn save_on_each_node_writes_a_whole_checkpoint_per_machine_with_its_ranks_generators() {
     let dir = scratch("each-node");
-    let out = mpirun(4, "child_save_on_each_node", "each-node", &dir);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    mpirun_ok(4, "child_save_on_each_node", "each-node", &dir);
     let files = |node: &str| -> Vec<String> {
         let folder = dir.join(format!("node_{node}/checkpoints/checkpoint_0"));
         let mut names: Vec<String> = std::fs::read_dir(&folder)
@@ -844,19 +819,9 @@ fn a_sharded_loader_resumed_on_two_ranks_reads_what_the_unbroken_run_read() {
     let saved = scratch("loader-save");
     let checkpoint = scratch("loader-checkpoint");
     let _ = std::fs::remove_dir_all(&checkpoint);
-    let out = mpirun(2, "child_loader_resume", "loader:save", &saved);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    mpirun_ok(2, "child_loader_resume", "loader:save", &saved);
     let resumed = scratch("loader-resume");
-    let out = mpirun(2, "child_loader_resume", "loader:resume", &resumed);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    mpirun_ok(2, "child_loader_resume", "loader:resume", &resumed);
     let (saved, resumed) = (results(&saved, 2), results(&resumed, 2));
     for r in 0..2 {
         // 13 examples, batch 2, 2 ranks: 4 batches each per epoch, 2 read
@@ -876,12 +841,7 @@ fn a_sharded_loader_resumed_on_two_ranks_reads_what_the_unbroken_run_read() {
 #[test]
 fn three_ranks_gather_unequal_rows_in_rank_order() {
     let dir = scratch("three");
-    let out = mpirun(3, "child_collectives", "normal", &dir);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    mpirun_ok(3, "child_collectives", "normal", &dir);
     let ranks = results(&dir, 3);
     for got in &ranks {
         assert_eq!(got["unequal_shape"], serde_json::json!([6, 3]));
