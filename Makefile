@@ -24,8 +24,8 @@ run: build
 	$(HEARTH) run examples/sort-digits.toml
 
 test: build example-plugins
-	@echo "test: the NCCL backend (cuda feature) builds"
-	cargo build -p hearth --features cuda --lib
+	@echo "test: the NCCL backend (cuda feature) builds, and NCCL loads (its collectives need a GPU)"
+	cargo test -p hearth --features cuda --lib dist::nccl
 	cargo test --workspace $(CARGO_FEATURES)
 	cd plugins && cargo test --quiet --target $(HOST_TARGET)
 	cd guest-sdk && cargo test --quiet --target $(HOST_TARGET)

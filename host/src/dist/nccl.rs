@@ -749,3 +749,33 @@ impl ProcessGroup for NcclGroup {
         Ok(got)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// build.rs links the torch wheel's `libnccl.so.2` where cudarc looks;
+    /// without it, NCCL could never load (no GPU is needed to see that).
+    #[test]
+    fn libnccl_loads_through_the_link_on_the_rpath() {
+        // SAFETY: only opens the library.
+        assert!(unsafe { ncsys::is_culib_present() });
+        let version = nc::get_nccl_version().unwrap();
+        assert!(version >= MIN_NCCL_VERSION, "NCCL {version}");
+    }
+
+    #[test]
+    fn kinds_and_reductions_map_as_nccl_needs() {
+        assert_eq!(
+            nccl_type(Kind::BFloat16),
+            Some(ncsys::ncclDataType_t::ncclBfloat16)
+        );
+        assert_eq!(nccl_type(Kind::Bool), None, "a sum of bools is no bool");
+        assert_eq!(
+            nccl_op(ReduceOp::Mean, Kind::Half),
+            Some(ncsys::ncclRedOp_t::ncclAvg)
+        );
+        assert_eq!(nccl_op(ReduceOp::Mean, Kind::Int64), None);
+        assert_eq!(std::mem::size_of::<ncsys::ncclConfig_t>(), 80);
+    }
+}
