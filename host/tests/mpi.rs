@@ -432,15 +432,8 @@ fn hearth_run(n: usize, config: &std::path::Path, args: &[&str]) -> Output {
         .expect("mpirun runs")
 }
 
-#[test]
-fn hearth_run_on_two_ranks_resumes_to_the_weights_of_an_unbroken_run() {
-    let dir = scratch("run");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("job.toml");
-    std::fs::write(
-        &config,
-        r#"
+/// A short `hearth run` job for two ranks.
+const TWO_RANK_JOB: &str = r#"
 [run]
 name = "two"
 steps = 24
@@ -465,9 +458,15 @@ lr = 3e-3
 
 [eval]
 samples = 50
-"#,
-    )
-    .unwrap();
+"#;
+
+#[test]
+fn hearth_run_on_two_ranks_resumes_to_the_weights_of_an_unbroken_run() {
+    let dir = scratch("run");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("job.toml");
+    std::fs::write(&config, TWO_RANK_JOB).unwrap();
     let (whole, broken) = (dir.join("whole"), dir.join("broken"));
     let out = hearth_run(
         2,
@@ -526,6 +525,59 @@ samples = 50
         std::fs::read(broken.join("two/model.safetensors")).unwrap(),
         "resumed on 2 ranks = never stopped"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn gradient_sync(run_dir: &std::path::Path) -> serde_json::Value {
+    let summary = std::fs::read_to_string(run_dir.join("summary.json")).unwrap();
+    serde_json::from_str::<serde_json::Value>(&summary).unwrap()["gradient_sync"].clone()
+}
+
+#[test]
+fn hearth_run_takes_backend_timeout_and_gradient_averaging_from_its_config() {
+    let dir = scratch("run-distributed");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (plain, tuned) = (dir.join("plain.toml"), dir.join("tuned.toml"));
+    let job = TWO_RANK_JOB.replace("save-every = 12\n", "");
+    std::fs::write(&plain, &job).unwrap();
+    let distributed = "[distributed]\nbackend = \"mpi\"\ntimeout = 120\nbucket-cap-mb = 0.01\ncomm-hook = \"bf16\"\n";
+    std::fs::write(&tuned, format!("{job}\n{distributed}")).unwrap();
+    for config in [&plain, &tuned] {
+        let out = hearth_run(
+            2,
+            config,
+            &[
+                "--quiet",
+                "--output-dir",
+                dir.to_str().unwrap(),
+                "--steps",
+                "6",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::rename(dir.join("two"), config.with_extension("")).unwrap();
+    }
+    let (plain, tuned) = (
+        gradient_sync(&dir.join("plain")),
+        gradient_sync(&dir.join("tuned")),
+    );
+    // One bucket of 25 MiB holds the whole tiny model; 10 KiB buckets split it.
+    assert_eq!(plain["syncs"], 6, "{plain}");
+    assert_eq!(plain["all_reduces"], 6, "{plain}");
+    assert_eq!(tuned["syncs"], 6, "{tuned}");
+    assert!(tuned["all_reduces"].as_u64().unwrap() > 6, "{tuned}");
+    // bf16 on the wire: half of float32's bytes, the same values counted.
+    assert_eq!(
+        2 * tuned["bytes"].as_u64().unwrap(),
+        plain["bytes"].as_u64().unwrap(),
+        "{plain} {tuned}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn scratch(name: &str) -> std::path::PathBuf {

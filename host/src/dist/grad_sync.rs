@@ -51,7 +51,7 @@ impl Default for DdpOptions {
 }
 
 /// What gradient averaging has done so far.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SyncStats {
     /// Times the gradients were averaged (one per optimizer step).
     pub syncs: u64,

@@ -62,6 +62,8 @@ pub struct RunSummary {
     pub process_index: usize,
     /// Number of processes that trained together.
     pub num_processes: usize,
+    /// What gradient averaging across the processes did (zeros for one).
+    pub gradient_sync: crate::dist::SyncStats,
 }
 
 /// Why a run failed.
@@ -385,8 +387,15 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
         // Training goes on while a checkpoint is written; the next save and
         // the end of the run wait for it.
         async_save: true,
-        save_on_each_node: false,
+        save_on_each_node: config.distributed.save_on_each_node,
     });
+    builder = builder.ddp(config.distributed.ddp());
+    if let Some(backend) = config.distributed.backend {
+        builder = builder.backend(backend);
+    }
+    if let Some(timeout) = config.distributed.timeout() {
+        builder = builder.timeout(timeout);
+    }
     let mut acc = builder.build()?;
     let device = acc.device();
     let accumulation = acc.gradient_accumulation_steps();
@@ -572,6 +581,7 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
         eval,
         process_index: acc.process_index(),
         num_processes: acc.num_processes(),
+        gradient_sync: acc.gradient_sync_stats(),
     };
     if acc.is_main_process() {
         std::fs::create_dir_all(&run_dir).map_err(io_err(&run_dir))?;

@@ -14,6 +14,7 @@
 
 mod checkpoint_hooks;
 mod data;
+mod distributed;
 mod error;
 mod eval;
 mod model;
@@ -24,6 +25,7 @@ mod trackers;
 
 pub use checkpoint_hooks::CheckpointHookSection;
 pub use data::{DataKind, DataSection};
+pub use distributed::DistributedSection;
 pub use error::ConfigError;
 pub use eval::EvalSection;
 pub use model::{ModelKind, ModelSection};
@@ -57,6 +59,10 @@ pub struct TrainConfig {
     /// `[[trackers]]`: experiment tracker plugins.
     #[serde(default)]
     pub trackers: Vec<TrackerSection>,
+    /// `[distributed]`: backend, timeout and gradient averaging of a
+    /// multi-process run.
+    #[serde(default)]
+    pub distributed: DistributedSection,
     /// `[[checkpoint-hooks]]`: checkpoint hook plugins, in the order they run.
     #[serde(default)]
     pub checkpoint_hooks: Vec<CheckpointHookSection>,
@@ -97,6 +103,7 @@ impl TrainConfig {
         self.data.validate(&invalid)?;
         self.optimizer.validate(&invalid)?;
         self.eval.validate(&invalid)?;
+        self.distributed.validate(&invalid)?;
         if let Some(s) = &self.scheduler {
             s.validate(&invalid)?;
         }
@@ -224,6 +231,39 @@ lr = 0.01
         assert_eq!(c.optimizer.kind, OptimizerKind::Adamw);
         assert_eq!(c.optimizer.weight_decay(), 0.01);
         assert_eq!(c.run.output_dir, PathBuf::from("runs"));
+    }
+
+    #[test]
+    fn the_distributed_section_sets_backend_timeout_and_ddp() {
+        let c = parse(GOOD).unwrap();
+        assert_eq!(c.distributed.ddp(), crate::dist::DdpOptions::default());
+        assert_eq!(c.distributed.timeout(), None);
+        let c = parse(&format!(
+            "{GOOD}[distributed]\nbackend = \"nccl\"\ntimeout = 90\nbucket-cap-mb = 4\ncomm-hook = \"fp16\"\nsave-on-each-node = true\n"
+        ))
+        .unwrap();
+        assert_eq!(c.distributed.backend, Some(crate::dist::Backend::Nccl));
+        assert_eq!(
+            c.distributed.timeout(),
+            Some(std::time::Duration::from_secs(90))
+        );
+        assert_eq!(c.distributed.ddp().bucket_cap_mb, 4.0);
+        assert_eq!(c.distributed.ddp().comm_hook, crate::dist::CommHook::Fp16);
+        assert!(c.distributed.save_on_each_node);
+        for (bad, key) in [
+            ("timeout = 0", "distributed.timeout"),
+            ("bucket-cap-mb = -1", "distributed.bucket-cap-mb"),
+            ("backend = \"gloo\"", "backend"),
+            ("comm-hook = \"int8\"", "comm-hook"),
+        ] {
+            let err = parse(&format!("{GOOD}[distributed]\n{bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("job.toml") && err.contains(key),
+                "{bad}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -1,0 +1,64 @@
+//! `[distributed]`: how the processes of a multi-process run talk
+//! (Accelerate's `InitProcessGroupKwargs` and `DistributedDataParallelKwargs`,
+//! and `ProjectConfiguration.save_on_each_node`). A world of one ignores it.
+
+use super::{ConfigError, Invalid};
+use crate::dist::{Backend, CommHook, DdpOptions};
+use serde::Deserialize;
+
+/// The `[distributed]` section.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct DistributedSection {
+    /// `mpi` or `nccl` (default: NCCL on a GPU, MPI on the CPU).
+    pub backend: Option<Backend>,
+    /// Seconds a collective may wait for the other processes before the run
+    /// fails naming the late rank (default 1800, as PyTorch).
+    pub timeout: Option<f64>,
+    /// Gradients are averaged in buckets of about this many MiB (default 25).
+    pub bucket_cap_mb: Option<f64>,
+    /// `no` (default), `fp16` or `bf16`: the gradients' precision on the wire.
+    pub comm_hook: Option<CommHook>,
+    /// Every machine writes the whole checkpoint in its own `checkpoints/`
+    /// (for machines without a shared file system); default: rank 0 only.
+    #[serde(default)]
+    pub save_on_each_node: bool,
+}
+
+impl DistributedSection {
+    /// The gradient averaging settings, defaults filled in.
+    pub fn ddp(&self) -> DdpOptions {
+        let default = DdpOptions::default();
+        DdpOptions {
+            bucket_cap_mb: self.bucket_cap_mb.unwrap_or(default.bucket_cap_mb),
+            comm_hook: self.comm_hook.unwrap_or(default.comm_hook),
+        }
+    }
+
+    /// The collective timeout, when the config sets one.
+    pub fn timeout(&self) -> Option<std::time::Duration> {
+        self.timeout.map(std::time::Duration::from_secs_f64)
+    }
+
+    pub(super) fn validate(&self, invalid: &Invalid) -> Result<(), ConfigError> {
+        if let Some(t) = self
+            .timeout
+            .filter(|t| !(t.is_finite() && *t > 0.0 && *t < 1e9))
+        {
+            return Err(invalid(
+                "distributed.timeout",
+                format!("must be a positive number of seconds, not {t}"),
+            ));
+        }
+        if let Some(mb) = self
+            .bucket_cap_mb
+            .filter(|mb| !(mb.is_finite() && *mb > 0.0))
+        {
+            return Err(invalid(
+                "distributed.bucket-cap-mb",
+                format!("must be a positive number of MiB, not {mb}"),
+            ));
+        }
+        Ok(())
+    }
+}
