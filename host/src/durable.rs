@@ -62,8 +62,8 @@ mod tests {
 
     #[test]
     fn a_failed_write_keeps_the_old_file() {
-        let dir = std::env::temp_dir().join(format!("hearth-atomic-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let path = dir.join("f.bin");
         write_atomically(&path, |f| f.write_all(b"old")).unwrap();
         let err = write_atomically(&path, |f| {
@@ -73,7 +73,7 @@ mod tests {
         assert!(err.is_err());
         assert_eq!(fs::read(&path).unwrap(), b"old");
         assert_eq!(
-            fs::read_dir(&dir).unwrap().count(),
+            fs::read_dir(dir).unwrap().count(),
             1,
             "no temporary file left behind"
         );
@@ -81,9 +81,8 @@ mod tests {
 
     #[test]
     fn a_link_planted_under_the_temporary_name_is_not_followed() {
-        let dir = std::env::temp_dir().join(format!("hearth-atomic-link-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let victim = dir.join("victim.bin");
         fs::write(&victim, b"keep me").unwrap();
         let tmp = dir.join(format!(".f.bin.tmp-{}", std::process::id()));
@@ -94,6 +93,5 @@ mod tests {
         std::os::unix::fs::symlink(&victim, &tmp).unwrap();
         replace_atomically(&dir.join("g.bin"), |t| fs::write(t, b"new")).unwrap();
         assert_eq!(fs::read(&victim).unwrap(), b"keep me");
-        fs::remove_dir_all(&dir).unwrap();
     }
 }

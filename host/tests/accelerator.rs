@@ -703,9 +703,7 @@ fn clip_grad_value_clamps_the_unscaled_gradients_at_the_sync_step_only() {
 
 #[test]
 fn save_writes_from_the_main_process_only() {
-    let dir = std::env::temp_dir().join(format!("hearth-acc-save-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch("acc-save");
     let tensors = vec![(
         "w".to_string(),
         Tensor::arange(6, (Kind::Float, Device::Cpu)).view([2, 3]),
@@ -724,7 +722,6 @@ fn save_writes_from_the_main_process_only() {
         hearth::checkpoint::load_safetensors(&dir.join("extra.safetensors"), Device::Cpu).unwrap();
     assert_eq!(back[0].0, "w");
     assert!(back[0].1.equal(&tensors[0].1));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -5,6 +5,7 @@
 //! inside their folder.
 
 mod common;
+use common::scratch;
 
 use hearth::accelerator::{Accelerator, ProjectConfiguration};
 use hearth::checkpoint::{load_safetensors, verify_complete, MANIFEST_NAME};
@@ -15,13 +16,6 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use tch::nn;
 use tch::{Device, Kind, Tensor};
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("hearth-hooks-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// A built-in hook (installed by `make plugins`) with `options`.
 fn builtin(name: &str, options: &str) -> CheckpointHookPlugin {

@@ -3,6 +3,8 @@
 //! checkpoints rotate; a checkpoint is never overwritten; incomplete ones
 //! are skipped.
 
+mod common;
+use common::scratch;
 use hearth::accelerator::{
     AcceleratedOptimizer, AcceleratedScheduler, Accelerator, Checkpointable, LrSchedule,
     PreparedDataLoader, ProjectConfiguration,
@@ -13,7 +15,7 @@ use hearth::models::{Model, ModuleTree, Unit};
 use hearth::ops::AdamHyper;
 use hearth::optim::{Adam, ParamGroup};
 use hearth::plugins::PluginError;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Reduction, Tensor};
@@ -23,13 +25,6 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("hearth-ckpt-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 /// `1 - step / 40`, as PyTorch's LambdaLR would give.
@@ -202,7 +197,6 @@ fn a_run_stopped_mid_epoch_and_resumed_is_bit_identical() {
         assert!(a.equal(&b), "final weights differ");
     }
     assert_eq!(whole.opt.lrs(), resumed.opt.lrs());
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
@@ -212,7 +206,7 @@ fn total_limit_keeps_the_newest_and_a_checkpoint_is_never_overwritten() {
     let mut acc = Accelerator::builder()
         .cpu(true)
         .project_config(ProjectConfiguration {
-            project_dir: dir.clone(),
+            project_dir: dir.to_path_buf(),
             automatic_checkpoint_naming: true,
             total_limit: Some(2),
             ..Default::default()
@@ -251,7 +245,7 @@ fn total_limit_keeps_the_newest_and_a_checkpoint_is_never_overwritten() {
     let mut fresh = Accelerator::builder()
         .cpu(true)
         .project_config(ProjectConfiguration {
-            project_dir: dir.clone(),
+            project_dir: dir.to_path_buf(),
             automatic_checkpoint_naming: true,
             ..Default::default()
         })
@@ -283,7 +277,6 @@ fn total_limit_keeps_the_newest_and_a_checkpoint_is_never_overwritten() {
         .unwrap()
         .all(|e| !e.unwrap().file_name().to_string_lossy().contains(".tmp-"));
     assert!(no_tmp, "no temporary folder is left behind");
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
@@ -307,7 +300,6 @@ fn a_checkpoint_of_another_model_is_refused_before_anything_changes() {
     for (b, now) in before.iter().zip(vs.trainable_variables()) {
         assert!(b.equal(&now));
     }
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
@@ -343,7 +335,6 @@ fn an_async_save_holds_the_state_of_its_moment_and_matches_a_sync_save() {
             "{name}"
         );
     }
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// A model whose only parameter is complex (safetensors has no such dtype).
@@ -368,7 +359,7 @@ fn a_failed_background_write_is_reported_by_the_next_call_and_loses_nothing() {
     let mut acc = Accelerator::builder()
         .cpu(true)
         .project_config(ProjectConfiguration {
-            project_dir: dir.clone(),
+            project_dir: dir.to_path_buf(),
             automatic_checkpoint_naming: true,
             async_save: true,
             ..Default::default()
@@ -397,7 +388,6 @@ fn a_failed_background_write_is_reported_by_the_next_call_and_loses_nothing() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert_eq!(left, ["checkpoint_0"], "no temporary folder either");
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]

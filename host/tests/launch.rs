@@ -2,6 +2,8 @@
 //! the same ranks whoever starts the processes, `[rank k]` prefixes, and a
 //! failed rank that stops the job, named, with nothing left behind.
 
+mod common;
+
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -187,9 +189,7 @@ fn a_failed_rank_stops_a_spawned_job_naming_the_rank() {
 
 #[test]
 fn launch_trains_a_config_on_two_cpu_processes() {
-    let dir = std::env::temp_dir().join(format!("hearth-launch-run-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch("launch-run");
     let config = dir.join("hearth.toml");
     // `hearth config` writes the default job; shortened here.
     let out = hearth(&["config", config.to_str().unwrap()])
@@ -222,5 +222,4 @@ fn launch_trains_a_config_on_two_cpu_processes() {
     assert_eq!(all.matches("final training loss").count(), 1, "{all}");
     assert!(all.contains("[rank 0] final training loss"), "{all}");
     assert!(dir.join("sort-digits/model.safetensors").is_file());
-    std::fs::remove_dir_all(&dir).unwrap();
 }

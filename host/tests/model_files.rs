@@ -4,6 +4,7 @@
 //! checkpoints that leave the model untouched.
 
 mod common;
+use common::scratch;
 
 use common::{oracle, python, repo_root};
 use hearth::checkpoint::{
@@ -11,15 +12,8 @@ use hearth::checkpoint::{
     CheckpointError,
 };
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use tch::{Device, Kind, Tensor};
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("hearth-mf-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// Zeros shaped like `reference`, in `order`: the model to load into.
 fn empty_like(reference: &[(String, Tensor)], order: &[String]) -> Vec<(String, Tensor)> {
@@ -99,7 +93,6 @@ fn shards_like_huggingface_and_both_sides_load_each_other() {
     let again = empty_like(&reference, &order);
     load_checkpoint_in_model(&again, &dir.join("hearth_sharded"), true).unwrap();
     assert!(same(&again, &reference));
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
@@ -119,7 +112,6 @@ fn a_tensor_larger_than_the_limit_gets_a_shard_of_its_own() {
     // the shard being filled continues after it.
     assert_eq!(map["big"], "model-00001-of-00002.safetensors");
     assert_eq!(map["a"], map["c"]);
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 fn sample_model() -> Vec<(String, Tensor)> {
@@ -257,7 +249,6 @@ fn broken_checkpoints_are_clear_errors_and_change_nothing() {
     // And the good file loads.
     load_checkpoint_in_model(&model, &good, true).unwrap();
     assert!(same(&model, &other));
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]

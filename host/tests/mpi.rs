@@ -4,6 +4,7 @@
 //! parent checks it against the values of the distributed issue.
 
 mod common;
+use common::scratch;
 
 use hearth::accelerator::Accelerator;
 use hearth::dist::{DistError, ReduceOp};
@@ -463,8 +464,6 @@ samples = 50
 #[test]
 fn hearth_run_on_two_ranks_resumes_to_the_weights_of_an_unbroken_run() {
     let dir = scratch("run");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("job.toml");
     std::fs::write(&config, TWO_RANK_JOB).unwrap();
     let (whole, broken) = (dir.join("whole"), dir.join("broken"));
@@ -525,7 +524,6 @@ fn hearth_run_on_two_ranks_resumes_to_the_weights_of_an_unbroken_run() {
         std::fs::read(broken.join("two/model.safetensors")).unwrap(),
         "resumed on 2 ranks = never stopped"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn gradient_sync(run_dir: &std::path::Path) -> serde_json::Value {
@@ -536,8 +534,6 @@ fn gradient_sync(run_dir: &std::path::Path) -> serde_json::Value {
 #[test]
 fn hearth_run_takes_backend_timeout_and_gradient_averaging_from_its_config() {
     let dir = scratch("run-distributed");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
     let (plain, tuned) = (dir.join("plain.toml"), dir.join("tuned.toml"));
     let job = TWO_RANK_JOB.replace("save-every = 12\n", "");
     std::fs::write(&plain, &job).unwrap();
@@ -577,11 +573,6 @@ fn hearth_run_takes_backend_timeout_and_gradient_averaging_from_its_config() {
         plain["bytes"].as_u64().unwrap(),
         "{plain} {tuned}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-fn scratch(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("hearth-mpi-{name}-{}", std::process::id()))
 }
 
 fn results(dir: &std::path::Path, n: usize) -> Vec<serde_json::Value> {
@@ -683,14 +674,9 @@ fn child_loader_resume() {
         return; // only under mpirun
     };
     let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
-    // The test's process id ends both output folders' names.
-    let test_pid = out
-        .to_string_lossy()
-        .rsplit('-')
-        .next()
-        .unwrap()
-        .to_string();
-    let checkpoint = std::env::temp_dir().join(format!("hearth-mpi-loader-checkpoint-{test_pid}"));
+    // The save and the resume write into sibling folders; the checkpoint
+    // lies beside them.
+    let checkpoint = out.parent().unwrap().join("checkpoint");
     let mut acc = Accelerator::builder()
         .cpu(true)
         .timeout(Duration::from_secs(60))
@@ -747,6 +733,8 @@ fn accelerate_oracle(n: usize, out: &std::path::Path) {
         .arg(common::repo_root().join("tests/oracles/accelerate_collectives.py"))
         .arg(out)
         .env("OMP_NUM_THREADS", "1")
+        // torchrun's agent leaves its log folder in TMPDIR: keep it in ours.
+        .env("TMPDIR", out)
         .output()
         .expect("the project's Python (.venv) runs; run `make setup`");
     assert!(
@@ -868,11 +856,9 @@ fn save_on_each_node_writes_a_whole_checkpoint_per_machine_with_its_ranks_genera
 
 #[test]
 fn a_sharded_loader_resumed_on_two_ranks_reads_what_the_unbroken_run_read() {
-    let saved = scratch("loader-save");
-    let checkpoint = scratch("loader-checkpoint");
-    let _ = std::fs::remove_dir_all(&checkpoint);
+    let dir = scratch("loader");
+    let (saved, resumed) = (dir.join("saved"), dir.join("resumed"));
     mpirun_ok(2, "child_loader_resume", "loader:save", &saved);
-    let resumed = scratch("loader-resume");
     mpirun_ok(2, "child_loader_resume", "loader:resume", &resumed);
     let (saved, resumed) = (results(&saved, 2), results(&resumed, 2));
     for r in 0..2 {
@@ -887,7 +873,6 @@ fn a_sharded_loader_resumed_on_two_ranks_reads_what_the_unbroken_run_read() {
         saved[0]["after"], saved[1]["after"],
         "the ranks read different shards"
     );
-    let _ = std::fs::remove_dir_all(&checkpoint);
 }
 
 #[test]

@@ -27,8 +27,7 @@ fn check_against_pytorch(
     max_grad_norm: Option<f64>,
     make_opt: impl Fn(Vec<(String, Tensor)>) -> Box<dyn Optimizer>,
 ) {
-    let dir = std::env::temp_dir().join(format!("hearth-parity-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch(&format!("parity-{name}"));
     tch::manual_seed(7);
     let config = GptConfig {
         vocab_size: 11,
@@ -100,7 +99,6 @@ fn check_against_pytorch(
         report.contains("agree"),
         "the oracle did not report agreement:\n{report}"
     );
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 fn tensors(named: Vec<(String, Tensor)>) -> Vec<Tensor> {

@@ -284,8 +284,8 @@ mod tests {
 
     #[test]
     fn round_trips_names_dtypes_and_values() {
-        let path =
-            std::env::temp_dir().join(format!("hearth-st-{}.safetensors", std::process::id()));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.safetensors");
         let a = Tensor::from_slice(&[1.5f32, -2.0, 3.25, 4.0]).view([2, 2]);
         let b = Tensor::from_slice(&[7i64, 8, 9]);
         let c = Tensor::from_slice(&[1.0f32, 2.0]).to_kind(Kind::BFloat16);
@@ -309,8 +309,8 @@ mod tests {
 
     #[test]
     fn a_corrupt_file_names_itself() {
-        let path =
-            std::env::temp_dir().join(format!("hearth-bad-{}.safetensors", std::process::id()));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.safetensors");
         std::fs::write(&path, b"not a safetensors file").unwrap();
         let err = load_safetensors(&path, Device::Cpu)
             .unwrap_err()

@@ -417,9 +417,8 @@ mod tests {
 
     #[test]
     fn a_commit_removes_temporaries_of_dead_writers_only() {
-        let dir = std::env::temp_dir().join(format!("hearth-abandoned-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         // pid 1 is alive; a pid above the kernel's limit never is.
         let alive = dir.join(".checkpoint_3.tmp-1");
         let dead = dir.join(".checkpoint_4.tmp-4999999");
@@ -429,13 +428,12 @@ mod tests {
         let done = staged.commit().unwrap();
         assert!(verify_complete(&done).is_ok());
         assert!(alive.exists() && !dead.exists());
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn a_commit_records_files_others_wrote_and_refuses_links() {
-        let dir = std::env::temp_dir().join(format!("hearth-adopt-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("project");
         let mut staged = StagedCheckpoint::begin(&dir.join("checkpoint_0")).unwrap();
         staged.bytes("own.bin", b"abc").unwrap();
         fs::create_dir(staged.folder().join("extra")).unwrap();
@@ -466,17 +464,15 @@ mod tests {
         let err = staged.commit().unwrap_err().to_string();
         assert!(err.contains("symbolic link"), "{err}");
         assert!(!dir.join("checkpoint_1").exists());
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn a_staged_checkpoint_dropped_before_commit_leaves_nothing() {
-        let dir = std::env::temp_dir().join(format!("hearth-dropped-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("project");
         let mut staged = StagedCheckpoint::begin(&dir.join("checkpoint_0")).unwrap();
         staged.bytes("a.bin", b"abc").unwrap();
         drop(staged);
         assert_eq!(fs::read_dir(&dir).unwrap().count(), 0);
-        fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -114,9 +114,8 @@ mod tests {
 
     #[test]
     fn windows_are_consecutive_bytes_and_validation_is_held_out() {
-        let dir = std::env::temp_dir().join(format!("hearth-text-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("a.txt");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.txt");
         let text: Vec<u8> = (0..200u8).collect();
         std::fs::write(&path, &text).unwrap();
         let ds = TextFile::open(&path, 8).unwrap();
@@ -135,7 +134,8 @@ mod tests {
 
     #[test]
     fn a_short_file_is_refused_with_its_name() {
-        let path = std::env::temp_dir().join(format!("hearth-short-{}.txt", std::process::id()));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("short.txt");
         std::fs::write(&path, b"tiny").unwrap();
         let err = TextFile::open(&path, 8).unwrap_err().to_string();
         assert!(

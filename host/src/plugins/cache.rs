@@ -169,11 +169,10 @@ mod tests {
 
     const WAT: &str = r#"(component (core module (func (export "f"))))"#;
 
-    fn scratch(name: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("hearth-cache-test-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        dir
+    /// A folder (not yet there) for a cache to create, in a temporary
+    /// folder removed when `tmp` is dropped.
+    fn scratch(tmp: &tempfile::TempDir) -> PathBuf {
+        tmp.path().join("cache")
     }
 
     /// Loads the test component through `cache`, counting compilations.
@@ -193,7 +192,8 @@ mod tests {
     #[test]
     fn a_hit_skips_compiling_and_a_corrupt_or_truncated_entry_is_a_miss() {
         let engine = Engine::default();
-        let dir = scratch("corrupt");
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = scratch(&tmp);
         let cache = ComponentCache::new(dir.clone(), &engine);
         let compiled = Cell::new(0);
         let get = || load(&cache, &engine, &compiled);
@@ -218,7 +218,6 @@ mod tests {
         std::fs::write(&entry, &bytes[..10]).unwrap();
         get().unwrap();
         assert_eq!(compiled.get(), 3, "a truncated entry is recompiled");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[cfg(unix)]
@@ -226,7 +225,8 @@ mod tests {
     fn an_entry_others_can_write_is_not_used() {
         use std::os::unix::fs::PermissionsExt;
         let engine = Engine::default();
-        let dir = scratch("shared");
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = scratch(&tmp);
         let cache = ComponentCache::new(dir.clone(), &engine);
         let compiled = Cell::new(0);
         let get = || load(&cache, &engine, &compiled);
@@ -237,18 +237,18 @@ mod tests {
         std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o666)).unwrap();
         get().unwrap();
         assert_eq!(compiled.get(), 2, "a world-writable entry is not trusted");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn entries_are_keyed_by_content_and_engine() {
         let engine = Engine::default();
-        let cache = ComponentCache::new(scratch("keys"), &engine);
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = ComponentCache::new(scratch(&tmp), &engine);
         assert_ne!(cache.entry_path(b"a"), cache.entry_path(b"b"));
         let other = Engine::new(wasmtime::Config::new().epoch_interruption(true)).unwrap();
         assert_ne!(
             cache.entry_path(b"a"),
-            ComponentCache::new(scratch("keys"), &other).entry_path(b"a")
+            ComponentCache::new(scratch(&tmp), &other).entry_path(b"a")
         );
     }
 }

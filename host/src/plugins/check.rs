@@ -14,23 +14,16 @@ use wasmtime::component::HasSelf;
 pub fn check_plugin(manifest: &Manifest) -> Result<ComponentReport, PluginError> {
     let report = match manifest.kind {
         PluginKind::Tracker => {
-            // A fresh folder of our own (create_dir fails if it exists, so
-            // nobody can have planted a link there).
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.subsec_nanos());
-            let scratch = std::env::temp_dir().join(format!(
-                "hearth-check-{}-{}-{nanos}",
-                manifest.name,
-                std::process::id()
-            ));
-            std::fs::create_dir(&scratch).map_err(|source| PluginError::Io {
-                path: scratch.clone(),
-                source,
-            })?;
-            let result = load_tracker(manifest, &scratch).map(|t| t.report().clone());
-            let _ = std::fs::remove_dir_all(&scratch);
-            result?
+            // A fresh private folder of our own, under a random name (so
+            // nobody can have planted a link there), removed when dropped.
+            let scratch = tempfile::Builder::new()
+                .prefix(&format!("hearth-check-{}-", manifest.name))
+                .tempdir()
+                .map_err(|source| PluginError::Io {
+                    path: std::env::temp_dir(),
+                    source,
+                })?;
+            load_tracker(manifest, scratch.path()).map(|t| t.report().clone())?
         }
         PluginKind::Scheduler => {
             let plugin = Prepared::new(manifest, PluginKind::Scheduler, None, |linker| {

@@ -211,17 +211,18 @@ mod tests {
         std::fs::write(dir.join("plugin.toml"), text).unwrap();
     }
 
-    fn temp(tag: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("hearth-registry-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+    /// Two plugin folders in a temporary folder removed when `tmp` is dropped.
+    fn two_folders(tmp: &tempfile::TempDir) -> (PathBuf, PathBuf) {
+        let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+        std::fs::create_dir(&a).unwrap();
+        std::fs::create_dir(&b).unwrap();
+        (a, b)
     }
 
     #[test]
     fn finds_plugins_in_order_and_names_the_missing_one() {
-        let (a, b) = (temp("a"), temp("b"));
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b) = two_folders(&tmp);
         plugin(&a, "one", "one");
         plugin(&b, "two", "two");
         let reg = Registry::discover(&SearchPath::only([
@@ -239,7 +240,8 @@ mod tests {
 
     #[test]
     fn a_duplicate_name_is_an_error_naming_both_folders() {
-        let (a, b) = (temp("c"), temp("d"));
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b) = two_folders(&tmp);
         plugin(&a, "x", "same");
         plugin(&b, "y", "same");
         let err = Registry::discover(&SearchPath::only([

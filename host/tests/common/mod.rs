@@ -36,3 +36,35 @@ pub fn oracle(script: &str, args: &[&str]) -> String {
     );
     stdout
 }
+
+/// A test's scratch folder under the system's temporary folder; it is
+/// removed with everything in it when dropped, also when the test fails.
+pub struct Scratch(tempfile::TempDir);
+
+/// A fresh, empty scratch folder named `hearth-<name>-<random>`.
+pub fn scratch(name: &str) -> Scratch {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("hearth-{name}-"))
+        .tempdir()
+        .expect("a folder in the system's temporary folder");
+    Scratch(dir)
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Scratch {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.path().as_os_str()
+    }
+}
