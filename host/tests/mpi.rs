@@ -483,6 +483,10 @@ fn hearth_run_on_two_ranks_resumes_to_the_weights_of_an_unbroken_run() {
         1,
         "the main process reports: {stdout}"
     );
+    // Each rank scored half of the 50 held-out strings; the report adds them up.
+    let summary = std::fs::read_to_string(whole.join("two/summary.json")).unwrap();
+    let summary: serde_json::Value = serde_json::from_str(&summary).unwrap();
+    assert_eq!(summary["eval"]["samples"], 50, "{summary}");
     let broken_dir = ["--quiet", "--output-dir", broken.to_str().unwrap()];
     let out = hearth_run(2, &config, &[&broken_dir[..], &["--steps", "12"]].concat());
     assert!(

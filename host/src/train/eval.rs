@@ -59,66 +59,210 @@ impl std::fmt::Display for Evaluation {
 /// Seed offset that keeps eval examples on a different stream from training.
 const EVAL_STREAM: u64 = 0x5eed_e7a1;
 
-/// Evaluates `model` on the dataset's held-out data, if it has any.
-pub(crate) fn evaluate(
+/// The part of the held-out data one process scores: prompts
+/// `[index·n/count, (index+1)·n/count)` of an exact-match set, every
+/// `count`-th validation batch from `index`. The shards of all processes
+/// cover the data once, so their summed [`Scores`] are the whole evaluation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shard {
+    /// This process's shard.
+    pub index: usize,
+    /// How many shards (processes).
+    pub count: usize,
+}
+
+/// What one shard scored: sums that add up across processes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Scores {
+    /// Exact match (prompts right, prompts) or validation loss (summed
+    /// token losses, tokens).
+    pub exact_match: bool,
+    /// Prompts answered right, or the summed loss of the scored tokens.
+    pub total: f64,
+    /// Prompts, or scored tokens.
+    pub count: i64,
+}
+
+impl Scores {
+    /// `[total, count]` as float64, to be summed across processes.
+    pub fn to_tensor(self) -> Tensor {
+        Tensor::from_slice(&[self.total, self.count as f64])
+    }
+
+    /// These scores with `total` and `count` replaced by the sums in `t`.
+    pub fn with_sums(self, t: &Tensor) -> Self {
+        let sums = Vec::<f64>::try_from(t).unwrap_or_default();
+        Self {
+            total: sums.first().copied().unwrap_or(f64::NAN),
+            count: sums.get(1).map_or(0, |&c| c.round() as i64),
+            ..self
+        }
+    }
+
+    /// The evaluation these sums give.
+    pub fn evaluation(self) -> Evaluation {
+        let mean = self.total / self.count as f64;
+        if self.exact_match {
+            Evaluation::ExactMatch {
+                accuracy: mean,
+                samples: self.count,
+            }
+        } else {
+            Evaluation::ValidationLoss {
+                loss: mean,
+                tokens: self.count,
+            }
+        }
+    }
+}
+
+/// Scores `model` on `shard` of the dataset's held-out data, if it has any
+/// (every shard of a dataset has, even an empty one).
+pub(crate) fn score(
     model: &dyn Model,
     data: &dyn TokenDataset,
     seed: u64,
     samples: i64,
     batch_size: i64,
     device: Device,
-) -> Option<Evaluation> {
+    shard: Shard,
+) -> Option<Scores> {
     tch::no_grad(|| {
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ EVAL_STREAM);
         if let Some(set) = data.generation_set(samples, &mut rng) {
-            return Some(exact_match(model, &set, batch_size, device));
+            let n = set.prompts.size()[0];
+            let (index, count) = (shard.index as i64, shard.count as i64);
+            let (start, end) = (index * n / count, (index + 1) * n / count);
+            let correct = exact_match(model, &set, start, end, batch_size, device);
+            return Some(Scores {
+                exact_match: true,
+                total: correct as f64,
+                count: end - start,
+            });
         }
         let batches = data.validation_batches(batch_size);
         if batches.is_empty() {
             return None;
         }
         let (mut total, mut tokens) = (Tensor::zeros([], (Kind::Double, device)), 0i64);
-        for batch in &batches {
+        for batch in batches.iter().skip(shard.index).step_by(shard.count) {
             let targets = batch.targets.to_device(device);
             let logits = model.forward_t(&batch.inputs.to_device(device), false);
             let n = targets.numel() as i64;
             total += super::lm_loss(&logits, &targets).to_kind(Kind::Double) * n as f64;
             tokens += n;
         }
-        Some(Evaluation::ValidationLoss {
-            loss: f64::try_from(total).unwrap_or(f64::NAN) / tokens as f64,
-            tokens,
+        Some(Scores {
+            exact_match: false,
+            total: f64::try_from(total).unwrap_or(f64::NAN),
+            count: tokens,
         })
     })
 }
 
+/// How many of prompts `[start, end)` the model's greedy continuation
+/// answers exactly.
 fn exact_match(
     model: &dyn Model,
     set: &GenerationSet,
+    start: i64,
+    end: i64,
     batch_size: i64,
     device: Device,
-) -> Evaluation {
-    let n = set.prompts.size()[0];
+) -> i64 {
     let answer_len = set.answers.size()[1];
     let mut correct = Tensor::zeros([], (Kind::Int64, device));
-    for start in (0..n).step_by(batch_size as usize) {
-        let len = batch_size.min(n - start);
-        let mut seq = set.prompts.narrow(0, start, len).to_device(device);
+    for from in (start..end).step_by(batch_size as usize) {
+        let len = batch_size.min(end - from);
+        let mut seq = set.prompts.narrow(0, from, len).to_device(device);
         for _ in 0..answer_len {
             let logits = model.forward_t(&seq, false);
             let next = logits.select(1, -1).argmax(-1, true);
             seq = Tensor::cat(&[seq, next], 1);
         }
         let generated = seq.narrow(1, seq.size()[1] - answer_len, answer_len);
-        let answers = set.answers.narrow(0, start, len).to_device(device);
+        let answers = set.answers.narrow(0, from, len).to_device(device);
         correct += generated
             .eq_tensor(&answers)
             .all_dim(1, false)
             .sum(Kind::Int64);
     }
-    let correct = i64::try_from(correct).unwrap_or(0);
-    Evaluation::ExactMatch {
-        accuracy: correct as f64 / n as f64,
-        samples: n,
+    i64::try_from(correct).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::{SortDigits, TextFile};
+    use crate::models::{Gpt, GptConfig};
+
+    /// Sums of the shards of a world of `count`.
+    fn summed(count: usize, scores: impl Fn(Shard) -> Scores) -> (f64, i64) {
+        (0..count)
+            .map(|index| scores(Shard { index, count }))
+            .fold((0.0, 0), |(t, n), s| (t + s.total, n + s.count))
+    }
+
+    fn gpt(data: &dyn TokenDataset) -> Gpt {
+        tch::manual_seed(0);
+        let config = GptConfig {
+            vocab_size: data.vocab_size(),
+            block_size: data.seq_len(),
+            d_model: 16,
+            layers: 1,
+            heads: 2,
+        };
+        Gpt::new(config, Device::Cpu)
+    }
+
+    /// `model` after a few plain gradient steps on `data`.
+    fn train(model: Gpt, data: &dyn TokenDataset, steps: usize) -> Gpt {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        for _ in 0..steps {
+            let batch = data.sample_batch(64, &mut rng);
+            let logits = model.forward_t(&batch.inputs, true);
+            crate::train::lm_loss(&logits, &batch.targets).backward();
+            tch::no_grad(|| {
+                for (_, mut p) in model.named_parameters() {
+                    p -= p.grad() * 0.5;
+                    p.zero_grad();
+                }
+            });
+        }
+        model
+    }
+
+    #[test]
+    fn the_shards_of_any_world_add_up_to_the_whole_evaluation() {
+        // Two digits to sort, briefly trained: some answers right, not all.
+        let digits = SortDigits::new(2);
+        let model = train(gpt(&digits), &digits, 40);
+        let exact = |shard| score(&model, &digits, 3, 200, 7, Device::Cpu, shard).unwrap();
+        let whole = exact(Shard { index: 0, count: 1 });
+        assert!(whole.exact_match && whole.count == 200);
+        assert!(whole.total > 0.0 && whole.total < 200.0, "{whole:?}");
+        for count in [2, 3, 4] {
+            assert_eq!(summed(count, exact), (whole.total, 200), "{count} shards");
+        }
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("text.txt");
+        let bytes: Vec<u8> = (0..3000u32).map(|i| (i * 7919 % 251) as u8).collect();
+        std::fs::write(&path, bytes).unwrap();
+        let text = TextFile::open(&path, 8).unwrap();
+        let model = gpt(&text);
+        let loss = |shard| score(&model, &text, 3, 0, 4, Device::Cpu, shard).unwrap();
+        let whole = loss(Shard { index: 0, count: 1 });
+        assert!(!whole.exact_match && whole.count > 0);
+        for count in [2, 3] {
+            let (total, tokens) = summed(count, loss);
+            assert_eq!(tokens, whole.count, "{count} shards");
+            assert!(
+                (total - whole.total).abs() < 1e-9 * whole.total,
+                "{count} shards"
+            );
+        }
+        let eval = whole.with_sums(&whole.to_tensor()).evaluation();
+        assert_eq!(eval.metric(), whole.total / whole.count as f64);
     }
 }

@@ -1,7 +1,7 @@
 //! The config-driven training loop behind `hearth run`.
 
 use super::config::{DataKind, DeviceChoice, ModelKind, OptimizerKind, TrainConfig};
-use super::eval::{evaluate, Evaluation};
+use super::eval::{score, Evaluation, Shard};
 use super::loss::lm_loss;
 use super::progress::Progress;
 use crate::accelerator::{Accelerator, BackwardError, BuildError, PrepareError};
@@ -463,16 +463,28 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
     let (mut window_loss, mut window_micro) = (Tensor::zeros([], (Kind::Float, device)), 0u64);
     let mut window_steps = 0u64;
     let mut final_loss = f64::NAN;
-    let run_eval = || {
+    // Each process scores its shard of the held-out data; the sums of all
+    // shards are the evaluation (Accelerate's gather_for_metrics pattern).
+    let shard = Shard {
+        index: acc.process_index(),
+        count: acc.num_processes(),
+    };
+    let run_eval = |acc: &Accelerator| -> Result<Option<Evaluation>, TrainError> {
         let eval = &config.eval;
-        evaluate(
+        let scored = score(
             &model,
             data.as_ref(),
             seed,
             eval.samples,
             eval.batch_size,
             device,
-        )
+            shard,
+        );
+        let Some(scores) = scored else {
+            return Ok(None);
+        };
+        let sums = acc.reduce(&scores.to_tensor(), crate::dist::ReduceOp::Sum)?;
+        Ok(Some(scores.with_sums(&sums).evaluation()))
     };
     for step in first_step..=steps {
         if step == first_step + warmup {
@@ -537,7 +549,7 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
         }
         if let Some(every) = config.eval.every {
             if step % every == 0 && step != steps {
-                if let Some(e) = run_eval() {
+                if let Some(e) = run_eval(&acc)? {
                     progress.log(format!("step {step}: {e}"));
                     if let Some(schedule) = schedule.as_mut() {
                         // reduce-on-plateau reacts to it; other schedules ignore it.
@@ -558,7 +570,7 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
     let tokens_per_sec = timed_steps as f64 * tokens_per_step / timer.elapsed().as_secs_f64();
     progress.finish();
 
-    let eval = run_eval();
+    let eval = run_eval(&acc)?;
     if let Some(e) = &eval {
         let mut values = eval_entries(e);
         values.push(("eval/summary".into(), Value::Text(e.to_string())));
