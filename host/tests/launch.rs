@@ -223,3 +223,42 @@ fn launch_trains_a_config_on_two_cpu_processes() {
     assert!(all.contains("[rank 0] final training loss"), "{all}");
     assert!(dir.join("sort-digits/model.safetensors").is_file());
 }
+
+#[test]
+fn a_bad_config_is_refused_once_before_any_process_starts() {
+    let dir = common::scratch("launch-bad");
+    let missing = dir.join("missing.toml");
+    let out = hearth(&["launch", "-n", "2", "--cpu", missing.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{all}");
+    assert_eq!(all.matches("missing.toml").count(), 1, "{all}");
+    assert!(!all.contains("[rank"), "no process was started: {all}");
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[run]\nname = \"x\"\nsteps = 0\n").unwrap();
+    let out = hearth(&["launch", "-n", "2", "--cpu", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
+
+#[test]
+fn a_line_a_process_writes_in_pieces_arrives_whole_under_mpirun() {
+    // Two writes 0.3 s apart: mpirun tags each piece separately.
+    let script = "printf 'first half, '; sleep 0.3; printf 'second half\\n'; printf 'err ' >&2; sleep 0.3; echo 'line' >&2";
+    let out = hearth(&["launch", "-n", "2", "--cpu", "--", "sh", "-c", script])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    for rank in 0..2 {
+        let whole = format!("[rank {rank}] first half, second half\n");
+        assert!(stdout.contains(&whole), "{stdout}");
+        assert!(stderr.contains(&format!("[rank {rank}] err line\n")), "{stderr}");
+    }
+    assert!(!stdout.contains("<stdout>") && !stderr.contains("<stderr>"));
+}

@@ -68,6 +68,8 @@ pub(super) fn execute(args: LaunchArgs) -> Result<(), Failure> {
     let program = match (&args.config, args.program.is_empty()) {
         (None, false) => args.program,
         (Some(config), _) => {
+            // Checked once here rather than failing in every process.
+            crate::train::TrainConfig::from_file(config).map_err(Failure::bad_input)?;
             let exe = std::env::current_exe().map_err(Failure::failed)?;
             let mut p = vec![exe.into(), "run".into(), config.into()];
             if args.cpu {

@@ -73,7 +73,10 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
-            eprintln!("error: {:#}", failure.error);
+            // One write, so that a launcher reading several processes'
+            // output gets the line whole (eprintln! writes it in parts).
+            let message = format!("error: {:#}\n", failure.error);
+            let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), message.as_bytes());
             ExitCode::from(failure.code)
         }
     }

@@ -90,6 +90,16 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
+/// Writes `text` as one line to stdout or stderr.
+fn write_line(to_stderr: bool, text: &str) {
+    // A closed terminal is not worth a panic in the launcher.
+    let _ = if to_stderr {
+        writeln!(std::io::stderr().lock(), "{text}")
+    } else {
+        writeln!(std::io::stdout().lock(), "{text}")
+    };
+}
+
 /// Copies `stream` line by line to stdout or stderr, each line through `tag`.
 fn forward(
     stream: impl Read + Send + 'static,
@@ -99,12 +109,7 @@ fn forward(
         for line in BufReader::new(stream).lines() {
             let Ok(line) = line else { break };
             if let Some((to_stderr, text)) = tag(&line) {
-                // A closed terminal is not worth a panic in the launcher.
-                let _ = if to_stderr {
-                    writeln!(std::io::stderr().lock(), "{text}")
-                } else {
-                    writeln!(std::io::stdout().lock(), "{text}")
-                };
+                write_line(to_stderr, &text);
             }
         }
     })
@@ -133,16 +138,97 @@ fn running_as_root() -> bool {
     std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }
 
-/// `[1,3]<stdout>:text` → rank 3, stdout, `text`.
-fn mpirun_tag(line: &str) -> Option<(usize, bool, &str)> {
-    let rest = line.strip_prefix('[')?;
+/// The tag `--tag-output` puts before each piece of a process's output,
+/// `[1,3]<stdout>:`, at the start of `s`: rank 3, stdout, and its length.
+fn mpirun_tag(s: &str) -> Option<(usize, bool, usize)> {
+    let rest = s.strip_prefix('[')?;
     let (ids, rest) = rest.split_once(']')?;
-    let rank = ids.split_once(',')?.1.parse().ok()?;
-    if let Some(text) = rest.strip_prefix("<stdout>:") {
-        Some((rank, false, text))
+    let (job, rank) = ids.split_once(',')?;
+    if job.is_empty() || !job.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let rank = rank.parse().ok()?;
+    let to_stderr = if rest.starts_with("<stdout>:") {
+        false
+    } else if rest.starts_with("<stderr>:") {
+        true
     } else {
-        rest.strip_prefix("<stderr>:")
-            .map(|text| (rank, true, text))
+        return None;
+    };
+    Some((rank, to_stderr, s.len() - rest.len() + "<stdout>:".len()))
+}
+
+/// Rebuilds each process's lines from mpirun's output. mpirun tags every
+/// piece a process wrote, not every line: a line written in several
+/// writes (Rust's unbuffered stderr writes each formatted part) reaches it
+/// as `[1,1]<stderr>:error: [1,1]<stderr>:the rest`, and pieces of
+/// different processes can share a line. Pieces are collected per process
+/// and stream until the one that ends a line.
+#[derive(Default)]
+struct MpirunLines {
+    partial: std::collections::BTreeMap<(usize, bool), String>,
+}
+
+/// A whole line: a process's (with its rank) or mpirun's own (`None`).
+#[derive(Debug, PartialEq)]
+struct Line {
+    rank: Option<usize>,
+    to_stderr: bool,
+    text: String,
+}
+
+impl MpirunLines {
+    /// The lines one line of mpirun's output completes.
+    fn feed(&mut self, raw: &str, from_stderr: bool) -> Vec<Line> {
+        let starts: Vec<usize> = raw
+            .match_indices('[')
+            .map(|(i, _)| i)
+            .filter(|&i| mpirun_tag(&raw[i..]).is_some())
+            .collect();
+        let Some(&first) = starts.first() else {
+            return vec![Line {
+                rank: None,
+                to_stderr: from_stderr,
+                text: raw.to_string(),
+            }];
+        };
+        let mut lines = Vec::new();
+        if first > 0 {
+            lines.push(Line {
+                rank: None,
+                to_stderr: from_stderr,
+                text: raw[..first].to_string(),
+            });
+        }
+        for (k, &start) in starts.iter().enumerate() {
+            let (rank, to_stderr, len) = mpirun_tag(&raw[start..]).expect("found above");
+            let end = starts.get(k + 1).copied().unwrap_or(raw.len());
+            let text = self.partial.entry((rank, to_stderr)).or_default();
+            text.push_str(&raw[start + len..end]);
+            if k + 1 == starts.len() {
+                // The piece that ends mpirun's line ends this process's line.
+                let text = self.partial.remove(&(rank, to_stderr)).unwrap_or_default();
+                lines.push(Line {
+                    rank: Some(rank),
+                    to_stderr,
+                    text,
+                });
+            }
+        }
+        lines
+    }
+
+    /// What is left when the output ends: lines that never got their newline.
+    fn finish(self) -> Vec<Line> {
+        let partial = self.partial.into_iter();
+        partial
+            .filter(|(_, text)| !text.is_empty())
+            .map(|((rank, to_stderr), text)| Line {
+                rank: Some(rank),
+                to_stderr,
+                text,
+            })
+            .collect()
     }
 }
 
@@ -179,31 +265,35 @@ fn launch_mpirun(spec: &LaunchSpec) -> Result<(), LaunchError> {
         hint: "CPU jobs run under Open MPI: install it (`make setup` does) or use --launcher spawn",
     })?;
     let report = Arc::new(Mutex::new(MpirunReport::default()));
-    let tagger = |report: Arc<Mutex<MpirunReport>>, from_stderr: bool| {
-        move |line: &str| -> Option<(bool, String)> {
-            if let Some((rank, to_stderr, text)) = mpirun_tag(line) {
-                return Some((to_stderr, format!("[rank {rank}] {text}")));
+    // Each of mpirun's two streams is read by its own thread.
+    let forward_mpirun = |stream: Box<dyn Read + Send>, from_stderr: bool| {
+        let report = report.clone();
+        std::thread::spawn(move || {
+            let mut lines = MpirunLines::default();
+            let show = |line: Line| match line.rank {
+                Some(rank) => write_line(line.to_stderr, &format!("[rank {rank}] {}", line.text)),
+                None => {
+                    // mpirun's own lines: read who failed, pass the text on.
+                    let trimmed = line.text.trim();
+                    let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some(name) = trimmed.strip_prefix("Process name:") {
+                        let last = name.trim().trim_end_matches(']').rsplit(',').next();
+                        r.rank = last.and_then(|rank| rank.parse().ok());
+                    } else if let Some(code) = trimmed.strip_prefix("Exit code:") {
+                        r.code = code.trim().parse().ok();
+                    }
+                    write_line(line.to_stderr, &format!("[mpirun] {}", line.text));
+                }
+            };
+            for raw in BufReader::new(stream).lines() {
+                let Ok(raw) = raw else { break };
+                lines.feed(&raw, from_stderr).into_iter().for_each(show);
             }
-            // mpirun's own lines: read who failed, pass the text on.
-            let trimmed = line.trim();
-            let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(name) = trimmed.strip_prefix("Process name:") {
-                let last = name.trim().trim_end_matches(']').rsplit(',').next();
-                r.rank = last.and_then(|rank| rank.parse().ok());
-            } else if let Some(code) = trimmed.strip_prefix("Exit code:") {
-                r.code = code.trim().parse().ok();
-            }
-            Some((from_stderr, format!("[mpirun] {line}")))
-        }
+            lines.finish().into_iter().for_each(show);
+        })
     };
-    let out = forward(
-        child.stdout.take().expect("piped"),
-        tagger(report.clone(), false),
-    );
-    let err = forward(
-        child.stderr.take().expect("piped"),
-        tagger(report.clone(), true),
-    );
+    let out = forward_mpirun(Box::new(child.stdout.take().expect("piped")), false);
+    let err = forward_mpirun(Box::new(child.stderr.take().expect("piped")), true);
     let status = child.wait().map_err(|source| LaunchError::Start {
         program: "mpirun".into(),
         source,
@@ -366,9 +456,51 @@ mod tests {
 
     #[test]
     fn mpirun_tags_name_the_rank_and_stream() {
-        assert_eq!(mpirun_tag("[1,3]<stdout>:hello"), Some((3, false, "hello")));
-        assert_eq!(mpirun_tag("[2,0]<stderr>: x"), Some((0, true, " x")));
+        assert_eq!(mpirun_tag("[1,3]<stdout>:hello"), Some((3, false, 14)));
+        assert_eq!(mpirun_tag("[2,0]<stderr>: x"), Some((0, true, 14)));
+        assert_eq!(mpirun_tag("[12,10]<stdout>:"), Some((10, false, 16)));
         assert_eq!(mpirun_tag("Process name: [[691,1],1]"), None);
+        assert_eq!(mpirun_tag("[[691,1],1]"), None);
+        assert_eq!(mpirun_tag("[1,x]<stdout>:"), None);
         assert_eq!(mpirun_tag("plain"), None);
+    }
+
+    fn line(rank: Option<usize>, to_stderr: bool, text: &str) -> Line {
+        let text = text.to_string();
+        Line {
+            rank,
+            to_stderr,
+            text,
+        }
+    }
+
+    #[test]
+    fn pieces_of_a_line_are_joined_per_process() {
+        let mut lines = MpirunLines::default();
+        assert_eq!(
+            lines.feed("[1,0]<stdout>:hello", false),
+            [line(Some(0), false, "hello")]
+        );
+        // A line written in three writes (what mpirun printed for a
+        // failing rank before this was handled).
+        let raw = "[1,1]<stderr>:error: [1,1]<stderr>:failed to read config [1,1]<stderr>:/x.toml";
+        assert_eq!(
+            lines.feed(raw, true),
+            [line(Some(1), true, "error: failed to read config /x.toml")]
+        );
+        // Rank 0's piece interrupted by rank 1's line: rank 0's line waits
+        // for its end.
+        let raw = "[1,0]<stdout>:step 1[1,1]<stdout>:loss 2";
+        assert_eq!(lines.feed(raw, false), [line(Some(1), false, "loss 2")]);
+        assert_eq!(
+            lines.feed("[1,0]<stdout>: done", false),
+            [line(Some(0), false, "step 1 done")]
+        );
+        // mpirun's own lines, and a piece whose newline never came.
+        let own = "Process name: [[691,1],1]";
+        assert_eq!(lines.feed(own, true), [line(None, true, own)]);
+        let raw = "[1,2]<stdout>:half[1,1]<stdout>:whole";
+        assert_eq!(lines.feed(raw, false), [line(Some(1), false, "whole")]);
+        assert_eq!(lines.finish(), [line(Some(2), false, "half")]);
     }
 }
