@@ -258,7 +258,10 @@ fn a_line_a_process_writes_in_pieces_arrives_whole_under_mpirun() {
     for rank in 0..2 {
         let whole = format!("[rank {rank}] first half, second half\n");
         assert!(stdout.contains(&whole), "{stdout}");
-        assert!(stderr.contains(&format!("[rank {rank}] err line\n")), "{stderr}");
+        assert!(
+            stderr.contains(&format!("[rank {rank}] err line\n")),
+            "{stderr}"
+        );
     }
     assert!(!stdout.contains("<stdout>") && !stderr.contains("<stderr>"));
 }
