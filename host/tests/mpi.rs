@@ -88,6 +88,12 @@ fn child_collectives() {
     // Rank r has r + 1 rows of 3.
     let rows = Tensor::full([r as i64 + 1, 3], r as f64, (Kind::Float, Device::Cpu));
     let unequal = acc.gather(&rows).unwrap();
+    // Rank 1's rows are 4 wide: every process refuses the gather, together.
+    let width = if r == 1 { 4 } else { 3 };
+    let mismatch = acc
+        .gather(&Tensor::zeros([1, width], (Kind::Float, Device::Cpu)))
+        .unwrap_err()
+        .to_string();
     let broadcast = acc.broadcast(&x, 0).unwrap();
     let objects: Vec<usize> = acc.gather_object(&r).unwrap();
     let word: String = acc.broadcast_object(&format!("from rank {r}"), 1).unwrap();
@@ -110,7 +116,7 @@ fn child_collectives() {
         "sum": values(&sum), "mean": values(&mean), "max": values(&max), "min": values(&min),
         "min_kind": format!("{:?}", min.kind()),
         "gather": values(&gathered), "scalars": values(&scalars),
-        "unequal_shape": unequal.size(), "unequal": values(&unequal),
+        "unequal_shape": unequal.size(), "unequal": values(&unequal), "mismatch": mismatch,
         "broadcast": values(&broadcast), "objects": objects, "word": word,
     });
     let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
@@ -888,6 +894,12 @@ fn three_ranks_gather_unequal_rows_in_rank_order() {
         assert_eq!(got["unequal_shape"], serde_json::json!([6, 3]));
         assert_eq!(got["sum"], serde_json::json!([9.0, 12.0]));
         assert_eq!(got["objects"], serde_json::json!([0, 1, 2]));
+        let mismatch = got["mismatch"].as_str().unwrap();
+        let other = if got["rank"] == 1 { "rank 0" } else { "rank 1" };
+        assert!(
+            mismatch.contains(other) && mismatch.contains("[4]") && mismatch.contains("[3]"),
+            "{mismatch}"
+        );
     }
 }
 

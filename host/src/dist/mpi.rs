@@ -8,7 +8,9 @@
 //! buffers are leaked (they stay valid for MPI to finish writing into) and
 //! the group must not be used again: the caller stops the process.
 
-use super::process_group::{scatter_rows, DistError, Pending, ProcessGroup, ReduceOp};
+use super::process_group::{
+    check_gather_rows, scatter_rows, DistError, Pending, ProcessGroup, ReduceOp,
+};
 use mpi::collective::{Operation, SystemOperation, UserOperation};
 use mpi::datatype::{Equivalence, PartitionMut};
 use mpi::request::{Request, StaticScope};
@@ -388,23 +390,7 @@ impl ProcessGroup for MpiGroup {
         let cpu = on_cpu("all_gather", tensor)?;
         let cpu = if cpu.dim() == 0 { cpu.view([1]) } else { cpu };
         let shape = cpu.size();
-        // Every process must agree on the dtype and the trailing dimensions.
-        let header = format!("{:?} {:?}", cpu.kind(), &shape[1..]);
-        let headers = self.all_gather_bytes(header.as_bytes())?;
-        if let Some((r, other)) = headers
-            .iter()
-            .enumerate()
-            .find(|(_, h)| h.as_slice() != header.as_bytes())
-        {
-            return Err(DistError::Mismatch {
-                op: "all_gather",
-                rank: self.rank,
-                message: format!(
-                    "this process gathers {header}, rank {r} gathers {} (dtype and all but the first dimension must agree)",
-                    String::from_utf8_lossy(other)
-                ),
-            });
-        }
+        check_gather_rows(self, &cpu)?;
         let bytes = crate::checkpoint::tensor_bytes(&cpu).to_vec();
         let parts = self.all_gather_bytes(&bytes)?;
         let row: i64 = shape[1..].iter().product();

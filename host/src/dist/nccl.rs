@@ -19,7 +19,9 @@
 //! a folder on the binaries' rpath. Both the driver and NCCL are probed
 //! before first use (cudarc panics when a library is missing).
 
-use super::process_group::{scatter_rows, DistError, Pending, ProcessGroup, ReduceOp};
+use super::process_group::{
+    check_gather_rows, scatter_rows, DistError, Pending, ProcessGroup, ReduceOp,
+};
 use cudarc::driver::result as cu;
 use cudarc::driver::sys as cusys;
 use cudarc::nccl::result as nc;
@@ -649,23 +651,7 @@ impl ProcessGroup for NcclGroup {
             tensor.shallow_clone()
         };
         let shape = rows.size();
-        // Every process must agree on the dtype and the trailing dimensions.
-        let header = format!("{:?} {:?}", rows.kind(), &shape[1..]);
-        let headers = self.all_gather_bytes(header.as_bytes())?;
-        if let Some((r, other)) = headers
-            .iter()
-            .enumerate()
-            .find(|(_, h)| h.as_slice() != header.as_bytes())
-        {
-            return Err(DistError::Mismatch {
-                op: "all_gather",
-                rank: self.place.rank,
-                message: format!(
-                    "this process gathers {header}, rank {r} gathers {} (dtype and all but the first dimension must agree)",
-                    String::from_utf8_lossy(other)
-                ),
-            });
-        }
+        check_gather_rows(self, &rows)?;
         let counts = self.gather_equal("all_gather", &Tensor::from_slice(&[shape[0]]))?;
         let counts = Vec::<i64>::try_from(counts.to_device(Device::Cpu)).expect("int64 counts");
         let longest = counts.iter().copied().max().unwrap_or(0);

@@ -218,3 +218,29 @@ pub(crate) fn scatter_rows(
         }),
     }
 }
+
+/// Checks, together with every other process, that all gather rows of the
+/// same dtype and trailing dimensions as `rows` (only the number of rows may
+/// differ); otherwise the collective would mix bytes of different layouts.
+pub(crate) fn check_gather_rows(
+    group: &(impl ProcessGroup + ?Sized),
+    rows: &Tensor,
+) -> Result<(), DistError> {
+    let header = format!("{:?} {:?}", rows.kind(), &rows.size()[1..]);
+    let headers = group.all_gather_bytes(header.as_bytes())?;
+    match headers
+        .iter()
+        .enumerate()
+        .find(|(_, h)| h.as_slice() != header.as_bytes())
+    {
+        Some((r, other)) => Err(DistError::Mismatch {
+            op: "all_gather",
+            rank: group.process_index(),
+            message: format!(
+                "this process gathers {header}, rank {r} gathers {} (dtype and all but the first dimension must agree)",
+                String::from_utf8_lossy(other)
+            ),
+        }),
+        None => Ok(()),
+    }
+}
