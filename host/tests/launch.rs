@@ -236,11 +236,16 @@ fn a_bad_config_is_refused_once_before_any_process_starts() {
     assert_eq!(all.matches("missing.toml").count(), 1, "{all}");
     assert!(!all.contains("[rank"), "no process was started: {all}");
     let bad = dir.join("bad.toml");
-    std::fs::write(&bad, "[run]\nname = \"x\"\nsteps = 0\n").unwrap();
+    let job =
+        "[run]\nname = \"x\"\nsteps = 0\n[model]\nkind = \"gpt\"\n[data]\nkind = \"sort-digits\"\n";
+    std::fs::write(&bad, job).unwrap();
     let out = hearth(&["launch", "-n", "2", "--cpu", bad.to_str().unwrap()])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{all}");
+    assert_eq!(all.matches("run.steps").count(), 1, "{all}");
+    assert!(!all.contains("[rank"), "no process was started: {all}");
 }
 
 #[test]

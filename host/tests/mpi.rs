@@ -489,7 +489,7 @@ fn hearth_run_on_two_ranks_resumes_to_the_weights_of_an_unbroken_run() {
         1,
         "the main process reports: {stdout}"
     );
-    // Each rank scored half of the 50 held-out strings; the report adds them up.
+    // The ranks scored 25 held-out strings each; the report has all 50.
     let summary = std::fs::read_to_string(whole.join("two/summary.json")).unwrap();
     let summary: serde_json::Value = serde_json::from_str(&summary).unwrap();
     assert_eq!(summary["eval"]["samples"], 50, "{summary}");
@@ -542,7 +542,7 @@ fn gradient_sync(run_dir: &std::path::Path) -> serde_json::Value {
 }
 
 #[test]
-fn hearth_run_takes_backend_timeout_and_gradient_averaging_from_its_config() {
+fn hearth_run_takes_its_backend_and_gradient_averaging_from_its_config() {
     let dir = scratch("run-distributed");
     let (plain, tuned) = (dir.join("plain.toml"), dir.join("tuned.toml"));
     let job = TWO_RANK_JOB.replace("save-every = 12\n", "");
@@ -568,6 +568,20 @@ fn hearth_run_takes_backend_timeout_and_gradient_averaging_from_its_config() {
         );
         std::fs::rename(dir.join("two"), config.with_extension("")).unwrap();
     }
+    // NCCL asked for on the CPU: refused on each rank, naming the key.
+    let nccl = dir.join("nccl.toml");
+    std::fs::write(&nccl, format!("{job}\n[distributed]\nbackend = \"nccl\"\n")).unwrap();
+    let out = hearth_run(
+        2,
+        &nccl,
+        &["--quiet", "--output-dir", dir.to_str().unwrap()],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("NCCL backend needs a GPU") && stderr.contains("[distributed] backend"),
+        "{stderr}"
+    );
     let (plain, tuned) = (
         gradient_sync(&dir.join("plain")),
         gradient_sync(&dir.join("tuned")),

@@ -128,8 +128,8 @@ impl AcceleratorBuilder {
         self
     }
 
-    /// How long a collective waits before it fails (default 30 minutes,
-    /// as `InitProcessGroupKwargs`).
+    /// How long a collective waits before it fails (`InitProcessGroupKwargs`'
+    /// timeout; by default PyTorch's: 30 minutes, 10 for NCCL).
     pub fn timeout(mut self, timeout: std::time::Duration) -> Self {
         self.timeout = Some(timeout);
         self
@@ -262,7 +262,7 @@ impl AcceleratorBuilder {
         let group = match self.group {
             Some(group) => group,
             None => crate::dist::from_environment(
-                self.timeout.unwrap_or(crate::dist::DEFAULT_TIMEOUT),
+                self.timeout,
                 self.backend,
                 match device {
                     Device::Cuda(index) => Some(index),

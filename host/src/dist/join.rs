@@ -106,7 +106,7 @@ pub fn choose_backend(
             n = env.world_size
         )),
         (Backend::Nccl, None) => Err(
-            "the NCCL backend needs a GPU, but this process trains on the CPU; ask for the MPI backend or leave the backend to hearth".into(),
+            "the NCCL backend needs a GPU, but this process trains on the CPU; ask for the MPI backend or leave the backend to hearth (`[distributed] backend` in a `hearth run` config, `AcceleratorBuilder::backend` in code)".into(),
         ),
         (Backend::Nccl, Some(device)) if mpi_world => Ok(Join::NcclOverMpi { device }),
         (Backend::Nccl, Some(device)) => {
@@ -127,10 +127,11 @@ pub fn choose_backend(
 }
 
 /// The process group this process was started in (see [`choose_backend`]
-/// and [`LaunchEnv`]), its collectives giving up after `timeout`.
+/// and [`LaunchEnv`]), its collectives giving up after `timeout` (by
+/// default [`super::DEFAULT_TIMEOUT`], [`super::DEFAULT_NCCL_TIMEOUT`] for NCCL).
 /// `cuda_device` is the GPU this process trains on, `None` on the CPU.
 pub fn from_environment(
-    timeout: Duration,
+    timeout: Option<Duration>,
     requested: Option<Backend>,
     cuda_device: Option<usize>,
 ) -> Result<Box<dyn ProcessGroup>, DistError> {
@@ -160,6 +161,10 @@ pub fn from_environment(
             env.local_world_size
         )));
     }
+    let timeout = timeout.unwrap_or(match join {
+        Join::NcclOverMpi { .. } | Join::NcclOverStore { .. } => super::DEFAULT_NCCL_TIMEOUT,
+        _ => super::DEFAULT_TIMEOUT,
+    });
     match join {
         Join::Single => Ok(Box::new(SingleProcess)),
         Join::Mpi => Ok(Box::new(joined_mpi(&env, timeout)?)),

@@ -26,6 +26,10 @@ pub use process_group::{DistError, Pending, ProcessGroup, ReduceOp};
 pub use single::SingleProcess;
 pub use store::{store_port, TcpStore};
 
-/// How long a collective waits by default before it gives up (PyTorch's
-/// `init_process_group` default, Accelerate's `InitProcessGroupKwargs`).
+/// How long a collective waits by default before it gives up: PyTorch's
+/// `init_process_group` default for its CPU backends (Accelerate's
+/// `InitProcessGroupKwargs` leaves it to PyTorch).
 pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1800);
+
+/// The default for NCCL, as PyTorch's since 2.2 (10 minutes).
+pub const DEFAULT_NCCL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);

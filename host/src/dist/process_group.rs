@@ -226,7 +226,8 @@ pub(crate) fn check_gather_rows(
     group: &(impl ProcessGroup + ?Sized),
     rows: &Tensor,
 ) -> Result<(), DistError> {
-    let header = format!("{:?} {:?}", rows.kind(), &rows.size()[1..]);
+    let shape = rows.size();
+    let header = format!("{:?} {:?}", rows.kind(), shape.get(1..).unwrap_or(&[]));
     let headers = group.all_gather_bytes(header.as_bytes())?;
     match headers
         .iter()

@@ -74,8 +74,8 @@ pub(crate) struct Shard {
 /// What one shard scored: sums that add up across processes.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Scores {
-    /// Exact match (prompts right, prompts) or validation loss (summed
-    /// token losses, tokens).
+    /// True: exact match (`total` prompts right of `count`); false:
+    /// validation loss (`total` summed token losses over `count` tokens).
     pub exact_match: bool,
     /// Prompts answered right, or the summed loss of the scored tokens.
     pub total: f64,
@@ -91,10 +91,10 @@ impl Scores {
 
     /// These scores with `total` and `count` replaced by the sums in `t`.
     pub fn with_sums(self, t: &Tensor) -> Self {
-        let sums = Vec::<f64>::try_from(t).unwrap_or_default();
+        let sums = Vec::<f64>::try_from(t).expect("[total, count] as float64");
         Self {
-            total: sums.first().copied().unwrap_or(f64::NAN),
-            count: sums.get(1).map_or(0, |&c| c.round() as i64),
+            total: sums[0],
+            count: sums[1].round() as i64,
             ..self
         }
     }
@@ -244,6 +244,11 @@ mod tests {
         for count in [2, 3, 4] {
             assert_eq!(summed(count, exact), (whole.total, 200), "{count} shards");
         }
+        // More processes than prompts: the empty shards still add their zeros.
+        let few = |shard| score(&model, &digits, 3, 3, 7, Device::Cpu, shard).unwrap();
+        let three = few(Shard { index: 0, count: 1 });
+        assert_eq!(summed(5, few), (three.total, 3));
+        assert_eq!(few(Shard { index: 0, count: 5 }).count, 0);
 
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("text.txt");
@@ -262,7 +267,5 @@ mod tests {
                 "{count} shards"
             );
         }
-        let eval = whole.with_sums(&whole.to_tensor()).evaluation();
-        assert_eq!(eval.metric(), whole.total / whole.count as f64);
     }
 }

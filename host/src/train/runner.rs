@@ -62,7 +62,8 @@ pub struct RunSummary {
     pub process_index: usize,
     /// Number of processes that trained together.
     pub num_processes: usize,
-    /// What gradient averaging across the processes did (zeros for one).
+    /// What gradient averaging did on this process (the file holds the
+    /// main process's counts; `bytes` is what it sent; zeros for one process).
     pub gradient_sync: crate::dist::SyncStats,
 }
 

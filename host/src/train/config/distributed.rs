@@ -1,6 +1,7 @@
 //! `[distributed]`: how the processes of a multi-process run talk
 //! (Accelerate's `InitProcessGroupKwargs` and `DistributedDataParallelKwargs`,
-//! and `ProjectConfiguration.save_on_each_node`). A world of one ignores it.
+//! and `ProjectConfiguration.save_on_each_node`). A process that was not
+//! started as one of several (no mpirun, srun or torchrun variables) ignores it.
 
 use super::{ConfigError, Invalid};
 use crate::dist::{Backend, CommHook, DdpOptions};
@@ -13,7 +14,8 @@ pub struct DistributedSection {
     /// `mpi` or `nccl` (default: NCCL on a GPU, MPI on the CPU).
     pub backend: Option<Backend>,
     /// Seconds a collective may wait for the other processes before the run
-    /// fails naming the late rank (default 1800, as PyTorch).
+    /// fails, naming the rank that gave up (default as PyTorch: 1800, 600
+    /// with NCCL).
     pub timeout: Option<f64>,
     /// Gradients are averaged in buckets of about this many MiB (default 25).
     pub bucket_cap_mb: Option<f64>,
@@ -47,7 +49,7 @@ impl DistributedSection {
         {
             return Err(invalid(
                 "distributed.timeout",
-                format!("must be a positive number of seconds, not {t}"),
+                format!("must be a number of seconds above 0 and below 1e9, not {t}"),
             ));
         }
         if let Some(mb) = self
