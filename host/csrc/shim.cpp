@@ -22,7 +22,10 @@
 #include <ATen/ops/_foreach_norm.h>
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/_fused_sgd.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -50,6 +53,17 @@ template <typename F> char *guarded(F &&f) {
     return message(nullptr);
   }
 }
+
+// Calls `ready(owner, index)` each time autograd has accumulated a gradient
+// into the tensor (PyTorch's register_post_accumulate_grad_hook).
+struct GradReady final : torch::autograd::PostAccumulateGradHook {
+  GradReady(void (*ready)(uint64_t, uint64_t), uint64_t owner, uint64_t index)
+      : ready(ready), owner(owner), index(index) {}
+  void operator()(const torch::autograd::Variable &) override { ready(owner, index); }
+  void (*ready)(uint64_t, uint64_t);
+  uint64_t owner;
+  uint64_t index;
+};
 
 }  // namespace
 
@@ -192,6 +206,19 @@ char *hearth_clear_grads(at::Tensor **tensors, size_t n) {
 // Sets the gradient of `tensor` to `grad` (PyTorch's `param.grad = grad`).
 char *hearth_set_grad(at::Tensor *tensor, at::Tensor *grad) {
   return guarded([&] { tensor->mutable_grad() = *grad; });
+}
+
+// After every backward pass that accumulates a gradient into `tensor`, calls
+// `ready(owner, index)` on the thread that accumulated it (the caller's for
+// CPU tensors, a device thread of the autograd engine for CUDA ones). A
+// tensor holds one such hook: this replaces any earlier one. `ready` must
+// not throw.
+char *hearth_on_grad_accumulated(at::Tensor *tensor, void (*ready)(uint64_t, uint64_t),
+                                 uint64_t owner, uint64_t index) {
+  return guarded([&] {
+    torch::autograd::impl::set_post_acc_grad_hooks(
+        *tensor, std::make_unique<GradReady>(ready, owner, index));
+  });
 }
 
 // Releases the accelerator's cached, unused memory (torch.cuda.empty_cache);

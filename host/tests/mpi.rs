@@ -331,6 +331,7 @@ fn child_ddp() {
     let result = serde_json::json!({
         "weights": weights, "losses": losses,
         "syncs": stats.syncs, "all_reduces": stats.all_reduces, "bytes": stats.bytes,
+        "started_in_backward": stats.started_in_backward,
     });
     let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
     std::fs::write(out.join(format!("rank_{r}.json")), result.to_string()).unwrap();
@@ -387,6 +388,9 @@ fn ddp_on_two_ranks_trains_what_one_process_with_twice_the_batch_does() {
         // The network's 4 tensors in 0.0002 MiB (52 floats) buckets:
         // l2.bias, l2.weight (17) | l1.bias (16) | l1.weight (96).
         assert_eq!(got["all_reduces"], 3 * STEPS);
+        // Every parameter has a gradient: each bucket starts from the hook
+        // of its last gradient, inside backward.
+        assert_eq!(got["started_in_backward"], 3 * STEPS);
     }
 }
 
@@ -402,6 +406,7 @@ fn with_accumulation_gradients_cross_processes_only_on_sync_steps() {
         assert_eq!(got["losses"].as_array().unwrap().len(), 2 * STEPS);
         assert_eq!(got["syncs"], STEPS, "one sync per 2 micro-batches");
         assert_eq!(got["all_reduces"], 3 * STEPS);
+        assert_eq!(got["started_in_backward"], 3 * STEPS, "none in no_sync");
     }
 }
 

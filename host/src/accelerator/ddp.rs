@@ -1,9 +1,10 @@
 //! Data parallelism in the accelerator: prepared models start from rank 0's
-//! parameters, and `backward` averages their gradients across processes
-//! unless inside `no_sync` (see [`crate::dist::GradientSync`]).
+//! parameters, and `backward` averages their gradients across processes,
+//! overlapping the backward pass, unless inside `no_sync` (see
+//! [`crate::dist::GradientSync`]).
 
 use super::Accelerator;
-use crate::dist::{DdpOptions, DistError, GradientSync, ProcessGroup, SyncStats};
+use crate::dist::{DdpOptions, DistError, GradientSync, ProcessGroup, Round, SyncStats};
 use std::cell::{Cell, RefCell};
 use tch::{TchError, Tensor};
 
@@ -76,14 +77,21 @@ impl DataParallel {
         Ok(())
     }
 
-    /// Averages the gradients unless inside `no_sync` (and not forced).
-    pub(super) fn after_backward(&self, group: &dyn ProcessGroup) -> Result<(), DistError> {
-        if self.no_sync.get() && !self.forced.get() {
-            return Ok(());
+    /// Runs `backward` and averages the gradients of the prepared models,
+    /// their buckets started as their gradients come in; outside a sync
+    /// step (inside `no_sync`, not forced) only runs `backward`.
+    pub(super) fn backward(
+        &self,
+        group: &dyn ProcessGroup,
+        backward: impl FnOnce() -> Result<(), TchError>,
+    ) -> Result<(), BackwardError> {
+        let mut models = self.models.borrow_mut();
+        if models.is_empty() || (self.no_sync.get() && !self.forced.get()) {
+            return Ok(backward()?);
         }
-        for model in self.models.borrow_mut().iter_mut() {
-            model.sync(group)?;
-        }
+        let mut round = Round::new(&mut models, group);
+        round.during(backward)?;
+        round.finish()?;
         Ok(())
     }
 }
@@ -100,6 +108,7 @@ impl Accelerator {
             .fold(SyncStats::default(), |a, s| SyncStats {
                 syncs: a.syncs.max(s.syncs),
                 all_reduces: a.all_reduces + s.all_reduces,
+                started_in_backward: a.started_in_backward + s.started_in_backward,
                 bytes: a.bytes + s.bytes,
             })
     }

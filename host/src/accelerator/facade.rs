@@ -314,8 +314,9 @@ impl Accelerator {
     /// (Accelerate's `accelerator.backward`; a short last group at the end
     /// of an epoch is divided the same way, as there). Under fp16 the loss
     /// is multiplied by the scaler's scale first. With several processes
-    /// the gradients of prepared models are then averaged across them,
-    /// except inside [`no_sync`](Self::no_sync) (which
+    /// the gradients of prepared models are averaged across them, each
+    /// bucket as soon as backward has produced its gradients, except inside
+    /// [`no_sync`](Self::no_sync) (which
     /// [`accumulate`](Self::accumulate) uses between sync steps).
     pub fn backward(&self, loss: &Tensor) -> Result<(), BackwardError> {
         let steps = self.state.num_steps();
@@ -324,12 +325,11 @@ impl Accelerator {
         } else {
             loss.shallow_clone()
         };
-        match &self.scaler {
-            Some(scaler) => scaler.lock().unwrap().scale(&loss).f_backward(),
-            None => loss.f_backward(),
-        }?;
-        self.ddp.after_backward(self.group.as_ref())?;
-        Ok(())
+        self.ddp
+            .backward(self.group.as_ref(), || match &self.scaler {
+                Some(scaler) => scaler.lock().unwrap().scale(&loss).f_backward(),
+                None => loss.f_backward(),
+            })
     }
 
     /// Clips the total L2 norm of `optimizer`'s gradients to `max_norm`

@@ -4,14 +4,18 @@
 //! processes, in buckets of about `bucket_cap_mb`.
 //!
 //! The buckets follow the parameters in reverse order (the order backward
-//! produces gradients, as DDP's first-iteration guess). Their all-reduces
-//! are all started before the first is waited for, so packing and unpacking
-//! one bucket overlaps the communication of the others; they are started
-//! after backward returns, not from inside it (libtorch's per-parameter
-//! hooks are not reachable from tch), so communication does not overlap
-//! the backward computation itself.
+//! produces gradients, as DDP's first-iteration guess). During a backward
+//! pass that syncs (a [`Round`]), a hook on every parameter reports when
+//! autograd has accumulated its gradient; a bucket whose gradients are all
+//! in starts its all-reduce at once, while backward goes on computing the
+//! others. Buckets start strictly in order, on every process the same (the
+//! collectives must match): one that is ready waits for those before it.
+//! What is not ready when backward returns (a parameter without a gradient
+//! on this process, say) starts then; the round then waits for all of them.
 
 use super::{DistError, Pending, ProcessGroup, ReduceOp};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 use tch::{Kind, Tensor};
 
 /// How gradients are compressed for the all-reduce (Accelerate's
@@ -57,27 +61,38 @@ pub struct SyncStats {
     pub syncs: u64,
     /// All-reduces started (buckets × syncs).
     pub all_reduces: u64,
+    /// Of those, the ones started while backward was still running
+    /// (overlapping its computation).
+    pub started_in_backward: u64,
     /// Bytes this process sent into those all-reduces.
     pub bytes: u64,
 }
 
 /// The gradient averaging of one prepared model.
 pub struct GradientSync {
+    /// Names this model's parameters to the hooks.
+    id: u64,
     buckets: Vec<Vec<Tensor>>,
+    /// The bucket of each parameter, by the index its hook reports.
+    bucket_of: Vec<usize>,
     options: DdpOptions,
     stats: SyncStats,
 }
 
 impl GradientSync {
     /// Makes every process start from rank 0's `parameters` (broadcast in
-    /// buckets) and returns the averaging for them.
+    /// buckets), hooks them so that a [`Round`] learns when their gradients
+    /// are in, and returns the averaging for them.
     pub fn new(
         group: &dyn ProcessGroup,
         parameters: Vec<Tensor>,
         options: DdpOptions,
     ) -> Result<Self, DistError> {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let buckets = buckets(parameters, options.bucket_cap_mb);
-        for bucket in &buckets {
+        let mut bucket_of = Vec::new();
+        for (b, bucket) in buckets.iter().enumerate() {
             let mut flat = tch::no_grad(|| flatten(bucket.iter().map(|p| p.detach())));
             group.broadcast(&mut flat, 0)?;
             tch::no_grad(|| {
@@ -85,9 +100,24 @@ impl GradientSync {
                     p.detach().copy_(&value);
                 }
             });
+            for p in bucket {
+                // Without its hook a parameter is never reported ready: its
+                // bucket then starts after backward, which is still correct.
+                if let Err(e) = crate::ops::on_grad_accumulated(
+                    p,
+                    gradient_accumulated,
+                    id,
+                    bucket_of.len() as u64,
+                ) {
+                    tracing::warn!("gradient hook not set, its bucket waits for backward: {e}");
+                }
+                bucket_of.push(b);
+            }
         }
         Ok(Self {
+            id,
             buckets,
+            bucket_of,
             options,
             stats: SyncStats::default(),
         })
@@ -103,58 +133,92 @@ impl GradientSync {
         self.stats
     }
 
-    /// Replaces every gradient with its mean over the processes. A
-    /// parameter without a gradient counts as zero; it gets the mean when
-    /// some process had a gradient for it, and keeps none otherwise (so
-    /// every process ends with the same gradients).
+    /// Replaces every gradient with its mean over the processes, all
+    /// buckets started now (a [`Round`] with no backward pass).
     pub fn sync(&mut self, group: &dyn ProcessGroup) -> Result<(), DistError> {
-        let world = group.num_processes() as f64;
-        let started: Vec<(Pending<'_>, Kind)> = self
-            .buckets
+        Round::new(std::slice::from_mut(self), group).finish()
+    }
+}
+
+/// The averaging of the gradients of one backward pass, over the buckets of
+/// every model in it (in order: the first model's, then the next's).
+///
+/// [`during`](Self::during) runs the backward pass with the buckets
+/// started as their gradients come in; [`finish`](Self::finish) starts the
+/// rest and waits for all. Every gradient is then the mean over the
+/// processes. A parameter without a gradient counts as zero; it gets the
+/// mean when some process had a gradient for it, and keeps none otherwise
+/// (so every process ends with the same gradients). Dropped unfinished
+/// (backward failed), its started collectives are abandoned.
+pub struct Round<'s, 'g> {
+    group: &'g dyn ProcessGroup,
+    models: &'s mut [GradientSync],
+    /// Per model, per bucket: parameters whose gradient is not in yet.
+    waiting: Vec<Vec<usize>>,
+    /// Per model, per parameter: its gradient is in.
+    seen: Vec<Vec<bool>>,
+    /// The next bucket to start, as (model, bucket).
+    next: (usize, usize),
+    started: Vec<(usize, usize, Pending<'g>, Kind)>,
+    /// The first failure to start a bucket during backward.
+    error: Option<DistError>,
+}
+
+impl<'s, 'g> Round<'s, 'g> {
+    /// A round over the buckets of `models`, none started yet.
+    pub fn new(models: &'s mut [GradientSync], group: &'g dyn ProcessGroup) -> Self {
+        let waiting = models
             .iter()
-            .map(|bucket| {
-                let (flat, kind) = tch::no_grad(|| {
-                    let grads: Vec<Tensor> = bucket.iter().map(Tensor::grad).collect();
-                    // One flag per parameter: 1 where this process has a gradient.
-                    let had: Vec<f32> = grads
-                        .iter()
-                        .map(|g| if g.defined() { 1.0 } else { 0.0 })
-                        .collect();
-                    let kind = bucket[0].kind();
-                    let mut parts: Vec<Tensor> = grads
-                        .into_iter()
-                        .zip(bucket)
-                        .map(|(g, p)| if g.defined() { g } else { p.zeros_like() }.reshape([-1]))
-                        .collect();
-                    parts.push(
-                        Tensor::from_slice(&had)
-                            .to_device(bucket[0].device())
-                            .to_kind(kind),
-                    );
-                    // One copy: the gradients and their flags together.
-                    (Tensor::cat(&parts, 0), kind)
-                });
-                let pending = match self.options.comm_hook {
-                    CommHook::No => group.all_reduce_start(&flat, ReduceOp::Mean),
-                    hook => {
-                        let wire = if hook == CommHook::Fp16 {
-                            Kind::Half
-                        } else {
-                            Kind::BFloat16
-                        };
-                        group.all_reduce_start(&(flat / world).to_kind(wire), ReduceOp::Sum)
-                    }
-                }?;
-                self.stats.all_reduces += 1;
-                let wire_bytes = match self.options.comm_hook {
-                    CommHook::No => kind.elt_size_in_bytes(),
-                    _ => 2,
-                };
-                self.stats.bytes += (flat_len(bucket) * wire_bytes) as u64;
-                Ok((pending, kind))
-            })
-            .collect::<Result<_, DistError>>()?;
-        for ((pending, kind), bucket) in started.into_iter().zip(&self.buckets) {
+            .map(|m| m.buckets.iter().map(Vec::len).collect())
+            .collect();
+        let seen = models
+            .iter()
+            .map(|m| vec![false; m.bucket_of.len()])
+            .collect();
+        Self {
+            group,
+            models,
+            waiting,
+            seen,
+            next: (0, 0),
+            started: Vec::new(),
+            error: None,
+        }
+    }
+
+    /// Runs `backward` while the gradient hooks of this round's models are
+    /// live: each bucket starts once all its gradients are in and every
+    /// bucket before it has started.
+    pub fn during<R>(&mut self, backward: impl FnOnce() -> R) -> R {
+        let this: *mut (dyn Ready + '_) = self;
+        // SAFETY: only the lifetime is erased. The pointer is in `LIVE` only
+        // until `_disarm` drops, before `during` returns; `self` stays
+        // mutably borrowed (unused here) all that time.
+        let this: *mut (dyn Ready + 'static) = unsafe { std::mem::transmute(this) };
+        let ids: Vec<u64> = self.models.iter().map(|m| m.id).collect();
+        live().extend(ids.iter().map(|&id| (id, LiveRound(this))));
+        struct Disarm(Vec<u64>);
+        impl Drop for Disarm {
+            fn drop(&mut self) {
+                live().retain(|(id, _)| !self.0.contains(id));
+            }
+        }
+        let _disarm = Disarm(ids);
+        backward()
+    }
+
+    /// Starts the buckets not started yet, waits for every all-reduce and
+    /// writes the means into the gradients.
+    pub fn finish(mut self) -> Result<(), DistError> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        while self.next.0 < self.models.len() {
+            self.start_next()?;
+        }
+        let group = self.group;
+        for (m, b, pending, kind) in std::mem::take(&mut self.started) {
+            let bucket = &self.models[m].buckets[b];
             let mean = pending.wait()?.to_kind(kind);
             let n = bucket.len() as i64;
             let values = mean.narrow(0, 0, mean.size()[0] - n);
@@ -178,9 +242,133 @@ impl GradientSync {
                 Ok(())
             })?;
         }
-        self.stats.syncs += 1;
+        for model in self.models.iter_mut() {
+            model.stats.syncs += 1;
+        }
         Ok(())
     }
+
+    /// Starts the all-reduce of the next bucket and moves on to the one
+    /// after it.
+    fn start_next(&mut self) -> Result<(), DistError> {
+        let (m, b) = self.next;
+        let model = &mut self.models[m];
+        let (pending, kind) = start(self.group, model.options, &model.buckets[b])?;
+        model.stats.all_reduces += 1;
+        let wire_bytes = match model.options.comm_hook {
+            CommHook::No => kind.elt_size_in_bytes(),
+            _ => 2,
+        };
+        model.stats.bytes += (flat_len(&model.buckets[b]) * wire_bytes) as u64;
+        self.started.push((m, b, pending, kind));
+        self.next = if b + 1 < model.buckets.len() {
+            (m, b + 1)
+        } else {
+            (m + 1, 0)
+        };
+        Ok(())
+    }
+}
+
+/// What a gradient hook tells the round it belongs to.
+trait Ready {
+    /// The gradient of parameter `index` of model `id` is in.
+    fn ready(&mut self, id: u64, index: usize);
+}
+
+impl Ready for Round<'_, '_> {
+    fn ready(&mut self, id: u64, index: usize) {
+        let Some(m) = self.models.iter().position(|model| model.id == id) else {
+            return;
+        };
+        if self.error.is_some() || index >= self.seen[m].len() || self.seen[m][index] {
+            return;
+        }
+        self.seen[m][index] = true;
+        self.waiting[m][self.models[m].bucket_of[index]] -= 1;
+        while self.next.0 < self.models.len() && self.waiting[self.next.0][self.next.1] == 0 {
+            let model = self.next.0;
+            match self.start_next() {
+                Ok(()) => self.models[model].stats.started_in_backward += 1,
+                Err(e) => {
+                    self.error = Some(e);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A round's address while its backward pass runs.
+struct LiveRound(*mut (dyn Ready + 'static));
+
+// SAFETY: a hook may run on an autograd device thread while the thread that
+// owns the round is blocked in backward; `LIVE`'s lock lets one hook at a
+// time reach a round, and the MPI world is initialised for serialised calls
+// from any thread.
+unsafe impl Send for LiveRound {}
+
+/// The rounds whose backward pass is running, by model id.
+static LIVE: Mutex<Vec<(u64, LiveRound)>> = Mutex::new(Vec::new());
+
+fn live() -> std::sync::MutexGuard<'static, Vec<(u64, LiveRound)>> {
+    LIVE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The gradient hook of every synced parameter: tells a live round, if any
+/// (outside a round — `no_sync`, a plain `loss.backward()` — nothing).
+extern "C" fn gradient_accumulated(id: u64, index: u64) {
+    // A panic must not unwind into libtorch; the bucket then simply starts
+    // after backward.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let rounds = live();
+        if let Some((_, round)) = rounds.iter().find(|(live_id, _)| *live_id == id) {
+            // SAFETY: see `Round::during`; the lock is held for the call.
+            unsafe { (*round.0).ready(id, index as usize) }
+        }
+    }));
+}
+
+/// Packs `bucket`'s gradients and a flag per parameter (1 where this
+/// process has a gradient) into one tensor and starts its all-reduce.
+fn start<'g>(
+    group: &'g dyn ProcessGroup,
+    options: DdpOptions,
+    bucket: &[Tensor],
+) -> Result<(Pending<'g>, Kind), DistError> {
+    let world = group.num_processes() as f64;
+    let (flat, kind) = tch::no_grad(|| {
+        let grads: Vec<Tensor> = bucket.iter().map(Tensor::grad).collect();
+        let had: Vec<f32> = grads
+            .iter()
+            .map(|g| if g.defined() { 1.0 } else { 0.0 })
+            .collect();
+        let kind = bucket[0].kind();
+        let mut parts: Vec<Tensor> = grads
+            .into_iter()
+            .zip(bucket)
+            .map(|(g, p)| if g.defined() { g } else { p.zeros_like() }.reshape([-1]))
+            .collect();
+        parts.push(
+            Tensor::from_slice(&had)
+                .to_device(bucket[0].device())
+                .to_kind(kind),
+        );
+        // One copy: the gradients and their flags together.
+        (Tensor::cat(&parts, 0), kind)
+    });
+    let pending = match options.comm_hook {
+        CommHook::No => group.all_reduce_start(&flat, ReduceOp::Mean),
+        hook => {
+            let wire = if hook == CommHook::Fp16 {
+                Kind::Half
+            } else {
+                Kind::BFloat16
+            };
+            group.all_reduce_start(&(flat / world).to_kind(wire), ReduceOp::Sum)
+        }
+    }?;
+    Ok((pending, kind))
 }
 
 /// Groups `parameters` (reversed) into buckets of at most `cap_mb` MiB
@@ -272,8 +460,141 @@ mod tests {
         assert_eq!(Vec::<f32>::try_from(b.grad()).unwrap(), vec![3.0; 2]);
         assert!(!unused.grad().defined(), "no process had a gradient for it");
         let stats = sync.stats();
-        assert_eq!((stats.syncs, stats.all_reduces), (1, 1));
+        assert_eq!(
+            (stats.syncs, stats.all_reduces, stats.started_in_backward),
+            (1, 1, 0)
+        );
         assert_eq!(stats.bytes, ((3 + 2 + 4 + 3) * 4) as u64);
+    }
+
+    /// A world of one that notes, at each all-reduce started, the size of
+    /// the bucket and which of `watched` have a gradient by then.
+    struct Recording {
+        watched: Vec<Tensor>,
+        log: Mutex<Vec<(i64, Vec<bool>)>>,
+    }
+
+    impl ProcessGroup for Recording {
+        fn process_index(&self) -> usize {
+            0
+        }
+        fn num_processes(&self) -> usize {
+            1
+        }
+        fn local_process_index(&self) -> usize {
+            0
+        }
+        fn num_local_processes(&self) -> usize {
+            1
+        }
+        fn backend(&self) -> &'static str {
+            "recording"
+        }
+        fn all_reduce_start(&self, t: &Tensor, _: ReduceOp) -> Result<Pending<'_>, DistError> {
+            let defined = self.watched.iter().map(|p| p.grad().defined()).collect();
+            self.log.lock().unwrap().push((t.numel() as i64, defined));
+            Ok(Pending::ready(t.copy()))
+        }
+    }
+
+    /// `near_input` feeds `near_output`; the loss is their product chain.
+    fn chain(near_input: &Tensor, near_output: &Tensor) -> Tensor {
+        let x = Tensor::ones([3], (Kind::Float, Device::Cpu));
+        ((x * near_input).tanh().sum(Kind::Float) * near_output).sum(Kind::Float)
+    }
+
+    fn recording(watched: &[&Tensor]) -> Recording {
+        Recording {
+            watched: watched.iter().map(|t| t.shallow_clone()).collect(),
+            log: Mutex::default(),
+        }
+    }
+
+    #[test]
+    fn a_bucket_starts_inside_backward_as_soon_as_its_gradients_are_in() {
+        let (input, output) = (param(3), param(1));
+        let group = recording(&[&input, &output]);
+        // Tiny buckets: one parameter each, `output` first (reverse order).
+        let options = DdpOptions {
+            bucket_cap_mb: 1e-6,
+            ..Default::default()
+        };
+        let mut sync = GradientSync::new(
+            &group,
+            vec![input.shallow_clone(), output.shallow_clone()],
+            options,
+        )
+        .unwrap();
+        let mut round = Round::new(std::slice::from_mut(&mut sync), &group);
+        round.during(|| chain(&input, &output).backward());
+        round.finish().unwrap();
+        // `output`'s bucket (1 value + its flag) started while `input` had
+        // no gradient yet: before backward was done.
+        assert_eq!(
+            *group.log.lock().unwrap(),
+            vec![(2, vec![false, true]), (4, vec![true, true])]
+        );
+        let stats = sync.stats();
+        assert_eq!(
+            (stats.syncs, stats.all_reduces, stats.started_in_backward),
+            (1, 2, 2)
+        );
+        assert!(input.grad().defined() && output.grad().defined());
+
+        // A backward pass outside a round (no_sync, plain backward) starts nothing.
+        chain(&input, &output).backward();
+        assert_eq!(group.log.lock().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_ready_bucket_waits_for_the_buckets_before_it() {
+        // Given in the order that makes the reverse-order guess wrong: the
+        // first bucket holds `input`, whose gradient comes last.
+        let (input, output) = (param(3), param(1));
+        let group = recording(&[&input, &output]);
+        let options = DdpOptions {
+            bucket_cap_mb: 1e-6,
+            ..Default::default()
+        };
+        let mut sync = GradientSync::new(
+            &group,
+            vec![output.shallow_clone(), input.shallow_clone()],
+            options,
+        )
+        .unwrap();
+        let mut round = Round::new(std::slice::from_mut(&mut sync), &group);
+        round.during(|| chain(&input, &output).backward());
+        round.finish().unwrap();
+        // Nothing started until `input`'s gradient was in; then both, in order.
+        assert_eq!(
+            *group.log.lock().unwrap(),
+            vec![(4, vec![true, true]), (2, vec![true, true])]
+        );
+        assert_eq!(sync.stats().started_in_backward, 2);
+    }
+
+    #[test]
+    fn a_bucket_without_gradients_starts_after_backward() {
+        let (input, output, unused) = (param(3), param(1), param(5));
+        let group = recording(&[&input, &output, &unused]);
+        let options = DdpOptions {
+            bucket_cap_mb: 1e-6,
+            ..Default::default()
+        };
+        // Buckets: unused | output | input.
+        let ps = vec![
+            input.shallow_clone(),
+            output.shallow_clone(),
+            unused.shallow_clone(),
+        ];
+        let mut sync = GradientSync::new(&group, ps, options).unwrap();
+        let mut round = Round::new(std::slice::from_mut(&mut sync), &group);
+        round.during(|| chain(&input, &output).backward());
+        round.finish().unwrap();
+        let sizes: Vec<i64> = group.log.lock().unwrap().iter().map(|e| e.0).collect();
+        assert_eq!(sizes, vec![6, 2, 4], "still in bucket order");
+        assert_eq!(sync.stats().started_in_backward, 0);
+        assert!(!unused.grad().defined());
     }
 
     #[test]

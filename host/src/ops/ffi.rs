@@ -66,6 +66,12 @@ extern "C" {
     pub fn hearth_empty_device_cache() -> *mut c_char;
     pub fn hearth_randperm(n: i64, seed: u64, out: *mut *mut C_tensor) -> *mut c_char;
     pub fn hearth_set_grad(tensor: *mut C_tensor, grad: *mut C_tensor) -> *mut c_char;
+    pub fn hearth_on_grad_accumulated(
+        tensor: *mut C_tensor,
+        ready: extern "C" fn(u64, u64),
+        owner: u64,
+        index: u64,
+    ) -> *mut c_char;
     pub fn hearth_clear_grads(tensors: *const *mut C_tensor, n: usize) -> *mut c_char;
     pub fn hearth_rng_get_state(
         device_type: c_int,

@@ -218,6 +218,24 @@ pub fn set_grad(tensor: &Tensor, grad: &Tensor) -> Result<(), TchError> {
     })
 }
 
+/// Makes libtorch call `ready(owner, index)` each time a backward pass has
+/// accumulated a gradient into `tensor` (PyTorch's
+/// `register_post_accumulate_grad_hook`), on the thread that accumulated it.
+/// A tensor holds one such hook: this replaces any earlier one. `ready`
+/// must not unwind.
+pub fn on_grad_accumulated(
+    tensor: &Tensor,
+    ready: extern "C" fn(u64, u64),
+    owner: u64,
+    index: u64,
+) -> Result<(), TchError> {
+    // SAFETY: a live handle borrowed for the call; the hook keeps only the
+    // function pointer and the two integers.
+    check(unsafe {
+        ffi::hearth_on_grad_accumulated(tensor.as_ptr() as *mut C_tensor, ready, owner, index)
+    })
+}
+
 /// The L2 norm of each tensor, as 0-dim tensors on the tensors' device.
 pub fn foreach_norm(tensors: &[Tensor]) -> Result<Vec<Tensor>, TchError> {
     if tensors.is_empty() {

@@ -9,6 +9,7 @@ mod rng;
 
 pub use amp::{amp_unscale_, amp_update_scale_, AutocastGuard};
 pub use foreach::{
-    clear_grads, foreach_mul_, foreach_norm, fused_adam, fused_sgd, set_grad, AdamHyper, SgdHyper,
+    clear_grads, foreach_mul_, foreach_norm, fused_adam, fused_sgd, on_grad_accumulated, set_grad,
+    AdamHyper, SgdHyper,
 };
 pub use rng::{empty_device_cache, randperm, rng_state, set_rng_state};
