@@ -39,7 +39,8 @@ pub enum CommHook {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DdpOptions {
     /// Gradients are averaged in buckets of about this many MiB (25, as
-    /// PyTorch's default).
+    /// PyTorch's default; left at 25, the first bucket holds at most
+    /// [`FIRST_BUCKET_MB`] as DDP's does).
     pub bucket_cap_mb: f64,
     /// Compression of the gradients on the wire.
     pub comm_hook: CommHook,
@@ -371,16 +372,29 @@ fn start<'g>(
     Ok((pending, kind))
 }
 
+/// With the default bucket size, the first bucket holds at most this many
+/// MiB, so that its all-reduce starts early in backward (DDP's
+/// `_DEFAULT_FIRST_BUCKET_BYTES`, used when `bucket_cap_mb` is left unset).
+pub const FIRST_BUCKET_MB: f64 = 1.0;
+
 /// Groups `parameters` (reversed) into buckets of at most `cap_mb` MiB
-/// (a larger parameter is a bucket of its own) holding one kind and device.
+/// (a larger parameter is a bucket of its own) holding one kind and device;
+/// with the default cap the first bucket holds at most [`FIRST_BUCKET_MB`].
 fn buckets(parameters: Vec<Tensor>, cap_mb: f64) -> Vec<Vec<Tensor>> {
-    let cap = (cap_mb * 1024.0 * 1024.0).max(1.0) as usize;
+    let bytes_of = |mb: f64| (mb * 1024.0 * 1024.0).max(1.0) as usize;
+    let cap = bytes_of(cap_mb);
+    let first_cap = if cap_mb == DdpOptions::default().bucket_cap_mb {
+        bytes_of(FIRST_BUCKET_MB)
+    } else {
+        cap
+    };
     let mut out: Vec<Vec<Tensor>> = Vec::new();
     let mut filled = 0usize;
     for p in parameters.into_iter().rev() {
         let bytes = p.numel() * p.kind().elt_size_in_bytes();
+        let limit = if out.len() == 1 { first_cap } else { cap };
         let fits = out.last().is_some_and(|b: &Vec<Tensor>| {
-            b[0].kind() == p.kind() && b[0].device() == p.device() && filled + bytes <= cap
+            b[0].kind() == p.kind() && b[0].device() == p.device() && filled + bytes <= limit
         });
         if fits {
             filled += bytes;
@@ -441,6 +455,21 @@ mod tests {
         assert_eq!(
             sizes,
             vec![vec![300_000], vec![100_000, 100_000], vec![100_000]]
+        );
+    }
+
+    #[test]
+    fn with_the_default_cap_the_first_bucket_holds_one_mib() {
+        let sizes = |cap_mb: f64| -> Vec<usize> {
+            // Four parameters of 400 KB each.
+            let ps = (0..4).map(|_| param(100_000)).collect();
+            buckets(ps, cap_mb).iter().map(Vec::len).collect()
+        };
+        assert_eq!(sizes(DdpOptions::default().bucket_cap_mb), vec![2, 2]);
+        assert_eq!(
+            sizes(24.0),
+            vec![4],
+            "a cap set by hand holds for every bucket"
         );
     }
 

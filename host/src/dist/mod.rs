@@ -15,7 +15,7 @@ mod process_group;
 mod single;
 mod store;
 
-pub use grad_sync::{CommHook, DdpOptions, GradientSync, Round, SyncStats};
+pub use grad_sync::{CommHook, DdpOptions, GradientSync, Round, SyncStats, FIRST_BUCKET_MB};
 pub use join::{choose_backend, from_environment, Backend, DistributedType, Join, NCCL_BUILT};
 pub use launch_env::{LaunchEnv, LaunchEnvError, Launcher};
 pub use launcher::{launch, LaunchError, LaunchMode, LaunchSpec};

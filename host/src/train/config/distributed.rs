@@ -17,7 +17,8 @@ pub struct DistributedSection {
     /// fails, naming the rank that gave up (default as PyTorch: 1800, 600
     /// with NCCL).
     pub timeout: Option<f64>,
-    /// Gradients are averaged in buckets of about this many MiB (default 25).
+    /// Gradients are averaged in buckets of about this many MiB (default 25,
+    /// with a first bucket of at most 1 MiB).
     pub bucket_cap_mb: Option<f64>,
     /// `no` (default), `fp16` or `bf16`: the gradients' precision on the wire.
     pub comm_hook: Option<CommHook>,
