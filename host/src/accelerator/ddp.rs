@@ -66,7 +66,7 @@ impl DataParallel {
         let known = |p: &Tensor| {
             models
                 .iter()
-                .flat_map(|m| m.buckets().iter().flatten())
+                .flat_map(|m| m.parameters())
                 .any(|q| q.data_ptr() == p.data_ptr())
         };
         if parameters.iter().all(known) {
@@ -108,7 +108,7 @@ impl Accelerator {
             .fold(SyncStats::default(), |a, s| SyncStats {
                 syncs: a.syncs.max(s.syncs),
                 all_reduces: a.all_reduces + s.all_reduces,
-                started_in_backward: a.started_in_backward + s.started_in_backward,
+                overlapped: a.overlapped + s.overlapped,
                 bytes: a.bytes + s.bytes,
             })
     }

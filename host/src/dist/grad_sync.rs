@@ -3,9 +3,10 @@
 //! that ends an accumulation group the gradients are averaged across
 //! processes, in buckets of about `bucket_cap_mb`.
 //!
-//! The buckets follow the parameters in reverse order (the order backward
-//! produces gradients, as DDP's first-iteration guess). During a backward
-//! pass that syncs (a [`Round`]), a hook on every parameter reports when
+//! The buckets first follow the parameters in reverse order (DDP's guess at
+//! the order backward produces gradients); after the first sync they are
+//! rebuilt in the order rank 0's gradients came in. During a backward
+//! pass that syncs (a `Round`), a hook on every parameter reports when
 //! autograd has accumulated its gradient; a bucket whose gradients are all
 //! in starts its all-reduce at once, while backward goes on computing the
 //! others. Buckets start strictly in order, on every process the same (the
@@ -62,9 +63,9 @@ pub struct SyncStats {
     pub syncs: u64,
     /// All-reduces started (buckets × syncs).
     pub all_reduces: u64,
-    /// Of those, the ones started while backward was still running
-    /// (overlapping its computation).
-    pub started_in_backward: u64,
+    /// Of those, the ones started inside backward while gradients were
+    /// still to come: communication overlapping computation.
+    pub overlapped: u64,
     /// Bytes this process sent into those all-reduces.
     pub bytes: u64,
 }
@@ -73,60 +74,69 @@ pub struct SyncStats {
 pub struct GradientSync {
     /// Names this model's parameters to the hooks.
     id: u64,
-    buckets: Vec<Vec<Tensor>>,
-    /// The bucket of each parameter, by the index its hook reports.
+    /// The parameters, by the index their hook reports (reverse of the
+    /// order they were given in).
+    params: Vec<Tensor>,
+    /// The parameters of each bucket, in the order the buckets start.
+    buckets: Vec<Vec<usize>>,
+    /// The bucket of each parameter.
     bucket_of: Vec<usize>,
+    /// The buckets were rebuilt in the order gradients came in.
+    rebuilt: bool,
     options: DdpOptions,
     stats: SyncStats,
 }
 
 impl GradientSync {
     /// Makes every process start from rank 0's `parameters` (broadcast in
-    /// buckets), hooks them so that a [`Round`] learns when their gradients
+    /// buckets), hooks them so that a backward pass that syncs learns when their gradients
     /// are in, and returns the averaging for them.
     pub fn new(
         group: &dyn ProcessGroup,
-        parameters: Vec<Tensor>,
+        mut parameters: Vec<Tensor>,
         options: DdpOptions,
     ) -> Result<Self, DistError> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let buckets = buckets(parameters, options.bucket_cap_mb);
-        let mut bucket_of = Vec::new();
-        for (b, bucket) in buckets.iter().enumerate() {
+        // Backward produces the last parameters' gradients first: the
+        // first guess at the order, until a backward pass shows the real one.
+        parameters.reverse();
+        let order: Vec<usize> = (0..parameters.len()).collect();
+        let mut sync = Self {
+            id,
+            buckets: Vec::new(),
+            bucket_of: Vec::new(),
+            params: parameters,
+            rebuilt: false,
+            options,
+            stats: SyncStats::default(),
+        };
+        sync.set_buckets(&order);
+        for b in 0..sync.buckets.len() {
+            let bucket = sync.bucket(b);
             let mut flat = tch::no_grad(|| flatten(bucket.iter().map(|p| p.detach())));
             group.broadcast(&mut flat, 0)?;
             tch::no_grad(|| {
-                for (p, value) in bucket.iter().zip(unflatten(&flat, bucket)) {
+                for (p, value) in bucket.iter().zip(unflatten(&flat, &bucket)) {
                     p.detach().copy_(&value);
                 }
             });
-            for p in bucket {
-                // Without its hook a parameter is never reported ready: its
-                // bucket then starts after backward, which is still correct.
-                if let Err(e) = crate::ops::on_grad_accumulated(
-                    p,
-                    gradient_accumulated,
-                    id,
-                    bucket_of.len() as u64,
-                ) {
-                    tracing::warn!("gradient hook not set, its bucket waits for backward: {e}");
-                }
-                bucket_of.push(b);
+        }
+        for (index, p) in sync.params.iter().enumerate() {
+            // Without its hook a parameter is never reported ready: its
+            // bucket then starts after backward, which is still correct.
+            if let Err(e) =
+                crate::ops::on_grad_accumulated(p, gradient_accumulated, id, index as u64)
+            {
+                tracing::warn!("gradient hook not set, its bucket waits for backward: {e}");
             }
         }
-        Ok(Self {
-            id,
-            buckets,
-            bucket_of,
-            options,
-            stats: SyncStats::default(),
-        })
+        Ok(sync)
     }
 
-    /// The parameters of each bucket, in the order they are averaged.
-    pub fn buckets(&self) -> &[Vec<Tensor>] {
-        &self.buckets
+    /// The parameters averaged.
+    pub fn parameters(&self) -> &[Tensor] {
+        &self.params
     }
 
     /// What averaging has done so far.
@@ -135,9 +145,71 @@ impl GradientSync {
     }
 
     /// Replaces every gradient with its mean over the processes, all
-    /// buckets started now (a [`Round`] with no backward pass).
+    /// buckets started now (as after a backward pass without hooks).
     pub fn sync(&mut self, group: &dyn ProcessGroup) -> Result<(), DistError> {
         Round::new(std::slice::from_mut(self), group).finish()
+    }
+
+    /// The parameters of bucket `b`.
+    fn bucket(&self, b: usize) -> Vec<Tensor> {
+        self.buckets[b]
+            .iter()
+            .map(|&i| self.params[i].shallow_clone())
+            .collect()
+    }
+
+    /// Cuts the parameters, taken in `order`, into buckets.
+    fn set_buckets(&mut self, order: &[usize]) {
+        self.buckets = buckets(order, &self.params, self.options.bucket_cap_mb);
+        self.bucket_of = vec![0; self.params.len()];
+        for (b, bucket) in self.buckets.iter().enumerate() {
+            for &i in bucket {
+                self.bucket_of[i] = b;
+            }
+        }
+    }
+
+    /// After the first round, rebuilds the buckets in the order the
+    /// gradients came in on rank 0 (PyTorch DDP's `rebuild_buckets`), so
+    /// that the first bucket is the first to be ready. Every process takes
+    /// rank 0's order: the buckets must match.
+    fn rebuild(&mut self, group: &dyn ProcessGroup, arrived: &[usize]) -> Result<(), DistError> {
+        self.rebuilt = true;
+        let mut order = arrived.to_vec();
+        let mut listed = vec![false; self.params.len()];
+        for &i in &order {
+            listed[i] = true;
+        }
+        // Parameters without a gradient on rank 0 keep their place, last.
+        order.extend((0..self.params.len()).filter(|&i| !listed[i]));
+        let bytes: Vec<u8> = order
+            .iter()
+            .flat_map(|&i| (i as u32).to_le_bytes())
+            .collect();
+        let bytes = group.broadcast_bytes(bytes, 0)?;
+        let order: Vec<usize> = bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize)
+            .collect();
+        let mut seen = vec![false; self.params.len()];
+        let valid = order.len() == self.params.len()
+            && order
+                .iter()
+                .all(|&i| i < seen.len() && !std::mem::replace(&mut seen[i], true));
+        if !valid {
+            return Err(DistError::Mismatch {
+                op: "gradient sync",
+                rank: group.process_index(),
+                message: format!(
+                    "rank 0 ordered {} parameters for the buckets, this process prepared {}: \
+                     prepare the same model on every process",
+                    order.len(),
+                    self.params.len()
+                ),
+            });
+        }
+        self.set_buckets(&order);
+        Ok(())
     }
 }
 
@@ -151,33 +223,63 @@ impl GradientSync {
 /// mean when some process had a gradient for it, and keeps none otherwise
 /// (so every process ends with the same gradients). Dropped unfinished
 /// (backward failed), its started collectives are abandoned.
-pub struct Round<'s, 'g> {
+pub(crate) struct Round<'s, 'g> {
     group: &'g dyn ProcessGroup,
     models: &'s mut [GradientSync],
     /// Per model, per bucket: parameters whose gradient is not in yet.
     waiting: Vec<Vec<usize>>,
-    /// Per model, per parameter: its gradient is in.
+    /// Per model, per parameter: its gradient is in (or none will come:
+    /// it does not require one).
     seen: Vec<Vec<bool>>,
+    /// Per model: the parameters whose hooks reported, in that order.
+    arrived: Vec<Vec<usize>>,
     /// The next bucket to start, as (model, bucket).
     next: (usize, usize),
-    started: Vec<(usize, usize, Pending<'g>, Kind)>,
-    /// The first failure to start a bucket during backward.
+    started: Vec<Started<'g>>,
+    /// The first failure during backward.
     error: Option<DistError>,
+}
+
+/// A bucket whose all-reduce is under way.
+struct Started<'g> {
+    model: usize,
+    bucket: usize,
+    pending: Pending<'g>,
+    kind: Kind,
+    /// Gradients reported when it started, if that was inside backward.
+    after_gradients: Option<usize>,
 }
 
 impl<'s, 'g> Round<'s, 'g> {
     /// A round over the buckets of `models`, none started yet.
-    pub fn new(models: &'s mut [GradientSync], group: &'g dyn ProcessGroup) -> Self {
-        let waiting = models
+    pub(crate) fn new(models: &'s mut [GradientSync], group: &'g dyn ProcessGroup) -> Self {
+        let mut waiting: Vec<Vec<usize>> = models
             .iter()
             .map(|m| m.buckets.iter().map(Vec::len).collect())
             .collect();
+        // A parameter that requires no gradient gets none (no hook fires):
+        // it must not hold its bucket back. Being ready earlier on one
+        // process than another changes when, not in what order, buckets start.
         let seen = models
             .iter()
-            .map(|m| vec![false; m.bucket_of.len()])
+            .zip(&mut waiting)
+            .map(|(m, waiting)| {
+                m.params
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| {
+                        let frozen = !p.requires_grad();
+                        if frozen {
+                            waiting[m.bucket_of[i]] -= 1;
+                        }
+                        frozen
+                    })
+                    .collect()
+            })
             .collect();
         Self {
             group,
+            arrived: vec![Vec::new(); models.len()],
             models,
             waiting,
             seen,
@@ -190,7 +292,7 @@ impl<'s, 'g> Round<'s, 'g> {
     /// Runs `backward` while the gradient hooks of this round's models are
     /// live: each bucket starts once all its gradients are in and every
     /// bucket before it has started.
-    pub fn during<R>(&mut self, backward: impl FnOnce() -> R) -> R {
+    pub(crate) fn during<R>(&mut self, backward: impl FnOnce() -> R) -> R {
         let this: *mut (dyn Ready + '_) = self;
         // SAFETY: only the lifetime is erased. The pointer is in `LIVE` only
         // until `_disarm` drops, before `during` returns; `self` stays
@@ -209,24 +311,31 @@ impl<'s, 'g> Round<'s, 'g> {
     }
 
     /// Starts the buckets not started yet, waits for every all-reduce and
-    /// writes the means into the gradients.
-    pub fn finish(mut self) -> Result<(), DistError> {
+    /// writes the means into the gradients; after a model's first round,
+    /// rebuilds its buckets in the order its gradients came in.
+    pub(crate) fn finish(mut self) -> Result<(), DistError> {
         if let Some(e) = self.error.take() {
             return Err(e);
         }
         while self.next.0 < self.models.len() {
-            self.start_next()?;
+            self.start_next(None)?;
         }
         let group = self.group;
-        for (m, b, pending, kind) in std::mem::take(&mut self.started) {
-            let bucket = &self.models[m].buckets[b];
-            let mean = pending.wait()?.to_kind(kind);
+        let reported: usize = self.arrived.iter().map(Vec::len).sum();
+        for started in std::mem::take(&mut self.started) {
+            let model = &mut self.models[started.model];
+            if started.after_gradients.is_some_and(|n| n < reported) {
+                model.stats.overlapped += 1;
+            }
+            let bucket = model.bucket(started.bucket);
+            let mean = started.pending.wait()?.to_kind(started.kind);
             let n = bucket.len() as i64;
             let values = mean.narrow(0, 0, mean.size()[0] - n);
             let flags = mean.narrow(0, mean.size()[0] - n, n).to_kind(Kind::Float);
             let flags = Vec::<f32>::try_from(&flags).expect("flags convert to f32");
             tch::no_grad(|| -> Result<(), DistError> {
-                for ((p, value), flag) in bucket.iter().zip(unflatten(&values, bucket)).zip(flags) {
+                for ((p, value), flag) in bucket.iter().zip(unflatten(&values, &bucket)).zip(flags)
+                {
                     let mut g = p.grad();
                     if g.defined() {
                         g.copy_(&value);
@@ -243,25 +352,35 @@ impl<'s, 'g> Round<'s, 'g> {
                 Ok(())
             })?;
         }
-        for model in self.models.iter_mut() {
+        for (model, arrived) in self.models.iter_mut().zip(&self.arrived) {
             model.stats.syncs += 1;
+            if !model.rebuilt {
+                model.rebuild(group, arrived)?;
+            }
         }
         Ok(())
     }
 
     /// Starts the all-reduce of the next bucket and moves on to the one
-    /// after it.
-    fn start_next(&mut self) -> Result<(), DistError> {
+    /// after it; `after_gradients` when inside backward.
+    fn start_next(&mut self, after_gradients: Option<usize>) -> Result<(), DistError> {
         let (m, b) = self.next;
         let model = &mut self.models[m];
-        let (pending, kind) = start(self.group, model.options, &model.buckets[b])?;
+        let bucket = model.bucket(b);
+        let (pending, kind) = start(self.group, model.options, &bucket)?;
         model.stats.all_reduces += 1;
         let wire_bytes = match model.options.comm_hook {
             CommHook::No => kind.elt_size_in_bytes(),
             _ => 2,
         };
-        model.stats.bytes += (flat_len(&model.buckets[b]) * wire_bytes) as u64;
-        self.started.push((m, b, pending, kind));
+        model.stats.bytes += (flat_len(&bucket) * wire_bytes) as u64;
+        self.started.push(Started {
+            model: m,
+            bucket: b,
+            pending,
+            kind,
+            after_gradients,
+        });
         self.next = if b + 1 < model.buckets.len() {
             (m, b + 1)
         } else {
@@ -282,19 +401,32 @@ impl Ready for Round<'_, '_> {
         let Some(m) = self.models.iter().position(|model| model.id == id) else {
             return;
         };
-        if self.error.is_some() || index >= self.seen[m].len() || self.seen[m][index] {
+        if self.error.is_some() || index >= self.seen[m].len() {
+            return;
+        }
+        let bucket = self.models[m].bucket_of[index];
+        if self.seen[m][index] {
+            if (m, bucket) < self.next {
+                // The bucket was sent with the gradient as it was then.
+                self.error = Some(DistError::Mismatch {
+                    op: "gradient sync",
+                    rank: self.group.process_index(),
+                    message: "a parameter's gradient was accumulated twice in one backward \
+                              pass that syncs (its bucket was already sent): call backward \
+                              once per sync step"
+                        .into(),
+                });
+            }
             return;
         }
         self.seen[m][index] = true;
-        self.waiting[m][self.models[m].bucket_of[index]] -= 1;
+        self.arrived[m].push(index);
+        self.waiting[m][bucket] -= 1;
+        let reported = self.arrived.iter().map(Vec::len).sum();
         while self.next.0 < self.models.len() && self.waiting[self.next.0][self.next.1] == 0 {
-            let model = self.next.0;
-            match self.start_next() {
-                Ok(()) => self.models[model].stats.started_in_backward += 1,
-                Err(e) => {
-                    self.error = Some(e);
-                    return;
-                }
+            if let Err(e) = self.start_next(Some(reported)) {
+                self.error = Some(e);
+                return;
             }
         }
     }
@@ -303,10 +435,11 @@ impl Ready for Round<'_, '_> {
 /// A round's address while its backward pass runs.
 struct LiveRound(*mut (dyn Ready + 'static));
 
-// SAFETY: a hook may run on an autograd device thread while the thread that
-// owns the round is blocked in backward; `LIVE`'s lock lets one hook at a
-// time reach a round, and the MPI world is initialised for serialised calls
-// from any thread.
+// SAFETY: a hook may run on an autograd device thread (CUDA tensors) while
+// the thread that owns the round runs the CPU part of backward or waits for
+// it; every use of the pointer happens under `LIVE`'s lock (one hook at a
+// time, and `Disarm` takes it too), and the MPI world is initialised for
+// serialised calls from any thread.
 unsafe impl Send for LiveRound {}
 
 /// The rounds whose backward pass is running, by model id.
@@ -344,17 +477,20 @@ fn start<'g>(
             .iter()
             .map(|g| if g.defined() { 1.0 } else { 0.0 })
             .collect();
-        let kind = bucket[0].kind();
+        let (kind, device) = (bucket[0].kind(), bucket[0].device());
+        // All ones (always so inside backward) needs no copy from the host,
+        // which would wait for the device.
+        let flags = if had.iter().all(|&h| h == 1.0) {
+            Tensor::ones([had.len() as i64], (kind, device))
+        } else {
+            Tensor::from_slice(&had).to_device(device).to_kind(kind)
+        };
         let mut parts: Vec<Tensor> = grads
             .into_iter()
             .zip(bucket)
             .map(|(g, p)| if g.defined() { g } else { p.zeros_like() }.reshape([-1]))
             .collect();
-        parts.push(
-            Tensor::from_slice(&had)
-                .to_device(bucket[0].device())
-                .to_kind(kind),
-        );
+        parts.push(flags);
         // One copy: the gradients and their flags together.
         (Tensor::cat(&parts, 0), kind)
     });
@@ -377,10 +513,10 @@ fn start<'g>(
 /// `_DEFAULT_FIRST_BUCKET_BYTES`, used when `bucket_cap_mb` is left unset).
 pub const FIRST_BUCKET_MB: f64 = 1.0;
 
-/// Groups `parameters` (reversed) into buckets of at most `cap_mb` MiB
+/// Cuts `params`, taken in `order`, into buckets of at most `cap_mb` MiB
 /// (a larger parameter is a bucket of its own) holding one kind and device;
 /// with the default cap the first bucket holds at most [`FIRST_BUCKET_MB`].
-fn buckets(parameters: Vec<Tensor>, cap_mb: f64) -> Vec<Vec<Tensor>> {
+fn buckets(order: &[usize], params: &[Tensor], cap_mb: f64) -> Vec<Vec<usize>> {
     let bytes_of = |mb: f64| (mb * 1024.0 * 1024.0).max(1.0) as usize;
     let cap = bytes_of(cap_mb);
     let first_cap = if cap_mb == DdpOptions::default().bucket_cap_mb {
@@ -388,20 +524,22 @@ fn buckets(parameters: Vec<Tensor>, cap_mb: f64) -> Vec<Vec<Tensor>> {
     } else {
         cap
     };
-    let mut out: Vec<Vec<Tensor>> = Vec::new();
+    let mut out: Vec<Vec<usize>> = Vec::new();
     let mut filled = 0usize;
-    for p in parameters.into_iter().rev() {
+    for &i in order {
+        let p = &params[i];
         let bytes = p.numel() * p.kind().elt_size_in_bytes();
         let limit = if out.len() == 1 { first_cap } else { cap };
-        let fits = out.last().is_some_and(|b: &Vec<Tensor>| {
-            b[0].kind() == p.kind() && b[0].device() == p.device() && filled + bytes <= limit
+        let fits = out.last().is_some_and(|b: &Vec<usize>| {
+            let q = &params[b[0]];
+            q.kind() == p.kind() && q.device() == p.device() && filled + bytes <= limit
         });
         if fits {
             filled += bytes;
-            out.last_mut().expect("checked above").push(p);
+            out.last_mut().expect("checked above").push(i);
         } else {
             filled = bytes;
-            out.push(vec![p]);
+            out.push(vec![i]);
         }
     }
     out
@@ -438,6 +576,16 @@ mod tests {
         Tensor::ones([n], (Kind::Float, Device::Cpu)).set_requires_grad(true)
     }
 
+    /// The sizes of the buckets `params` are cut into, in the first order
+    /// (reversed).
+    fn bucket_sizes(params: Vec<Tensor>, cap_mb: f64) -> Vec<Vec<usize>> {
+        let order: Vec<usize> = (0..params.len()).rev().collect();
+        buckets(&order, &params, cap_mb)
+            .iter()
+            .map(|b| b.iter().map(|&i| params[i].numel()).collect())
+            .collect()
+    }
+
     #[test]
     fn buckets_hold_reversed_parameters_up_to_the_cap() {
         // 1 MiB cap: 256 Ki floats per bucket.
@@ -447,29 +595,22 @@ mod tests {
             param(100_000),
             param(300_000),
         ];
-        let b = buckets(ps, 1.0);
-        let sizes: Vec<Vec<usize>> = b
-            .iter()
-            .map(|b| b.iter().map(Tensor::numel).collect())
-            .collect();
         assert_eq!(
-            sizes,
+            bucket_sizes(ps, 1.0),
             vec![vec![300_000], vec![100_000, 100_000], vec![100_000]]
         );
     }
 
     #[test]
     fn with_the_default_cap_the_first_bucket_holds_one_mib() {
-        let sizes = |cap_mb: f64| -> Vec<usize> {
-            // Four parameters of 400 KB each.
-            let ps = (0..4).map(|_| param(100_000)).collect();
-            buckets(ps, cap_mb).iter().map(Vec::len).collect()
-        };
-        assert_eq!(sizes(DdpOptions::default().bucket_cap_mb), vec![2, 2]);
+        // Four parameters of 400 KB each.
+        let sizes = |cap_mb: f64| bucket_sizes((0..4).map(|_| param(100_000)).collect(), cap_mb);
+        let default = DdpOptions::default().bucket_cap_mb;
+        assert_eq!(sizes(default), vec![vec![100_000; 2], vec![100_000; 2]]);
         assert_eq!(
             sizes(24.0),
-            vec![4],
-            "a cap set by hand holds for every bucket"
+            vec![vec![100_000; 4]],
+            "any other cap holds for every bucket"
         );
     }
 
@@ -490,7 +631,7 @@ mod tests {
         assert!(!unused.grad().defined(), "no process had a gradient for it");
         let stats = sync.stats();
         assert_eq!(
-            (stats.syncs, stats.all_reduces, stats.started_in_backward),
+            (stats.syncs, stats.all_reduces, stats.overlapped),
             (1, 1, 0)
         );
         assert_eq!(stats.bytes, ((3 + 2 + 4 + 3) * 4) as u64);
@@ -526,104 +667,151 @@ mod tests {
         }
     }
 
-    /// `near_input` feeds `near_output`; the loss is their product chain.
-    fn chain(near_input: &Tensor, near_output: &Tensor) -> Tensor {
-        let x = Tensor::ones([3], (Kind::Float, Device::Cpu));
-        ((x * near_input).tanh().sum(Kind::Float) * near_output).sum(Kind::Float)
+    impl Recording {
+        fn new(watched: &[&Tensor]) -> Self {
+            Self {
+                watched: watched.iter().map(|t| t.shallow_clone()).collect(),
+                log: Mutex::default(),
+            }
+        }
+
+        /// Drops what was noted so far and returns it.
+        fn take(&self) -> Vec<(i64, Vec<bool>)> {
+            std::mem::take(&mut *self.log.lock().unwrap())
+        }
+
+        /// One backward pass of `loss` in a round over `sync`.
+        fn round(&self, sync: &mut GradientSync, loss: impl FnOnce() -> Tensor) {
+            let mut round = Round::new(std::slice::from_mut(sync), self);
+            round.during(|| loss().backward());
+            round.finish().unwrap();
+        }
     }
 
-    fn recording(watched: &[&Tensor]) -> Recording {
-        Recording {
-            watched: watched.iter().map(|t| t.shallow_clone()).collect(),
-            log: Mutex::default(),
+    /// `near_input` feeds `near_output`, each used twice.
+    fn chain(near_input: &Tensor, near_output: &Tensor) -> Tensor {
+        let x = Tensor::ones([3], (Kind::Float, Device::Cpu));
+        let hidden = (&x * near_input + &x * near_input).tanh().sum(Kind::Float);
+        (hidden * near_output + near_output * 2.0).sum(Kind::Float)
+    }
+
+    /// One parameter per bucket.
+    fn tiny_buckets() -> DdpOptions {
+        DdpOptions {
+            bucket_cap_mb: 1e-6,
+            ..Default::default()
         }
+    }
+
+    /// The gradients a plain backward pass of `chain` gives.
+    fn plain_gradients() -> (Vec<f32>, Vec<f32>) {
+        let (input, output) = (param(3), param(1));
+        chain(&input, &output).backward();
+        (
+            Vec::<f32>::try_from(input.grad()).unwrap(),
+            Vec::<f32>::try_from(output.grad()).unwrap(),
+        )
     }
 
     #[test]
     fn a_bucket_starts_inside_backward_as_soon_as_its_gradients_are_in() {
         let (input, output) = (param(3), param(1));
-        let group = recording(&[&input, &output]);
-        // Tiny buckets: one parameter each, `output` first (reverse order).
-        let options = DdpOptions {
-            bucket_cap_mb: 1e-6,
-            ..Default::default()
-        };
-        let mut sync = GradientSync::new(
-            &group,
-            vec![input.shallow_clone(), output.shallow_clone()],
-            options,
-        )
-        .unwrap();
-        let mut round = Round::new(std::slice::from_mut(&mut sync), &group);
-        round.during(|| chain(&input, &output).backward());
-        round.finish().unwrap();
+        let group = Recording::new(&[&input, &output]);
+        let ps = vec![input.shallow_clone(), output.shallow_clone()];
+        let mut sync = GradientSync::new(&group, ps, tiny_buckets()).unwrap();
+        group.round(&mut sync, || chain(&input, &output));
         // `output`'s bucket (1 value + its flag) started while `input` had
-        // no gradient yet: before backward was done.
+        // no gradient yet: it overlapped the rest of backward.
         assert_eq!(
-            *group.log.lock().unwrap(),
+            group.take(),
             vec![(2, vec![false, true]), (4, vec![true, true])]
         );
         let stats = sync.stats();
         assert_eq!(
-            (stats.syncs, stats.all_reduces, stats.started_in_backward),
-            (1, 2, 2)
+            (stats.syncs, stats.all_reduces, stats.overlapped),
+            (1, 2, 1)
         );
-        assert!(input.grad().defined() && output.grad().defined());
+        // The gradients are backward's (a parameter used twice included).
+        let (want_input, want_output) = plain_gradients();
+        assert_eq!(Vec::<f32>::try_from(input.grad()).unwrap(), want_input);
+        assert_eq!(Vec::<f32>::try_from(output.grad()).unwrap(), want_output);
 
-        // A backward pass outside a round (no_sync, plain backward) starts nothing.
+        // A backward pass outside a round (no_sync, plain backward)
+        // starts nothing; the next round sends what both accumulated.
         chain(&input, &output).backward();
-        assert_eq!(group.log.lock().unwrap().len(), 2);
+        assert!(group.take().is_empty());
+        group.round(&mut sync, || chain(&input, &output));
+        let twice: Vec<f32> = want_output.iter().map(|g| 3.0 * g).collect();
+        assert_eq!(Vec::<f32>::try_from(output.grad()).unwrap(), twice);
     }
 
     #[test]
-    fn a_ready_bucket_waits_for_the_buckets_before_it() {
+    fn buckets_are_rebuilt_in_the_order_gradients_came_in() {
         // Given in the order that makes the reverse-order guess wrong: the
         // first bucket holds `input`, whose gradient comes last.
-        let (input, output) = (param(3), param(1));
-        let group = recording(&[&input, &output]);
-        let options = DdpOptions {
-            bucket_cap_mb: 1e-6,
-            ..Default::default()
-        };
-        let mut sync = GradientSync::new(
-            &group,
-            vec![output.shallow_clone(), input.shallow_clone()],
-            options,
-        )
-        .unwrap();
-        let mut round = Round::new(std::slice::from_mut(&mut sync), &group);
-        round.during(|| chain(&input, &output).backward());
-        round.finish().unwrap();
-        // Nothing started until `input`'s gradient was in; then both, in order.
+        let (mut input, mut output) = (param(3), param(1));
+        let group = Recording::new(&[&input, &output]);
+        let ps = vec![output.shallow_clone(), input.shallow_clone()];
+        let mut sync = GradientSync::new(&group, ps, tiny_buckets()).unwrap();
+        group.round(&mut sync, || chain(&input, &output));
+        // A ready bucket waits for the ones before it: nothing started
+        // until `input`'s gradient was in, then both, in order.
         assert_eq!(
-            *group.log.lock().unwrap(),
+            group.take(),
             vec![(4, vec![true, true]), (2, vec![true, true])]
         );
-        assert_eq!(sync.stats().started_in_backward, 2);
+        assert_eq!(sync.stats().overlapped, 0);
+        // From the second round on, the buckets follow the gradients.
+        input.zero_grad();
+        output.zero_grad();
+        group.round(&mut sync, || chain(&input, &output));
+        let sizes: Vec<i64> = group.take().iter().map(|e| e.0).collect();
+        assert_eq!(sizes, vec![2, 4]);
+        assert_eq!(sync.stats().overlapped, 1);
     }
 
     #[test]
-    fn a_bucket_without_gradients_starts_after_backward() {
+    fn a_bucket_without_gradients_starts_after_backward_and_a_frozen_one_waits_for_none() {
         let (input, output, unused) = (param(3), param(1), param(5));
-        let group = recording(&[&input, &output, &unused]);
-        let options = DdpOptions {
-            bucket_cap_mb: 1e-6,
-            ..Default::default()
-        };
-        // Buckets: unused | output | input.
+        let frozen = Tensor::ones([7], (Kind::Float, Device::Cpu));
+        let group = Recording::new(&[&input, &output, &unused]);
+        // Buckets: frozen | unused | output | input.
         let ps = vec![
             input.shallow_clone(),
             output.shallow_clone(),
             unused.shallow_clone(),
+            frozen.shallow_clone(),
         ];
-        let mut sync = GradientSync::new(&group, ps, options).unwrap();
-        let mut round = Round::new(std::slice::from_mut(&mut sync), &group);
-        round.during(|| chain(&input, &output).backward());
-        round.finish().unwrap();
-        let sizes: Vec<i64> = group.log.lock().unwrap().iter().map(|e| e.0).collect();
-        assert_eq!(sizes, vec![6, 2, 4], "still in bucket order");
-        assert_eq!(sync.stats().started_in_backward, 0);
+        let mut sync = GradientSync::new(&group, ps, tiny_buckets()).unwrap();
+        group.round(&mut sync, || chain(&input, &output));
+        let sizes: Vec<i64> = group.take().iter().map(|e| e.0).collect();
+        assert_eq!(sizes, vec![8, 6, 2, 4], "still in bucket order");
+        // The frozen bucket started at the first gradient; `unused` held
+        // back the rest until backward returned.
+        assert_eq!(sync.stats().overlapped, 1);
         assert!(!unused.grad().defined());
+
+        // Rebuilt: output | input, then those that sent no gradient in
+        // their first order (frozen | unused); only `input` ends backward.
+        group.round(&mut sync, || chain(&input, &output));
+        let sizes: Vec<i64> = group.take().iter().map(|e| e.0).collect();
+        assert_eq!(sizes, vec![2, 4, 8, 6]);
+        assert_eq!(sync.stats().overlapped, 1 + 1);
+    }
+
+    #[test]
+    fn a_gradient_accumulated_after_its_bucket_was_sent_is_refused() {
+        let (input, output) = (param(3), param(1));
+        let group = Recording::new(&[&input, &output]);
+        let ps = vec![input.shallow_clone(), output.shallow_clone()];
+        let mut sync = GradientSync::new(&group, ps, tiny_buckets()).unwrap();
+        let mut round = Round::new(std::slice::from_mut(&mut sync), &group);
+        round.during(|| {
+            chain(&input, &output).backward();
+            chain(&input, &output).backward();
+        });
+        let err = round.finish().unwrap_err().to_string();
+        assert!(err.contains("accumulated twice"), "{err}");
     }
 
     #[test]

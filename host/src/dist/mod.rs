@@ -15,7 +15,8 @@ mod process_group;
 mod single;
 mod store;
 
-pub use grad_sync::{CommHook, DdpOptions, GradientSync, Round, SyncStats, FIRST_BUCKET_MB};
+pub(crate) use grad_sync::Round;
+pub use grad_sync::{CommHook, DdpOptions, GradientSync, SyncStats, FIRST_BUCKET_MB};
 pub use join::{choose_backend, from_environment, Backend, DistributedType, Join, NCCL_BUILT};
 pub use launch_env::{LaunchEnv, LaunchEnvError, Launcher};
 pub use launcher::{launch, LaunchError, LaunchMode, LaunchSpec};
