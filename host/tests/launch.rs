@@ -227,25 +227,23 @@ fn launch_trains_a_config_on_two_cpu_processes() {
 #[test]
 fn a_bad_config_is_refused_once_before_any_process_starts() {
     let dir = common::scratch("launch-bad");
-    let missing = dir.join("missing.toml");
-    let out = hearth(&["launch", "-n", "2", "--cpu", missing.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let all = text(&out);
-    assert_eq!(out.status.code(), Some(2), "{all}");
-    assert_eq!(all.matches("missing.toml").count(), 1, "{all}");
-    assert!(!all.contains("[rank"), "no process was started: {all}");
     let bad = dir.join("bad.toml");
     let job =
         "[run]\nname = \"x\"\nsteps = 0\n[model]\nkind = \"gpt\"\n[data]\nkind = \"sort-digits\"\n";
     std::fs::write(&bad, job).unwrap();
-    let out = hearth(&["launch", "-n", "2", "--cpu", bad.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let all = text(&out);
-    assert_eq!(out.status.code(), Some(2), "{all}");
-    assert_eq!(all.matches("run.steps").count(), 1, "{all}");
-    assert!(!all.contains("[rank"), "no process was started: {all}");
+    // A missing file names the file; an invalid value names its key.
+    for (config, named) in [
+        (dir.join("missing.toml"), "missing.toml"),
+        (bad, "run.steps"),
+    ] {
+        let out = hearth(&["launch", "-n", "2", "--cpu", config.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{all}");
+        assert_eq!(all.matches(named).count(), 1, "{all}");
+        assert!(!all.contains("[rank"), "no process was started: {all}");
+    }
 }
 
 #[test]

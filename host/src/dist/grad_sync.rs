@@ -680,6 +680,15 @@ mod tests {
             std::mem::take(&mut *self.log.lock().unwrap())
         }
 
+        /// The averaging of `params`, one parameter per bucket.
+        fn sync_over(&self, params: Vec<Tensor>) -> GradientSync {
+            let options = DdpOptions {
+                bucket_cap_mb: 1e-6,
+                ..Default::default()
+            };
+            GradientSync::new(self, params, options).unwrap()
+        }
+
         /// One backward pass of `loss` in a round over `sync`.
         fn round(&self, sync: &mut GradientSync, loss: impl FnOnce() -> Tensor) {
             let mut round = Round::new(std::slice::from_mut(sync), self);
@@ -693,14 +702,6 @@ mod tests {
         let x = Tensor::ones([3], (Kind::Float, Device::Cpu));
         let hidden = (&x * near_input + &x * near_input).tanh().sum(Kind::Float);
         (hidden * near_output + near_output * 2.0).sum(Kind::Float)
-    }
-
-    /// One parameter per bucket.
-    fn tiny_buckets() -> DdpOptions {
-        DdpOptions {
-            bucket_cap_mb: 1e-6,
-            ..Default::default()
-        }
     }
 
     /// The gradients a plain backward pass of `chain` gives.
@@ -717,8 +718,7 @@ mod tests {
     fn a_bucket_starts_inside_backward_as_soon_as_its_gradients_are_in() {
         let (input, output) = (param(3), param(1));
         let group = Recording::new(&[&input, &output]);
-        let ps = vec![input.shallow_clone(), output.shallow_clone()];
-        let mut sync = GradientSync::new(&group, ps, tiny_buckets()).unwrap();
+        let mut sync = group.sync_over(vec![input.shallow_clone(), output.shallow_clone()]);
         group.round(&mut sync, || chain(&input, &output));
         // `output`'s bucket (1 value + its flag) started while `input` had
         // no gradient yet: it overlapped the rest of backward.
@@ -741,8 +741,8 @@ mod tests {
         chain(&input, &output).backward();
         assert!(group.take().is_empty());
         group.round(&mut sync, || chain(&input, &output));
-        let twice: Vec<f32> = want_output.iter().map(|g| 3.0 * g).collect();
-        assert_eq!(Vec::<f32>::try_from(output.grad()).unwrap(), twice);
+        let three_passes: Vec<f32> = want_output.iter().map(|g| 3.0 * g).collect();
+        assert_eq!(Vec::<f32>::try_from(output.grad()).unwrap(), three_passes);
     }
 
     #[test]
@@ -751,8 +751,7 @@ mod tests {
         // first bucket holds `input`, whose gradient comes last.
         let (mut input, mut output) = (param(3), param(1));
         let group = Recording::new(&[&input, &output]);
-        let ps = vec![output.shallow_clone(), input.shallow_clone()];
-        let mut sync = GradientSync::new(&group, ps, tiny_buckets()).unwrap();
+        let mut sync = group.sync_over(vec![output.shallow_clone(), input.shallow_clone()]);
         group.round(&mut sync, || chain(&input, &output));
         // A ready bucket waits for the ones before it: nothing started
         // until `input`'s gradient was in, then both, in order.
@@ -776,13 +775,12 @@ mod tests {
         let frozen = Tensor::ones([7], (Kind::Float, Device::Cpu));
         let group = Recording::new(&[&input, &output, &unused]);
         // Buckets: frozen | unused | output | input.
-        let ps = vec![
+        let mut sync = group.sync_over(vec![
             input.shallow_clone(),
             output.shallow_clone(),
             unused.shallow_clone(),
             frozen.shallow_clone(),
-        ];
-        let mut sync = GradientSync::new(&group, ps, tiny_buckets()).unwrap();
+        ]);
         group.round(&mut sync, || chain(&input, &output));
         let sizes: Vec<i64> = group.take().iter().map(|e| e.0).collect();
         assert_eq!(sizes, vec![8, 6, 2, 4], "still in bucket order");
@@ -803,8 +801,7 @@ mod tests {
     fn a_gradient_accumulated_after_its_bucket_was_sent_is_refused() {
         let (input, output) = (param(3), param(1));
         let group = Recording::new(&[&input, &output]);
-        let ps = vec![input.shallow_clone(), output.shallow_clone()];
-        let mut sync = GradientSync::new(&group, ps, tiny_buckets()).unwrap();
+        let mut sync = group.sync_over(vec![input.shallow_clone(), output.shallow_clone()]);
         let mut round = Round::new(std::slice::from_mut(&mut sync), &group);
         round.during(|| {
             chain(&input, &output).backward();
