@@ -103,6 +103,6 @@ def make_plugin(parent: pathlib.Path, name: str, wasm: pathlib.Path, kind="track
     (folder / f"{name}.wasm").write_bytes(wasm.read_bytes())
     (folder / "plugin.toml").write_text(
         f'name = "{name}"\nversion = "0.1.0"\nkind = "{kind}"\n'
-        f'world = "hearth:plugin/{kind}-plugin@0.1.0"\ncomponent = "{name}.wasm"\n{limits}'
+        f'world = "hearth:plugin/{kind}-plugin@0.2.0"\ncomponent = "{name}.wasm"\n{limits}'
     )
     return folder

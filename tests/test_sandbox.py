@@ -154,7 +154,7 @@ CORE_MODULE = b"\0asm\x01\0\0\0"
     [
         ("core-module", "it is a core WebAssembly module, not a component"),
         ("wrong-world", 'plugin.toml says kind = "tracker"'),
-        ("other-major", "it was built for hearth:plugin@1.0.0, and this host speaks hearth:plugin@0.1.0"),
+        ("other-major", "it was built for hearth:plugin@1.0.0, and this host speaks hearth:plugin@0.2.0"),
     ],
 )
 def test_malformed_plugins_are_refused_at_load(hearth, fixture_wasm, tmp_path, fixture, reason):
@@ -188,9 +188,9 @@ def test_plugins_list_and_inspect_show_the_built_ins(hearth):
     assert listing.returncode == 0, listing.stderr
     for name in ["jsonl", "csv", "tensorboard", "mlflow", "dvclive"]:
         line = next(l for l in listing.stdout.splitlines() if l.startswith(name + " "))
-        assert "tracker" in line and "hearth:plugin/tracker-plugin@0.1.0" in line and "built-in" in line
+        assert "tracker" in line and "hearth:plugin/tracker-plugin@0.2.0" in line and "built-in" in line
     line = next(l for l in listing.stdout.splitlines() if l.startswith("linear "))
-    assert "scheduler" in line and "hearth:plugin/scheduler-plugin@0.1.0" in line
+    assert "scheduler" in line and "hearth:plugin/scheduler-plugin@0.2.0" in line
     inspect = hearth("plugins", "inspect", "tensorboard")
     assert inspect.returncode == 0, inspect.stderr
     assert "its logging folder, read-write, at /logs" in inspect.stdout

@@ -3,7 +3,8 @@
 //! A tracker implements [`Tracker`] and exports itself with
 //! [`export_tracker!`]; a learning-rate schedule implements [`Scheduler`]
 //! and [`export_scheduler!`]; a checkpoint hook implements
-//! [`CheckpointHook`] and [`export_checkpoint_hook!`]. Build it with
+//! [`CheckpointHook`] and [`export_checkpoint_hook!`]; a sharding wrap
+//! policy implements [`WrapPolicy`] and [`export_wrap_policy!`]. Build it with
 //! `cargo build --target wasm32-wasip2` (crate type `cdylib`) and put the
 //! `.wasm` beside a `plugin.toml`. The tracker's logging folder is `/logs`,
 //! a checkpoint hook's the checkpoint folder at `/checkpoint`; nothing else
@@ -63,7 +64,7 @@ pub mod bindings {
             pub_export_macro: true,
             export_macro_name: "__export_scheduler_world",
             default_bindings_module: "hearth_guest::bindings::scheduler",
-            with: { "hearth:plugin/log@0.1.0": crate::bindings::tracker::hearth::plugin::log },
+            with: { "hearth:plugin/log@0.2.0": crate::bindings::tracker::hearth::plugin::log },
         });
     }
 
@@ -77,9 +78,22 @@ pub mod bindings {
             export_macro_name: "__export_checkpoint_world",
             default_bindings_module: "hearth_guest::bindings::checkpoint",
             with: {
-                "hearth:plugin/log@0.1.0": crate::bindings::tracker::hearth::plugin::log,
-                "hearth:plugin/types@0.1.0": crate::bindings::tracker::hearth::plugin::types,
+                "hearth:plugin/log@0.2.0": crate::bindings::tracker::hearth::plugin::log,
+                "hearth:plugin/types@0.2.0": crate::bindings::tracker::hearth::plugin::types,
             },
+        });
+    }
+
+    /// The `wrap-policy-plugin` world (its `log` import is the tracker's).
+    #[allow(missing_docs)]
+    pub mod wrap_policy {
+        wit_bindgen::generate!({
+            path: "../wit",
+            world: "hearth:plugin/wrap-policy-plugin",
+            pub_export_macro: true,
+            export_macro_name: "__export_wrap_policy_world",
+            default_bindings_module: "hearth_guest::bindings::wrap_policy",
+            with: { "hearth:plugin/log@0.2.0": crate::bindings::tracker::hearth::plugin::log },
         });
     }
 }
@@ -88,12 +102,14 @@ pub mod checkpoint;
 pub mod files;
 
 pub use bindings::tracker::hearth::plugin::types::{RunInfo, Value};
+/// One module of the model tree a wrap policy is given.
+pub use bindings::wrap_policy::exports::hearth::plugin::wrap_policy::Module;
 
 /// Named values, in the order the host sent them.
 pub type Entries = Vec<(String, Value)>;
 
 /// The version of the WIT package this SDK speaks.
-pub const WIT_VERSION: &str = "0.1.0";
+pub const WIT_VERSION: &str = "0.2.0";
 
 /// An experiment tracker (Accelerate's `GeneralTracker`). One value of the
 /// type lives for the whole plugin instance, created with `Default`.
@@ -134,6 +150,40 @@ pub trait Scheduler: Sized + 'static {
     fn load(&mut self, _state: &[u8]) -> Result<(), String> {
         Ok(())
     }
+}
+
+/// A sharding wrap policy (FSDP's `auto_wrap_policy`): picks the modules
+/// that become units from the model's module tree. The root is always a
+/// unit; every path returned must name a module in `modules`, or the host
+/// stops the run naming the plugin.
+///
+/// A policy that makes every `Block` a unit, and every module holding at
+/// least 1000 parameters of its own:
+///
+/// ```no_run
+/// use hearth_guest::{export_wrap_policy, Module, WrapPolicy};
+///
+/// struct BlocksAndBigLeaves;
+///
+/// impl WrapPolicy for BlocksAndBigLeaves {
+///     fn units(_options_json: &str, modules: &[Module]) -> Result<Vec<String>, String> {
+///         Ok(modules
+///             .iter()
+///             .filter(|m| m.kind == "Block" || m.own_params >= 1000)
+///             .map(|m| m.path.clone())
+///             .collect())
+///     }
+/// }
+///
+/// export_wrap_policy!(BlocksAndBigLeaves);
+/// ```
+pub trait WrapPolicy: 'static {
+    /// The paths of the modules to wrap, from the policy's options (the
+    /// `[fsdp]` table's policy options as a JSON object, plus the
+    /// manifest's `[options]` presets) and the module tree (parents
+    /// before children; `parent` indexes the same list). An `Err` says
+    /// what is wrong; the host stops the run with it.
+    fn units(options_json: &str, modules: &[Module]) -> Result<Vec<String>, String>;
 }
 
 /// Lines into the host's log, prefixed with the plugin's name.
@@ -232,6 +282,31 @@ macro_rules! export_scheduler {
 
             $crate::bindings::scheduler::__export_scheduler_world!(
                 HearthSchedulerExport with_types_in $crate::bindings::scheduler
+            );
+        };
+    };
+}
+
+/// Exports a [`WrapPolicy`] type as this component's `wrap-policy` interface.
+#[macro_export]
+macro_rules! export_wrap_policy {
+    ($ty:ty) => {
+        const _: () = {
+            struct HearthWrapPolicyExport;
+
+            impl $crate::bindings::wrap_policy::exports::hearth::plugin::wrap_policy::Guest
+                for HearthWrapPolicyExport
+            {
+                fn units(
+                    options_json: String,
+                    modules: Vec<$crate::Module>,
+                ) -> Result<Vec<String>, String> {
+                    <$ty as $crate::WrapPolicy>::units(&options_json, &modules)
+                }
+            }
+
+            $crate::bindings::wrap_policy::__export_wrap_policy_world!(
+                HearthWrapPolicyExport with_types_in $crate::bindings::wrap_policy
             );
         };
     };

@@ -1,7 +1,7 @@
 // A hearth tracker in JavaScript: one JSON line per logged step in
 // /logs/steps.jsonl. Built into a WebAssembly component by componentize-js
 // (see build.mjs and README.md beside this file).
-import { log as hostLog } from 'hearth:plugin/log@0.1.0';
+import { log as hostLog } from 'hearth:plugin/log@0.2.0';
 import { getDirectories } from 'wasi:filesystem/preopens@0.2.12';
 
 const encoder = new TextEncoder();

@@ -43,6 +43,19 @@ pub mod checkpoint {
     });
 }
 
+/// The `wrap-policy-plugin` world; shares `log` with the tracker's.
+#[allow(missing_docs)]
+pub mod wrap_policy {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "hearth:plugin/wrap-policy-plugin",
+        exports: { default: async },
+        with: {
+            "hearth:plugin/log": super::tracker::hearth::plugin::log,
+        },
+    });
+}
+
 pub use tracker::hearth::plugin::types::{RunInfo, Value};
 use tracker::hearth::plugin::{log, types};
 

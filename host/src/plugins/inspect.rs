@@ -8,7 +8,7 @@ use wasmtime::Engine;
 /// The WIT package plugins target.
 pub const WIT_PACKAGE: &str = "hearth:plugin";
 /// The version of the WIT package this host speaks.
-pub const WIT_VERSION: &str = "0.1.0";
+pub const WIT_VERSION: &str = "0.2.0";
 
 /// What a component exports, in hearth's terms.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,9 +120,10 @@ mod tests {
 
     #[test]
     fn semver_compatibility() {
-        assert!(compatible("0.1.0"));
-        assert!(compatible("0.1.7"));
-        assert!(!compatible("0.2.0"));
+        assert!(compatible("0.2.0"));
+        assert!(compatible("0.2.7"));
+        assert!(!compatible("0.1.0"));
+        assert!(!compatible("0.3.0"));
         assert!(!compatible("1.1.0"));
         assert!(!compatible("garbage"));
     }

@@ -4,7 +4,7 @@
 //! name = "jsonl"
 //! version = "0.1.0"
 //! kind = "tracker"
-//! world = "hearth:plugin/tracker-plugin@0.1.0"
+//! world = "hearth:plugin/tracker-plugin@0.2.0"
 //! component = "jsonl.wasm"
 //! description = "One JSON object per logged step."
 //! [permissions]
@@ -257,7 +257,7 @@ mod tests {
 name = "jsonl"
 version = "0.1.0"
 kind = "tracker"
-world = "hearth:plugin/tracker-plugin@0.1.0"
+world = "hearth:plugin/tracker-plugin@0.2.0"
 component = "jsonl.wasm"
 "#;
 
@@ -267,7 +267,7 @@ component = "jsonl.wasm"
         assert_eq!(m.limits.memory_mb, 64);
         assert!(m.permissions.logging_dir);
         assert_eq!(m.component_path(), PathBuf::from("/p/jsonl/jsonl.wasm"));
-        assert_eq!(m.world_version(), "0.1.0");
+        assert_eq!(m.world_version(), "0.2.0");
     }
 
     #[test]

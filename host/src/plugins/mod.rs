@@ -20,6 +20,7 @@ mod sandbox;
 mod scheduler;
 mod stdio;
 mod tracker;
+mod wrap_policy;
 
 pub use bindings::{RunInfo, Value};
 pub use cache::ComponentCache;
@@ -32,6 +33,7 @@ pub use manifest::{Limits, Manifest, PluginKind};
 pub use registry::{Found, PluginSource, Registry, SearchPath};
 pub use scheduler::{load_scheduler, SchedulerPlugin};
 pub use tracker::{load_tracker, TrackerPlugin};
+pub use wrap_policy::{load_wrap_policy, WrapPolicyPlugin};
 
 /// Named values, as the WIT `entries` type.
 pub type Entries = Vec<(String, Value)>;

@@ -73,14 +73,14 @@ pub fn load_scheduler(
 /// The user's options plus the manifest's presets. A preset is what the
 /// plugin's name stands for (`cosine` presets `schedule = "cosine"`), so the
 /// user may not set it.
-fn with_presets(manifest: &Manifest, options_json: &str) -> Result<String, PluginError> {
+pub(super) fn with_presets(manifest: &Manifest, options_json: &str) -> Result<String, PluginError> {
     let refuse = |message: String| PluginError::Runtime {
         name: manifest.name.clone(),
         message,
     };
     let mut user: serde_json::Map<String, serde_json::Value> =
         serde_json::from_str(options_json)
-            .map_err(|e| refuse(format!("scheduler options are not a JSON object: {e}")))?;
+            .map_err(|e| refuse(format!("its options are not a JSON object: {e}")))?;
     let presets = serde_json::to_value(&manifest.options)
         .ok()
         .and_then(|v| v.as_object().cloned())
