@@ -4,46 +4,13 @@
 //! parent checks it against the values of the distributed issue.
 
 mod common;
-use common::scratch;
+use common::{mpirun, mpirun_ok, results, scratch, CHILD, OUT};
 
 use hearth::accelerator::Accelerator;
 use hearth::dist::{DistError, ReduceOp};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 use tch::{Device, Kind, Tensor};
-
-const CHILD: &str = "HEARTH_MPI_CHILD";
-
-/// Where the children write their results.
-const OUT: &str = "HEARTH_MPI_OUT";
-
-/// Runs `child` of this binary in `n` ranks under mpirun; the children
-/// write `rank_<r>.json` into `out`.
-fn mpirun(n: usize, child: &str, mode: &str, out: &std::path::Path) -> Output {
-    let exe = std::env::current_exe().unwrap();
-    let _ = std::fs::remove_dir_all(out);
-    std::fs::create_dir_all(out).unwrap();
-    Command::new("mpirun")
-        .args(["--oversubscribe", "-n", &n.to_string()])
-        .arg(exe)
-        .args(["--exact", child, "--nocapture", "--test-threads", "1"])
-        .env(CHILD, mode)
-        .env(OUT, out)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .output()
-        .expect("mpirun runs (Open MPI is installed by `make setup`)")
-}
-
-/// [`mpirun`], which must succeed (its stderr is the failure message).
-fn mpirun_ok(n: usize, child: &str, mode: &str, out: &std::path::Path) {
-    let run = mpirun(n, child, mode, out);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-}
 
 fn values(t: &Tensor) -> Vec<f64> {
     Vec::<f64>::try_from(t.to_kind(Kind::Double).view([-1])).unwrap()
@@ -310,15 +277,15 @@ fn child_ddp() {
     let parts: Vec<&str> = mode.split(':').collect();
     let (b, ga): (usize, usize) = (parts[1].parse().unwrap(), parts[2].parse().unwrap());
     let comm_hook = match parts[3] {
-        "bf16" => hearth::dist::CommHook::Bf16,
-        "fp16" => hearth::dist::CommHook::Fp16,
-        _ => hearth::dist::CommHook::No,
+        "bf16" => hearth::parallel::CommHook::Bf16,
+        "fp16" => hearth::parallel::CommHook::Fp16,
+        _ => hearth::parallel::CommHook::No,
     };
     let mut acc = Accelerator::builder()
         .cpu(true)
         .gradient_accumulation_steps(ga)
         .timeout(Duration::from_secs(60))
-        .ddp(hearth::dist::DdpOptions {
+        .ddp(hearth::parallel::DdpOptions {
             // Small buckets, so the two layers' gradients take several.
             bucket_cap_mb: 0.0002,
             comm_hook,
@@ -606,16 +573,6 @@ fn hearth_run_takes_its_backend_and_gradient_averaging_from_its_config() {
         plain["bytes"].as_u64().unwrap(),
         "{plain} {tuned}"
     );
-}
-
-fn results(dir: &std::path::Path, n: usize) -> Vec<serde_json::Value> {
-    (0..n)
-        .map(|r| {
-            let text = std::fs::read_to_string(dir.join(format!("rank_{r}.json")))
-                .unwrap_or_else(|e| panic!("rank {r} wrote no result: {e}"));
-            serde_json::from_str(&text).unwrap()
-        })
-        .collect()
 }
 
 #[test]

@@ -40,7 +40,9 @@ pub struct AcceleratorBuilder {
     scaler: GradScalerConfig,
     cpu_loss_scaling: bool,
     project: super::ProjectConfiguration,
-    ddp: crate::dist::DdpOptions,
+    ddp: crate::parallel::DdpOptions,
+    fsdp: Option<crate::parallel::FsdpPlugin>,
+    plugin_path: Option<crate::plugins::SearchPath>,
 }
 
 /// How prepared data loaders share batches between processes
@@ -86,6 +88,9 @@ pub enum BuildError {
     /// The process group could not be joined.
     #[error("cannot join the process group")]
     Dist(#[from] crate::dist::DistError),
+    /// A bad FSDP setting.
+    #[error(transparent)]
+    Fsdp(#[from] crate::parallel::FsdpError),
 }
 
 fn env_var<T>(
@@ -215,13 +220,41 @@ impl AcceleratorBuilder {
 
     /// How gradients are averaged across processes (Accelerate's
     /// `DistributedDataParallelKwargs`: bucket size, compression).
-    pub fn ddp(mut self, options: crate::dist::DdpOptions) -> Self {
+    pub fn ddp(mut self, options: crate::parallel::DdpOptions) -> Self {
         self.ddp = options;
+        self
+    }
+
+    /// Shards prepared models (Accelerate's `fsdp_plugin`): the fields
+    /// left unset are read from `HEARTH_FSDP_*` variables, then defaulted.
+    /// Without this, `HEARTH_USE_FSDP=true` turns FSDP on from the
+    /// environment alone. See [`crate::parallel::FsdpPlugin`].
+    pub fn fsdp(mut self, plugin: crate::parallel::FsdpPlugin) -> Self {
+        self.fsdp = Some(plugin);
+        self
+    }
+
+    /// Where plugins (the FSDP wrap policy) are looked for; default: the
+    /// standard search path (`HEARTH_PLUGIN_PATH`, the built-in set).
+    pub fn plugin_path(mut self, path: crate::plugins::SearchPath) -> Self {
+        self.plugin_path = Some(path);
         self
     }
 
     /// Creates the accelerator.
     pub fn build(self) -> Result<Accelerator, BuildError> {
+        use crate::parallel::FsdpPlugin;
+        let fsdp = match self.fsdp {
+            Some(plugin) => Some(
+                plugin
+                    .or(FsdpPlugin::from_env()?)
+                    .resolve("the FSDP plugin")?,
+            ),
+            None if FsdpPlugin::wanted_by_env() => {
+                Some(FsdpPlugin::from_env()?.resolve("the FSDP environment")?)
+            }
+            None => None,
+        };
         let mixed_precision = match self.mixed_precision {
             Some(m) => m,
             None => env_var("HEARTH_MIXED_PRECISION", str::parse)?.unwrap_or_default(),
@@ -282,6 +315,10 @@ impl AcceleratorBuilder {
             cpu_loss_scaling: self.cpu_loss_scaling,
             project: self.project,
             ddp: self.ddp,
+            fsdp,
+            plugin_path: self
+                .plugin_path
+                .unwrap_or_else(|| crate::plugins::SearchPath::standard(&[], None)),
         }))
     }
 }

@@ -352,12 +352,19 @@ impl Accelerator {
                 ))
             }
         };
+        // Every process takes part: a sharded optimizer gathers its
+        // whole state (the writers keep it).
+        let optimizer_states: Vec<OptimizerState> = self
+            .optimizers
+            .iter()
+            .map(|o| lock(o).inner.state_dict())
+            .collect();
         let Some(staged) = self.stage(&dest)? else {
             // A process that writes no checkpoint: its part is written.
             self.project.iteration += 1;
             return Ok(dest);
         };
-        let snapshot = self.snapshot(&dest, self.project.async_save)?;
+        let snapshot = self.snapshot(&dest, self.project.async_save, optimizer_states)?;
         let context = self.hook_context(&dest, self.project.iteration);
         let hooks = self.registered.hooks.clone();
         self.project.iteration += 1;
@@ -547,7 +554,12 @@ impl Accelerator {
     /// Everything a checkpoint holds, as owned data. With `copy`, tensors
     /// are copied even when already on the CPU, so training can go on
     /// changing them while a background thread writes.
-    fn snapshot(&self, dest: &Path, copy: bool) -> Result<Snapshot, CheckpointError> {
+    fn snapshot(
+        &self,
+        dest: &Path,
+        copy: bool,
+        optimizer_states: Vec<OptimizerState>,
+    ) -> Result<Snapshot, CheckpointError> {
         let own = |t: &Tensor| {
             let cpu = t.detach().to_device(Device::Cpu);
             if copy && t.device() == Device::Cpu {
@@ -563,8 +575,7 @@ impl Accelerator {
             |v: serde_json::Result<serde_json::Value>| v.expect("checkpoint JSON serialises");
         let models = self.registered.models.iter().map(|m| owned(m)).collect();
         let mut parts = Vec::new();
-        for (i, opt) in self.optimizers.iter().enumerate() {
-            let state = lock(opt).inner.state_dict();
+        for (i, state) in optimizer_states.into_iter().enumerate() {
             parts.push(Part::Tensors(
                 numbered("optimizer", i, "safetensors"),
                 owned(&state.tensors),

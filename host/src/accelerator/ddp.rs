@@ -1,10 +1,18 @@
 //! Data parallelism in the accelerator: prepared models start from rank 0's
 //! parameters, and `backward` averages their gradients across processes,
 //! overlapping the backward pass, unless inside `no_sync` (see
-//! [`crate::dist::GradientSync`]).
+//! [`crate::parallel::GradientSync`]). With FSDP's SHARD_GRAD_OP a model's
+//! gradients are reduce-scattered unit by unit instead, and an optimizer
+//! prepared after it steps only this process's shards.
 
+use super::sharding::{plan_units, ShardingError};
 use super::Accelerator;
-use crate::dist::{DdpOptions, DistError, GradientSync, ProcessGroup, Round, SyncStats};
+use crate::dist::{DistError, ProcessGroup};
+use crate::models::ModuleTree;
+use crate::optim::Optimizer;
+use crate::parallel::sharded::{ShardedOptimizer, UnitShard};
+use crate::parallel::{DdpOptions, FsdpSettings, GradientSync, Round, SyncStats};
+use crate::plugins::SearchPath;
 use std::cell::{Cell, RefCell};
 use tch::{TchError, Tensor};
 
@@ -22,7 +30,11 @@ pub enum BackwardError {
 /// The gradient averaging of every prepared model, and whether it is on.
 pub(super) struct DataParallel {
     options: DdpOptions,
+    pub(super) fsdp: Option<FsdpSettings>,
+    plugin_path: SearchPath,
     models: RefCell<Vec<GradientSync>>,
+    /// The units of every sharded model (handles), for the optimizers.
+    units: RefCell<Vec<UnitShard>>,
     /// Inside `no_sync`.
     pub(super) no_sync: Cell<bool>,
     /// Inside `trigger_sync_in_backward`.
@@ -30,10 +42,17 @@ pub(super) struct DataParallel {
 }
 
 impl DataParallel {
-    pub(super) fn new(options: DdpOptions) -> Self {
+    pub(super) fn new(
+        options: DdpOptions,
+        fsdp: Option<FsdpSettings>,
+        plugin_path: SearchPath,
+    ) -> Self {
         Self {
             options,
+            fsdp,
+            plugin_path,
             models: RefCell::default(),
+            units: RefCell::default(),
             no_sync: Cell::new(false),
             forced: Cell::new(false),
         }
@@ -77,6 +96,90 @@ impl DataParallel {
         Ok(())
     }
 
+    /// Shards the model `tree` describes (its `parameters` named): asks the
+    /// wrap policy for its units — also in a world of one, so that a bad
+    /// policy stops every run — and, with several processes, lays each
+    /// unit out in shards and reduce-scatters its gradients from now on.
+    /// Without sharding configured, [`register`](Self::register).
+    pub(super) fn register_model(
+        &self,
+        group: &dyn ProcessGroup,
+        tree: &ModuleTree,
+        parameters: Vec<(String, Tensor)>,
+    ) -> Result<(), ShardingError> {
+        let settings = match &self.fsdp {
+            Some(s) if s.sharding_strategy.shards() => s,
+            _ => {
+                let tensors = parameters.into_iter().map(|(_, p)| p).collect();
+                return Ok(self.register(group, tensors)?);
+            }
+        };
+        let plan = plan_units(tree, settings, &self.plugin_path)?;
+        let (rank, world) = (group.process_index(), group.num_processes());
+        let known = |p: &Tensor| {
+            self.units
+                .borrow()
+                .iter()
+                .flat_map(|u| u.params.iter().map(|q| q.full.data_ptr()))
+                .any(|q| q == p.data_ptr())
+        };
+        if world == 1 || parameters.iter().all(|(_, p)| known(p)) {
+            return Ok(());
+        }
+        let by_name: std::collections::HashMap<&str, &Tensor> =
+            parameters.iter().map(|(n, p)| (n.as_str(), p)).collect();
+        let units: Vec<UnitShard> = plan
+            .into_iter()
+            .map(|(path, names)| {
+                let params = names
+                    .into_iter()
+                    .filter_map(|n| by_name.get(n.as_str()).map(|p| (n, p.shallow_clone())))
+                    .collect();
+                UnitShard::new(path, params, rank, world)
+            })
+            .filter(|u| !u.params.is_empty())
+            .collect();
+        self.units
+            .borrow_mut()
+            .extend(units.iter().map(UnitShard::shallow_clone));
+        let sync = GradientSync::sharded(group, units, settings.sync_module_states)?;
+        self.models.borrow_mut().push(sync);
+        Ok(())
+    }
+
+    /// `inner` as it steps: over the shards of the sharded parameters it
+    /// holds (with a channel of its own among the processes), or
+    /// unchanged when none of its parameters is sharded.
+    pub(super) fn wrap_optimizer(
+        &self,
+        group: &dyn ProcessGroup,
+        inner: Box<dyn Optimizer>,
+    ) -> Result<Box<dyn Optimizer>, ShardingError> {
+        let params: Vec<usize> = inner
+            .parameters()
+            .iter()
+            .map(|p| p.data_ptr() as usize)
+            .collect();
+        let units: Vec<UnitShard> = self
+            .units
+            .borrow()
+            .iter()
+            .filter(|u| {
+                u.params
+                    .iter()
+                    .any(|p| params.contains(&(p.full.data_ptr() as usize)))
+            })
+            .map(UnitShard::shallow_clone)
+            .collect();
+        if units.is_empty() {
+            return Ok(inner);
+        }
+        let channel = group.duplicate()?;
+        let sharded =
+            ShardedOptimizer::new(inner, channel, units).map_err(ShardingError::Optimizer)?;
+        Ok(Box::new(sharded))
+    }
+
     /// Runs `backward` and averages the gradients of the prepared models,
     /// their buckets started as their gradients come in; outside a sync
     /// step (inside `no_sync`, not forced) only runs `backward`.
@@ -108,13 +211,20 @@ impl Accelerator {
             .fold(SyncStats::default(), |a, s| SyncStats {
                 syncs: a.syncs.max(s.syncs),
                 all_reduces: a.all_reduces + s.all_reduces,
+                reduce_scatters: a.reduce_scatters + s.reduce_scatters,
                 overlapped: a.overlapped + s.overlapped,
                 bytes: a.bytes + s.bytes,
             })
     }
 
-    /// Registers a prepared model's parameters for averaging.
-    pub(super) fn register_for_sync(&self, parameters: Vec<Tensor>) -> Result<(), DistError> {
-        self.ddp.register(self.process_group(), parameters)
+    /// Registers a prepared model's parameters for averaging, or shards
+    /// them when FSDP shards.
+    pub(super) fn register_for_sync(
+        &self,
+        tree: &ModuleTree,
+        parameters: Vec<(String, Tensor)>,
+    ) -> Result<(), ShardingError> {
+        self.ddp
+            .register_model(self.process_group(), tree, parameters)
     }
 }

@@ -77,7 +77,9 @@ pub(super) struct Settings {
     pub scaler: GradScalerConfig,
     pub cpu_loss_scaling: bool,
     pub project: ProjectConfiguration,
-    pub ddp: crate::dist::DdpOptions,
+    pub ddp: crate::parallel::DdpOptions,
+    pub fsdp: Option<crate::parallel::FsdpSettings>,
+    pub plugin_path: crate::plugins::SearchPath,
 }
 
 /// The random generators' states of a process (Accelerate saves them as
@@ -115,7 +117,7 @@ impl Accelerator {
             project: s.project,
             micro_steps: Default::default(),
             pending_save: None,
-            ddp: super::ddp::DataParallel::new(s.ddp),
+            ddp: super::ddp::DataParallel::new(s.ddp, s.fsdp, s.plugin_path),
             trigger: Default::default(),
         }
     }
@@ -129,10 +131,17 @@ impl Accelerator {
         objects.prepare_with(self)
     }
 
-    pub(super) fn wrap_optimizer(&mut self, inner: Box<dyn Optimizer>) -> AcceleratedOptimizer {
+    pub(super) fn wrap_optimizer(
+        &mut self,
+        inner: Box<dyn Optimizer>,
+    ) -> Result<AcceleratedOptimizer, PrepareError> {
+        let inner = self
+            .ddp
+            .wrap_optimizer(self.group.as_ref(), inner)
+            .map_err(PrepareError::Sharding)?;
         let opt = AcceleratedOptimizer::new(inner, self.state.clone(), self.scaler.clone());
         self.remember_optimizer(&opt);
-        opt
+        Ok(opt)
     }
 
     pub(super) fn remember_optimizer(&mut self, opt: &AcceleratedOptimizer) {
@@ -348,7 +357,15 @@ impl Accelerator {
             return Ok(None);
         }
         optimizer.unscale_gradients()?;
-        super::clip_grad_norm_(&optimizer.parameters(), max_norm).map(Some)
+        optimizer
+            .with_inner(|inner| {
+                super::grad::clip_grad_norm_across(
+                    &inner.parameters(),
+                    max_norm,
+                    inner.process_group(),
+                )
+            })
+            .map(Some)
     }
 
     /// Clamps every gradient of `optimizer` to `[-clip_value, clip_value]`

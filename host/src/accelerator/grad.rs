@@ -9,16 +9,43 @@ use tch::{Kind, TchError, Tensor};
 /// device (no host sync). Returns the total norm before clipping.
 /// Parameters without a gradient are skipped.
 pub fn clip_grad_norm_(parameters: &[Tensor], max_norm: f64) -> Result<Tensor, TchError> {
+    clip_grad_norm_across(parameters, max_norm, None)
+}
+
+/// [`clip_grad_norm_`] where `parameters` are this process's shards of
+/// parameters spread over `group`: the total norm is that of the whole
+/// gradients (the square root of the sum over processes of each one's
+/// squared norm), the same on every process, as FSDP's `clip_grad_norm_`.
+pub(super) fn clip_grad_norm_across(
+    parameters: &[Tensor],
+    max_norm: f64,
+    group: Option<&dyn crate::dist::ProcessGroup>,
+) -> Result<Tensor, TchError> {
     let grads: Vec<Tensor> = parameters
         .iter()
         .map(Tensor::grad)
-        .filter(Tensor::defined)
+        .filter(|g| g.defined() && g.numel() > 0)
         .collect();
+    let local = if grads.is_empty() {
+        Tensor::from(0.0f32)
+    } else {
+        let norms = ops::foreach_norm(&grads)?;
+        Tensor::f_stack(&norms, 0)?.f_norm()?.to_kind(Kind::Float)
+    };
+    let total = match group {
+        None if grads.is_empty() => return Ok(local),
+        None => local,
+        Some(group) => {
+            let mut squared = (&local * &local).to_device(tch::Device::Cpu);
+            group
+                .all_reduce(&mut squared, crate::dist::ReduceOp::Sum)
+                .map_err(|e| TchError::Torch(e.to_string()))?;
+            squared.sqrt().to_device(local.device())
+        }
+    };
     if grads.is_empty() {
-        return Ok(Tensor::from(0.0f32));
+        return Ok(total);
     }
-    let norms = ops::foreach_norm(&grads)?;
-    let total = Tensor::f_stack(&norms, 0)?.f_norm()?;
     let coef = (max_norm / (&total + 1e-6)).f_clamp_max(1.0)?;
     ops::foreach_mul_(&grads, &coef.to_kind(grads[0].kind()))?;
     Ok(total.to_kind(Kind::Float))

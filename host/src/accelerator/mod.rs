@@ -17,6 +17,7 @@ mod nested;
 mod optimizer;
 mod prepare;
 mod scheduler;
+mod sharding;
 mod state;
 mod trackers;
 
@@ -32,6 +33,7 @@ pub use nested::{TensorTree, TreeShape};
 pub use optimizer::AcceleratedOptimizer;
 pub use prepare::{Prepare, PrepareError};
 pub use scheduler::{AcceleratedScheduler, LrSchedule};
+pub use sharding::{plan_units, policy_units, MemoryStats, ShardingError};
 pub use state::GradientState;
 pub use trackers::TrackerHub;
 

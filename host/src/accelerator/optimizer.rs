@@ -29,6 +29,27 @@ pub(super) struct Core {
     pub(super) inner: Box<dyn Optimizer>,
     found_inf: Option<Tensor>,
     pub(super) skipped: bool,
+    /// Bytes of gradients and of optimizer state this process held at the
+    /// last step.
+    pub(super) held: Option<(u64, u64)>,
+}
+
+impl Core {
+    /// Steps the inner optimizer and notes what this process held then.
+    fn step(&mut self) -> Result<(), TchError> {
+        self.skipped = false;
+        let grads: u64 = self
+            .inner
+            .parameters()
+            .iter()
+            .map(Tensor::grad)
+            .filter(Tensor::defined)
+            .map(|g| (g.numel() * g.kind().elt_size_in_bytes()) as u64)
+            .sum();
+        self.inner.step()?;
+        self.held = Some((grads, self.inner.local_state_bytes()));
+        Ok(())
+    }
 }
 
 impl AcceleratedOptimizer {
@@ -41,6 +62,7 @@ impl AcceleratedOptimizer {
             inner,
             found_inf: None,
             skipped: false,
+            held: None,
         };
         Self {
             core: Arc::new(Mutex::new(core)),
@@ -63,17 +85,16 @@ impl AcceleratedOptimizer {
             return Ok(());
         }
         let Some(scaler) = self.scaler.clone() else {
-            let mut core = self.core();
-            core.skipped = false;
-            return core.inner.step();
+            return self.core().step();
         };
         self.unscale_gradients()?;
         let mut core = self.core();
         let found_inf = core.found_inf.take().expect("unscaled just above");
-        core.skipped = f64::try_from(found_inf.sum(tch::Kind::Float))? > 0.0;
-        if !core.skipped {
-            core.inner.step()?;
+        let skip = f64::try_from(found_inf.sum(tch::Kind::Float))? > 0.0;
+        if !skip {
+            core.step()?;
         }
+        core.skipped = skip;
         let updated = scaler.lock().unwrap().update(&found_inf);
         updated
     }
@@ -107,7 +128,15 @@ impl AcceleratedOptimizer {
         let mut core = self.core();
         if core.found_inf.is_none() {
             let grads: Vec<Tensor> = core.inner.parameters().iter().map(Tensor::grad).collect();
-            core.found_inf = Some(scaler.lock().unwrap().unscale_(&grads)?);
+            let mut found_inf = scaler.lock().unwrap().unscale_(&grads)?;
+            // A sharded optimizer sees its shards only: an overflow in any
+            // process's shard skips the step everywhere.
+            if let Some(group) = core.inner.process_group() {
+                group
+                    .all_reduce(&mut found_inf, crate::dist::ReduceOp::Max)
+                    .map_err(|e| TchError::Torch(e.to_string()))?;
+            }
+            core.found_inf = Some(found_inf);
         }
         Ok(())
     }

@@ -24,9 +24,10 @@ pub enum PrepareError {
         /// The number of processes.
         processes: usize,
     },
-    /// The processes could not agree on the model's starting parameters.
-    #[error("making every process start from rank 0's parameters failed")]
-    Dist(#[source] crate::dist::DistError),
+    /// The model could not be set up for data parallelism or sharding
+    /// (rank 0's parameters, the wrap policy, the units).
+    #[error("preparing the model for data parallelism or sharding failed")]
+    Sharding(#[source] super::ShardingError),
     /// A dispatching loader could not open its channel between processes.
     #[error("dispatch_batches: the processes could not open the loader's channel")]
     Dispatch(#[source] crate::dist::DistError),
@@ -49,7 +50,7 @@ macro_rules! optimizer {
         impl Prepare for $t {
             type Prepared = AcceleratedOptimizer;
             fn prepare_with(self, acc: &mut Accelerator) -> Result<AcceleratedOptimizer, PrepareError> {
-                Ok(acc.wrap_optimizer(Box::new(self)))
+                acc.wrap_optimizer(Box::new(self))
             }
         }
     )*};
@@ -59,7 +60,7 @@ optimizer!(Adam, Sgd);
 impl Prepare for Box<dyn Optimizer> {
     type Prepared = AcceleratedOptimizer;
     fn prepare_with(self, acc: &mut Accelerator) -> Result<AcceleratedOptimizer, PrepareError> {
-        Ok(acc.wrap_optimizer(self))
+        acc.wrap_optimizer(self)
     }
 }
 
@@ -78,8 +79,9 @@ macro_rules! model {
             fn prepare_with(self, acc: &mut Accelerator) -> Result<PreparedModel<$t>, PrepareError> {
                 let model = PreparedModel::new(self, acc.device(), acc.mixed_precision());
                 let parameters = model.named_parameters();
-                acc.register_for_sync(parameters.iter().map(|(_, p)| p.shallow_clone()).collect())
-                    .map_err(PrepareError::Dist)?;
+                let handles = parameters.iter().map(|(n, p)| (n.clone(), p.shallow_clone())).collect();
+                acc.register_for_sync(model.module_tree(), handles)
+                    .map_err(PrepareError::Sharding)?;
                 acc.remember_model(parameters);
                 Ok(model)
             }
@@ -95,8 +97,13 @@ impl Prepare for tch::nn::VarStore {
     fn prepare_with(mut self, acc: &mut Accelerator) -> Result<Self, PrepareError> {
         self.set_device(acc.device());
         let variables = crate::models::sorted_variables(&self);
-        acc.register_for_sync(variables.iter().map(|(_, p)| p.shallow_clone()).collect())
-            .map_err(PrepareError::Dist)?;
+        let tree = crate::models::ModuleTree::from_variables(&self.variables(), "Module", &[]);
+        let handles = variables
+            .iter()
+            .map(|(n, p)| (n.clone(), p.shallow_clone()))
+            .collect();
+        acc.register_for_sync(&tree, handles)
+            .map_err(PrepareError::Sharding)?;
         acc.remember_model(variables);
         Ok(self)
     }

@@ -2,7 +2,7 @@
 //! processes — under mpirun on CPUs, one process per GPU otherwise.
 
 use super::Failure;
-use crate::dist::{launch, LaunchMode, LaunchSpec};
+use crate::launch::{launch, LaunchMode, LaunchSpec};
 use std::ffi::OsString;
 use std::path::PathBuf;
 

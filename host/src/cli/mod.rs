@@ -5,6 +5,7 @@ mod checkpoint;
 mod config;
 mod env;
 mod launch;
+mod model;
 mod plugins;
 mod run;
 
@@ -45,6 +46,8 @@ enum Command {
     Env(env::EnvArgs),
     /// Write a default training config to start from.
     Config(config::ConfigArgs),
+    /// Plan a config's model: module tree, sharding units, bytes per process.
+    Model(model::ModelArgs),
 }
 
 fn init_logging() {
@@ -69,6 +72,7 @@ pub fn main() -> ExitCode {
         Command::Launch(args) => launch::execute(args),
         Command::Env(args) => env::execute(args),
         Command::Config(args) => config::execute(args),
+        Command::Model(args) => model::execute(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -2,12 +2,12 @@
 //!
 //! Every API in hearth is rank-aware; a single process is a world of size 1.
 //! Backends: MPI (CPU tensors) and, with the `cuda` feature, NCCL (CUDA
-//! tensors); the rendezvous store; the launcher.
+//! tensors); the rendezvous store; which launcher started this process.
+//! The strategies that use these groups (DDP, sharding) are in
+//! [`crate::parallel`]; `hearth launch` is in [`crate::launch`].
 
-mod grad_sync;
 mod join;
 mod launch_env;
-mod launcher;
 mod mpi;
 #[cfg(feature = "cuda")]
 mod nccl;
@@ -15,11 +15,8 @@ mod process_group;
 mod single;
 mod store;
 
-pub(crate) use grad_sync::Round;
-pub use grad_sync::{CommHook, DdpOptions, GradientSync, SyncStats, FIRST_BUCKET_MB};
 pub use join::{choose_backend, from_environment, Backend, DistributedType, Join, NCCL_BUILT};
 pub use launch_env::{LaunchEnv, LaunchEnvError, Launcher};
-pub use launcher::{launch, LaunchError, LaunchMode, LaunchSpec};
 pub use mpi::MpiGroup;
 #[cfg(feature = "cuda")]
 pub use nccl::{nccl_unavailable, NcclGroup, NcclPlace};

@@ -386,6 +386,36 @@ impl ProcessGroup for MpiGroup {
         scatter_rows(self, "reduce_scatter", tensor)?;
         self.start_reduction(tensor, op, true)?.wait()
     }
+    fn reduce_scatter_start(
+        &self,
+        tensor: &Tensor,
+        op: ReduceOp,
+    ) -> Result<Pending<'_>, DistError> {
+        scatter_rows(self, "reduce_scatter", tensor)?;
+        self.start_reduction(tensor, op, true)
+    }
+
+    fn all_gather_into(&self, tensor: &Tensor) -> Result<Tensor, DistError> {
+        let cpu = on_cpu("all_gather", tensor)?;
+        let bytes = crate::checkpoint::tensor_bytes(&cpu).to_vec();
+        let len = bytes.len();
+        let send = Leaked::new(bytes);
+        let recv = Leaked::new(vec![0u8; len * self.size]);
+        // SAFETY: as in start_reduce: the buffers are taken back only after
+        // the collective completed.
+        let joined = unsafe {
+            let request =
+                self.world
+                    .immediate_all_gather_into(StaticScope, &*send.get(), recv.get());
+            self.finish("all_gather", request)?;
+            drop(send.take());
+            recv.take()
+        };
+        let mut shape = vec![self.size as i64];
+        shape.extend(cpu.size());
+        Ok(Tensor::from_data_size(&joined, &shape, cpu.kind()))
+    }
+
     fn all_gather(&self, tensor: &Tensor) -> Result<Tensor, DistError> {
         let cpu = on_cpu("all_gather", tensor)?;
         let cpu = if cpu.dim() == 0 { cpu.view([1]) } else { cpu };

@@ -644,6 +644,29 @@ impl ProcessGroup for NcclGroup {
         Ok(back_to(out, tensor))
     }
 
+    fn reduce_scatter_start(
+        &self,
+        tensor: &Tensor,
+        op: ReduceOp,
+    ) -> Result<Pending<'_>, DistError> {
+        scatter_rows(self, "reduce_scatter", tensor)?;
+        let deadline = Instant::now() + self.timeout;
+        let (launched, out) = self.start_reduction("reduce_scatter", tensor, op, true, deadline)?;
+        let like = tensor.shallow_clone();
+        Ok(Pending::new(move || {
+            self.finish("reduce_scatter", launched, deadline)?;
+            Ok(back_to(out, &like))
+        }))
+    }
+
+    fn all_gather_into(&self, tensor: &Tensor) -> Result<Tensor, DistError> {
+        let mut shape = vec![self.place.world_size as i64];
+        shape.extend(tensor.size());
+        let flat = tensor.reshape([1, -1]);
+        let all = self.gather_equal("all_gather", &flat)?;
+        Ok(back_to(all.reshape(shape.as_slice()), tensor))
+    }
+
     fn all_gather(&self, tensor: &Tensor) -> Result<Tensor, DistError> {
         let rows = if tensor.dim() == 0 {
             tensor.view([1])

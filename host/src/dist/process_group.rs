@@ -138,6 +138,31 @@ pub trait ProcessGroup: Send {
         Ok(all.narrow(0, rows * self.process_index() as i64, rows))
     }
 
+    /// [`reduce_scatter`](Self::reduce_scatter) started without waiting
+    /// (as [`all_reduce_start`](Self::all_reduce_start)); the default
+    /// completes it at once.
+    fn reduce_scatter_start(
+        &self,
+        tensor: &Tensor,
+        op: ReduceOp,
+    ) -> Result<Pending<'_>, DistError> {
+        Ok(Pending::ready(self.reduce_scatter(tensor, op)?))
+    }
+
+    /// Every process's `tensor`, which has the same shape and kind on
+    /// every process, stacked along a new dimension 0 in rank order
+    /// (PyTorch's `all_gather_into_tensor`). Unlike
+    /// [`all_gather`](Self::all_gather) nothing is checked first: the
+    /// caller guarantees the layout (sharding does, by construction). The
+    /// default gathers through `all_gather`.
+    fn all_gather_into(&self, tensor: &Tensor) -> Result<Tensor, DistError> {
+        let mut shape = vec![self.num_processes() as i64];
+        shape.extend(tensor.size());
+        Ok(self
+            .all_gather(&tensor.reshape([1, -1]))?
+            .reshape(shape.as_slice()))
+    }
+
     /// Every process's `tensor` concatenated along dimension 0, in rank
     /// order; the sizes along dimension 0 may differ between processes,
     /// the other dimensions may not.

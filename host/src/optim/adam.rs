@@ -2,8 +2,8 @@
 //! and `torch.optim.AdamW(fused=True)`.
 
 use super::{
-    all_params, apply_groups, empty_slots, fill_slots, group_states, resolve, restore,
-    set_group_lrs, zero_grads, Group, IntoParamGroups, Optimizer, OptimizerState,
+    all_params, apply_groups, empty_slots, fill_slots, group_states, replace_group_params, resolve,
+    restore, set_group_lrs, zero_grads, Group, IntoParamGroups, Optimizer, OptimizerState,
 };
 use crate::ops::{self, AdamHyper};
 use tch::{Kind, TchError, Tensor};
@@ -82,6 +82,10 @@ impl Optimizer for Adam {
     }
     fn parameters(&self) -> Vec<Tensor> {
         all_params(&self.groups)
+    }
+    fn replace_parameters(&mut self, params: Vec<Tensor>) -> Result<(), String> {
+        let has_state = self.state.iter().flatten().any(Option::is_some);
+        replace_group_params(&mut self.groups, params, has_state)
     }
     fn state_dict(&self) -> OptimizerState {
         let mut tensors = Vec::new();

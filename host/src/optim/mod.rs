@@ -94,6 +94,30 @@ pub trait Optimizer: Send {
     /// that is still in use); an error names what does not fit.
     fn load_state_dict(&mut self, state: OptimizerState) -> Result<(), String>;
 
+    /// Moves the optimizer onto other tensors, one for each of its
+    /// parameters in the same order (sharding gives it each parameter's
+    /// shard). Refused once it has state, or by an optimizer that cannot.
+    fn replace_parameters(&mut self, params: Vec<Tensor>) -> Result<(), String> {
+        let _ = params;
+        Err("this optimizer cannot change its parameters, so it cannot be sharded".into())
+    }
+
+    /// The processes whose shards together make the parameters, for a
+    /// sharded optimizer: norms and overflow checks of its gradients must
+    /// combine across them. `None` when each process holds all.
+    fn process_group(&self) -> Option<&dyn crate::dist::ProcessGroup> {
+        None
+    }
+
+    /// Bytes of state this process holds (for memory reports).
+    fn local_state_bytes(&self) -> u64 {
+        self.state_dict()
+            .tensors
+            .iter()
+            .map(|(_, t)| (t.numel() * t.kind().elt_size_in_bytes()) as u64)
+            .sum()
+    }
+
     /// The learning rate of the first group.
     fn lr(&self) -> f64 {
         self.lrs()[0]
@@ -234,4 +258,30 @@ fn fill_slots<T>(slots: &mut [Vec<Option<T>>], restored: Vec<Option<T>>) {
 fn zero_grads(groups: &mut [Group]) {
     let params = all_params(groups);
     crate::ops::clear_grads(&params).expect("dropping gradients cannot fail");
+}
+
+/// Puts `params` in place of the parameters of `groups`, one for one;
+/// refused when `has_state` or the counts differ.
+fn replace_group_params(
+    groups: &mut [Group],
+    params: Vec<Tensor>,
+    has_state: bool,
+) -> Result<(), String> {
+    let count: usize = groups.iter().map(|g| g.params.len()).sum();
+    if params.len() != count {
+        return Err(format!(
+            "{} tensors given for {count} parameters",
+            params.len()
+        ));
+    }
+    if has_state {
+        return Err("the optimizer already took a step; prepare it before training".into());
+    }
+    let mut it = params.into_iter();
+    for g in groups.iter_mut() {
+        for p in g.params.iter_mut() {
+            *p = it.next().expect("counted above");
+        }
+    }
+    Ok(())
 }

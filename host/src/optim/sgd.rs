@@ -2,8 +2,8 @@
 //! `torch.optim.SGD(fused=True)`.
 
 use super::{
-    all_params, apply_groups, empty_slots, fill_slots, group_states, resolve, restore,
-    set_group_lrs, zero_grads, Group, IntoParamGroups, Optimizer, OptimizerState,
+    all_params, apply_groups, empty_slots, fill_slots, group_states, replace_group_params, resolve,
+    restore, set_group_lrs, zero_grads, Group, IntoParamGroups, Optimizer, OptimizerState,
 };
 use crate::ops::{self, SgdHyper};
 use tch::{TchError, Tensor};
@@ -75,6 +75,10 @@ impl Optimizer for Sgd {
     }
     fn parameters(&self) -> Vec<Tensor> {
         all_params(&self.groups)
+    }
+    fn replace_parameters(&mut self, params: Vec<Tensor>) -> Result<(), String> {
+        let has_state = self.buffers.iter().flatten().any(Option::is_some);
+        replace_group_params(&mut self.groups, params, has_state)
     }
     fn state_dict(&self) -> OptimizerState {
         let tensors = self

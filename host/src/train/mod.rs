@@ -4,10 +4,13 @@
 pub mod config;
 mod eval;
 mod loss;
+mod plan;
 mod progress;
 mod runner;
+mod setup;
 
 pub use config::{ConfigError, TrainConfig};
 pub use eval::Evaluation;
 pub use loss::lm_loss;
+pub use plan::{plan, PerProcess, Plan, PlannedModule};
 pub use runner::{run, RunOptions, RunSummary, TrainError};

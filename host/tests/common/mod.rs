@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
@@ -67,4 +67,50 @@ impl AsRef<std::ffi::OsStr> for Scratch {
     fn as_ref(&self) -> &std::ffi::OsStr {
         self.0.path().as_os_str()
     }
+}
+
+/// The variable that tells a test binary started by [`mpirun`] which child
+/// mode to run.
+pub const CHILD: &str = "HEARTH_MPI_CHILD";
+
+/// Where the children write their results.
+pub const OUT: &str = "HEARTH_MPI_OUT";
+
+/// Runs `child` of this binary in `n` ranks under mpirun; the children
+/// write `rank_<r>.json` into `out`.
+pub fn mpirun(n: usize, child: &str, mode: &str, out: &std::path::Path) -> Output {
+    let exe = std::env::current_exe().unwrap();
+    let _ = std::fs::remove_dir_all(out);
+    std::fs::create_dir_all(out).unwrap();
+    Command::new("mpirun")
+        .args(["--oversubscribe", "-n", &n.to_string()])
+        .arg(exe)
+        .args(["--exact", child, "--nocapture", "--test-threads", "1"])
+        .env(CHILD, mode)
+        .env(OUT, out)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .expect("mpirun runs (Open MPI is installed by `make setup`)")
+}
+
+/// [`mpirun`], which must succeed (its stderr is the failure message).
+pub fn mpirun_ok(n: usize, child: &str, mode: &str, out: &std::path::Path) {
+    let run = mpirun(n, child, mode, out);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
+
+/// The `rank_<r>.json` results of `n` ranks in `dir`.
+pub fn results(dir: &std::path::Path, n: usize) -> Vec<serde_json::Value> {
+    (0..n)
+        .map(|r| {
+            let text = std::fs::read_to_string(dir.join(format!("rank_{r}.json")))
+                .unwrap_or_else(|e| panic!("rank {r} wrote no result: {e}"));
+            serde_json::from_str(&text).unwrap()
+        })
+        .collect()
 }

@@ -4,7 +4,8 @@
 //! started as one of several (no mpirun, srun or torchrun variables) ignores it.
 
 use super::{ConfigError, Invalid};
-use crate::dist::{Backend, CommHook, DdpOptions};
+use crate::dist::Backend;
+use crate::parallel::{CommHook, DdpOptions};
 use serde::Deserialize;
 
 /// The `[distributed]` section.

@@ -17,6 +17,7 @@ mod data;
 mod distributed;
 mod error;
 mod eval;
+mod fsdp;
 mod model;
 mod optimizer;
 mod run;
@@ -28,6 +29,7 @@ pub use data::{DataKind, DataSection};
 pub use distributed::DistributedSection;
 pub use error::ConfigError;
 pub use eval::EvalSection;
+pub use fsdp::FsdpSection;
 pub use model::{ModelKind, ModelSection};
 pub use optimizer::{OptimizerKind, OptimizerSection};
 pub use run::{DeviceChoice, RunSection};
@@ -63,6 +65,9 @@ pub struct TrainConfig {
     /// multi-process run.
     #[serde(default)]
     pub distributed: DistributedSection,
+    /// `[fsdp]`: sharded data parallelism (FSDP); absent, DDP.
+    #[serde(default)]
+    pub fsdp: Option<FsdpSection>,
     /// `[[checkpoint-hooks]]`: checkpoint hook plugins, in the order they run.
     #[serde(default)]
     pub checkpoint_hooks: Vec<CheckpointHookSection>,
@@ -106,6 +111,9 @@ impl TrainConfig {
         self.distributed.validate(&invalid)?;
         if let Some(s) = &self.scheduler {
             s.validate(&invalid)?;
+        }
+        if let Some(f) = &self.fsdp {
+            f.validate(&invalid)?;
         }
         let trackers = self.trackers.iter().map(|t| t.name.as_str());
         plugin_names("trackers", "tracker", trackers, &invalid)?;
@@ -236,7 +244,7 @@ lr = 0.01
     #[test]
     fn the_distributed_section_sets_backend_timeout_and_ddp() {
         let c = parse(GOOD).unwrap();
-        assert_eq!(c.distributed.ddp(), crate::dist::DdpOptions::default());
+        assert_eq!(c.distributed.ddp(), crate::parallel::DdpOptions::default());
         assert_eq!(c.distributed.timeout(), None);
         let c = parse(&format!(
             "{GOOD}[distributed]\nbackend = \"nccl\"\ntimeout = 90\nbucket-cap-mb = 4\ncomm-hook = \"fp16\"\nsave-on-each-node = true\n"
@@ -248,7 +256,10 @@ lr = 0.01
             Some(std::time::Duration::from_secs(90))
         );
         assert_eq!(c.distributed.ddp().bucket_cap_mb, 4.0);
-        assert_eq!(c.distributed.ddp().comm_hook, crate::dist::CommHook::Fp16);
+        assert_eq!(
+            c.distributed.ddp().comm_hook,
+            crate::parallel::CommHook::Fp16
+        );
         assert!(c.distributed.save_on_each_node);
         for (bad, key) in [
             ("timeout = 0", "distributed.timeout"),

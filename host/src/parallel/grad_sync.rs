@@ -1,7 +1,9 @@
-//! Data-parallel gradient averaging (PyTorch's `DistributedDataParallel`):
-//! every process starts from rank 0's parameters, and after a backward pass
-//! that ends an accumulation group the gradients are averaged across
-//! processes, in buckets of about `bucket_cap_mb`.
+//! The gradient round both strategies share: every process starts from
+//! rank 0's parameters, and after a backward pass that ends an accumulation
+//! group the gradients are reduced across processes bucket by bucket — DDP
+//! all-reduces buckets of about `bucket_cap_mb` to their mean on every
+//! process ([`super::ddp`]); sharding reduce-scatters one unit per bucket,
+//! each process keeping the mean of the rows it owns ([`super::sharded`]).
 //!
 //! The buckets first follow the parameters in reverse order (DDP's guess at
 //! the order backward produces gradients); after the first sync they are
@@ -14,60 +16,43 @@
 //! What is not ready when backward returns (a parameter without a gradient
 //! on this process, say) starts then; the round then waits for all of them.
 
-use super::{DistError, Pending, ProcessGroup, ReduceOp};
+use super::ddp::{self, DdpOptions};
+use super::sharded::UnitShard;
+use crate::dist::{DistError, Pending, ProcessGroup};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use tch::{Kind, Tensor};
-
-/// How gradients are compressed for the all-reduce (Accelerate's
-/// `DDPCommunicationHookType`): the 16-bit hooks divide by the number of
-/// processes, cast to half or bfloat16, sum, and cast back — half the bytes
-/// on the wire, at 16-bit precision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CommHook {
-    /// Full-precision gradients.
-    #[default]
-    No,
-    /// IEEE half precision on the wire (`fp16_compress_hook`).
-    Fp16,
-    /// bfloat16 on the wire (`bf16_compress_hook`).
-    Bf16,
-}
-
-/// The data-parallel settings that apply to hearth (Accelerate's
-/// `DistributedDataParallelKwargs`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct DdpOptions {
-    /// Gradients are averaged in buckets of about this many MiB (25, as
-    /// PyTorch's default; left at 25, the first bucket holds at most
-    /// [`FIRST_BUCKET_MB`] as DDP's does).
-    pub bucket_cap_mb: f64,
-    /// Compression of the gradients on the wire.
-    pub comm_hook: CommHook,
-}
-
-impl Default for DdpOptions {
-    fn default() -> Self {
-        Self {
-            bucket_cap_mb: 25.0,
-            comm_hook: CommHook::No,
-        }
-    }
-}
 
 /// What gradient averaging has done so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SyncStats {
     /// Times the gradients were averaged (one per optimizer step).
     pub syncs: u64,
-    /// All-reduces started (buckets × syncs).
+    /// All-reduces started (buckets × syncs; DDP).
     pub all_reduces: u64,
+    /// Reduce-scatters started (units × syncs; sharding).
+    pub reduce_scatters: u64,
     /// Of those, the ones started inside backward while gradients were
     /// still to come: communication overlapping computation.
     pub overlapped: u64,
-    /// Bytes this process sent into those all-reduces.
+    /// Bytes this process sent into those collectives.
     pub bytes: u64,
+}
+
+/// A fresh id for a model's hooks.
+fn next_id() -> u64 {
+    static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// What a bucket's collective does.
+pub(crate) enum Reduction {
+    /// DDP: every process gets the mean of every gradient.
+    AllReduce(DdpOptions),
+    /// Sharding: one bucket per unit (`units[b]` is bucket `b`), each
+    /// process keeps the mean of its rows as its shard's gradient and the
+    /// whole gradients are dropped.
+    ReduceScatter(Vec<UnitShard>),
 }
 
 /// The gradient averaging of one prepared model.
@@ -83,7 +68,7 @@ pub struct GradientSync {
     bucket_of: Vec<usize>,
     /// The buckets were rebuilt in the order gradients came in.
     rebuilt: bool,
-    options: DdpOptions,
+    reduction: Reduction,
     stats: SyncStats,
 }
 
@@ -96,8 +81,7 @@ impl GradientSync {
         mut parameters: Vec<Tensor>,
         options: DdpOptions,
     ) -> Result<Self, DistError> {
-        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let id = next_id();
         // Backward produces the last parameters' gradients first: the
         // first guess at the order, until a backward pass shows the real one.
         parameters.reverse();
@@ -108,21 +92,80 @@ impl GradientSync {
             bucket_of: Vec::new(),
             params: parameters,
             rebuilt: false,
-            options,
+            reduction: Reduction::AllReduce(options),
             stats: SyncStats::default(),
         };
         sync.set_buckets(&order);
-        for b in 0..sync.buckets.len() {
-            let bucket = sync.bucket(b);
-            let mut flat = tch::no_grad(|| flatten(bucket.iter().map(|p| p.detach())));
+        sync.start_from_rank_0(group)?;
+        sync.hook(id);
+        Ok(sync)
+    }
+
+    /// The sharded reduction of `units` (laid out for this process): one
+    /// bucket per unit, the last unit first (backward reaches it first);
+    /// with `sync_module_states` every process starts from rank 0's
+    /// parameters.
+    pub fn sharded(
+        group: &dyn ProcessGroup,
+        units: Vec<UnitShard>,
+        sync_module_states: bool,
+    ) -> Result<Self, DistError> {
+        let id = next_id();
+        let mut units = units;
+        units.reverse();
+        let mut params = Vec::new();
+        let mut buckets = Vec::new();
+        for unit in &units {
+            let start = params.len();
+            params.extend(unit.params.iter().map(|p| p.full.shallow_clone()));
+            buckets.push((start..params.len()).collect());
+        }
+        let mut sync = Self {
+            id,
+            bucket_of: Vec::new(),
+            buckets,
+            params,
+            rebuilt: false,
+            reduction: Reduction::ReduceScatter(units),
+            stats: SyncStats::default(),
+        };
+        sync.index_buckets();
+        if sync_module_states {
+            sync.start_from_rank_0(group)?;
+        }
+        sync.hook(id);
+        Ok(sync)
+    }
+
+    /// The units of a sharded reduction, in bucket order.
+    pub fn units(&self) -> &[UnitShard] {
+        match &self.reduction {
+            Reduction::ReduceScatter(units) => units,
+            Reduction::AllReduce(_) => &[],
+        }
+    }
+
+    /// Overwrites every parameter with rank 0's, bucket by bucket.
+    fn start_from_rank_0(&self, group: &dyn ProcessGroup) -> Result<(), DistError> {
+        if group.num_processes() == 1 {
+            return Ok(());
+        }
+        for b in 0..self.buckets.len() {
+            let bucket = self.bucket(b);
+            let mut flat = tch::no_grad(|| ddp::flatten(bucket.iter().map(|p| p.detach())));
             group.broadcast(&mut flat, 0)?;
             tch::no_grad(|| {
-                for (p, value) in bucket.iter().zip(unflatten(&flat, &bucket)) {
+                for (p, value) in bucket.iter().zip(ddp::unflatten(&flat, &bucket)) {
                     p.detach().copy_(&value);
                 }
             });
         }
-        for (index, p) in sync.params.iter().enumerate() {
+        Ok(())
+    }
+
+    /// Puts the gradient hook on every parameter.
+    fn hook(&self, id: u64) {
+        for (index, p) in self.params.iter().enumerate() {
             // Without its hook a parameter is never reported ready: its
             // bucket then starts after backward, which is still correct.
             if let Err(e) =
@@ -131,7 +174,6 @@ impl GradientSync {
                 tracing::warn!("gradient hook not set, its bucket waits for backward: {e}");
             }
         }
-        Ok(sync)
     }
 
     /// The parameters averaged.
@@ -160,7 +202,15 @@ impl GradientSync {
 
     /// Cuts the parameters, taken in `order`, into buckets.
     fn set_buckets(&mut self, order: &[usize]) {
-        self.buckets = buckets(order, &self.params, self.options.bucket_cap_mb);
+        let Reduction::AllReduce(options) = &self.reduction else {
+            unreachable!("only DDP cuts buckets by size")
+        };
+        self.buckets = ddp::buckets(order, &self.params, options.bucket_cap_mb);
+        self.index_buckets();
+    }
+
+    /// Notes the bucket of each parameter.
+    fn index_buckets(&mut self) {
         self.bucket_of = vec![0; self.params.len()];
         for (b, bucket) in self.buckets.iter().enumerate() {
             for &i in bucket {
@@ -208,7 +258,28 @@ impl GradientSync {
                 ),
             });
         }
-        self.set_buckets(&order);
+        match &mut self.reduction {
+            Reduction::AllReduce(_) => self.set_buckets(&order),
+            Reduction::ReduceScatter(units) => {
+                // Units keep their parameters; they start in the order
+                // their last gradient came in.
+                let mut position = vec![0; self.params.len()];
+                for (at, &i) in order.iter().enumerate() {
+                    position[i] = at;
+                }
+                let last = |b: &Vec<usize>| b.iter().map(|&i| position[i]).max().unwrap_or(0);
+                let mut pairs: Vec<(Vec<usize>, UnitShard)> = std::mem::take(&mut self.buckets)
+                    .into_iter()
+                    .zip(units.drain(..))
+                    .collect();
+                pairs.sort_by_key(|(b, _)| last(b));
+                for (bucket, unit) in pairs {
+                    self.buckets.push(bucket);
+                    units.push(unit);
+                }
+                self.index_buckets();
+            }
+        }
         Ok(())
     }
 }
@@ -327,30 +398,15 @@ impl<'s, 'g> Round<'s, 'g> {
             if started.after_gradients.is_some_and(|n| n < reported) {
                 model.stats.overlapped += 1;
             }
-            let bucket = model.bucket(started.bucket);
-            let mean = started.pending.wait()?.to_kind(started.kind);
-            let n = bucket.len() as i64;
-            let values = mean.narrow(0, 0, mean.size()[0] - n);
-            let flags = mean.narrow(0, mean.size()[0] - n, n).to_kind(Kind::Float);
-            let flags = Vec::<f32>::try_from(&flags).expect("flags convert to f32");
-            tch::no_grad(|| -> Result<(), DistError> {
-                for ((p, value), flag) in bucket.iter().zip(unflatten(&values, &bucket)).zip(flags)
-                {
-                    let mut g = p.grad();
-                    if g.defined() {
-                        g.copy_(&value);
-                    } else if flag > 0.0 {
-                        crate::ops::set_grad(p, &value.contiguous()).map_err(|e| {
-                            DistError::Mismatch {
-                                op: "gradient sync",
-                                rank: group.process_index(),
-                                message: e.to_string(),
-                            }
-                        })?;
-                    }
+            let reduced = started.pending.wait()?.to_kind(started.kind);
+            match &model.reduction {
+                Reduction::AllReduce(_) => {
+                    ddp::write_means(group, &model.bucket(started.bucket), &reduced)?
                 }
-                Ok(())
-            })?;
+                Reduction::ReduceScatter(units) => {
+                    super::sharded::write_gradient_shard(group, &units[started.bucket], &reduced)?
+                }
+            }
         }
         for (model, arrived) in self.models.iter_mut().zip(&self.arrived) {
             model.stats.syncs += 1;
@@ -366,14 +422,25 @@ impl<'s, 'g> Round<'s, 'g> {
     fn start_next(&mut self, after_gradients: Option<usize>) -> Result<(), DistError> {
         let (m, b) = self.next;
         let model = &mut self.models[m];
-        let bucket = model.bucket(b);
-        let (pending, kind) = start(self.group, model.options, &bucket)?;
-        model.stats.all_reduces += 1;
-        let wire_bytes = match model.options.comm_hook {
-            CommHook::No => kind.elt_size_in_bytes(),
-            _ => 2,
+        let (pending, kind) = match &model.reduction {
+            Reduction::AllReduce(options) => {
+                let bucket = model.bucket(b);
+                let (pending, kind) = ddp::start(self.group, *options, &bucket)?;
+                model.stats.all_reduces += 1;
+                let wire_bytes = match options.comm_hook {
+                    ddp::CommHook::No => kind.elt_size_in_bytes(),
+                    _ => 2,
+                };
+                model.stats.bytes += (ddp::flat_len(&bucket) * wire_bytes) as u64;
+                (pending, kind)
+            }
+            Reduction::ReduceScatter(units) => {
+                let (pending, kind, bytes) = super::sharded::start(self.group, &units[b])?;
+                model.stats.reduce_scatters += 1;
+                model.stats.bytes += bytes;
+                (pending, kind)
+            }
         };
-        model.stats.bytes += (flat_len(&bucket) * wire_bytes) as u64;
         self.started.push(Started {
             model: m,
             bucket: b,
@@ -463,112 +530,11 @@ extern "C" fn gradient_accumulated(id: u64, index: u64) {
     }));
 }
 
-/// Packs `bucket`'s gradients and a flag per parameter (1 where this
-/// process has a gradient) into one tensor and starts its all-reduce.
-fn start<'g>(
-    group: &'g dyn ProcessGroup,
-    options: DdpOptions,
-    bucket: &[Tensor],
-) -> Result<(Pending<'g>, Kind), DistError> {
-    let world = group.num_processes() as f64;
-    let (flat, kind) = tch::no_grad(|| {
-        let grads: Vec<Tensor> = bucket.iter().map(Tensor::grad).collect();
-        let had: Vec<f32> = grads
-            .iter()
-            .map(|g| if g.defined() { 1.0 } else { 0.0 })
-            .collect();
-        let (kind, device) = (bucket[0].kind(), bucket[0].device());
-        // All ones (always so inside backward) needs no copy from the host,
-        // which would wait for the device.
-        let flags = if had.iter().all(|&h| h == 1.0) {
-            Tensor::ones([had.len() as i64], (kind, device))
-        } else {
-            Tensor::from_slice(&had).to_device(device).to_kind(kind)
-        };
-        let mut parts: Vec<Tensor> = grads
-            .into_iter()
-            .zip(bucket)
-            .map(|(g, p)| if g.defined() { g } else { p.zeros_like() }.reshape([-1]))
-            .collect();
-        parts.push(flags);
-        // One copy: the gradients and their flags together.
-        (Tensor::cat(&parts, 0), kind)
-    });
-    let pending = match options.comm_hook {
-        CommHook::No => group.all_reduce_start(&flat, ReduceOp::Mean),
-        hook => {
-            let wire = if hook == CommHook::Fp16 {
-                Kind::Half
-            } else {
-                Kind::BFloat16
-            };
-            group.all_reduce_start(&(flat / world).to_kind(wire), ReduceOp::Sum)
-        }
-    }?;
-    Ok((pending, kind))
-}
-
-/// With the default bucket size, the first bucket holds at most this many
-/// MiB, so that its all-reduce starts early in backward (DDP's
-/// `_DEFAULT_FIRST_BUCKET_BYTES`, used when `bucket_cap_mb` is left unset).
-pub const FIRST_BUCKET_MB: f64 = 1.0;
-
-/// Cuts `params`, taken in `order`, into buckets of at most `cap_mb` MiB
-/// (a larger parameter is a bucket of its own) holding one kind and device;
-/// with the default cap the first bucket holds at most [`FIRST_BUCKET_MB`].
-fn buckets(order: &[usize], params: &[Tensor], cap_mb: f64) -> Vec<Vec<usize>> {
-    let bytes_of = |mb: f64| (mb * 1024.0 * 1024.0).max(1.0) as usize;
-    let cap = bytes_of(cap_mb);
-    let first_cap = if cap_mb == DdpOptions::default().bucket_cap_mb {
-        bytes_of(FIRST_BUCKET_MB)
-    } else {
-        cap
-    };
-    let mut out: Vec<Vec<usize>> = Vec::new();
-    let mut filled = 0usize;
-    for &i in order {
-        let p = &params[i];
-        let bytes = p.numel() * p.kind().elt_size_in_bytes();
-        let limit = if out.len() == 1 { first_cap } else { cap };
-        let fits = out.last().is_some_and(|b: &Vec<usize>| {
-            let q = &params[b[0]];
-            q.kind() == p.kind() && q.device() == p.device() && filled + bytes <= limit
-        });
-        if fits {
-            filled += bytes;
-            out.last_mut().expect("checked above").push(i);
-        } else {
-            filled = bytes;
-            out.push(vec![i]);
-        }
-    }
-    out
-}
-
-fn flat_len(bucket: &[Tensor]) -> usize {
-    bucket.iter().map(Tensor::numel).sum::<usize>() + bucket.len()
-}
-
-/// The tensors as one 1-d tensor.
-fn flatten(tensors: impl Iterator<Item = Tensor>) -> Tensor {
-    let flat: Vec<Tensor> = tensors.map(|t| t.reshape([-1])).collect();
-    Tensor::cat(&flat, 0)
-}
-
-/// Views of `flat` shaped as each of `like`.
-fn unflatten<'a>(flat: &'a Tensor, like: &'a [Tensor]) -> impl Iterator<Item = Tensor> + 'a {
-    let mut at = 0i64;
-    like.iter().map(move |p| {
-        let n = p.numel() as i64;
-        let part = flat.narrow(0, at, n).view(p.size().as_slice());
-        at += n;
-        part
-    })
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::ddp::{buckets, CommHook};
     use super::*;
+    use crate::dist::ReduceOp;
     use crate::dist::SingleProcess;
     use tch::Device;
 

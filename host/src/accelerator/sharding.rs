@@ -1,0 +1,100 @@
+//! Sharding in the accelerator: which units a prepared model is cut into
+//! (the configured wrap-policy plugin, asked once per model), and what
+//! each process then holds (`hearth model plan`, `summary.json`'s memory).
+
+use crate::models::ModuleTree;
+use crate::parallel::sharded::{assign_except, UnitError};
+use crate::parallel::FsdpSettings;
+use crate::plugins::{load_wrap_policy, PluginError, Registry, SearchPath};
+
+/// Why a model could not be sharded.
+#[derive(Debug, thiserror::Error)]
+pub enum ShardingError {
+    /// The wrap policy could not be found, loaded or asked.
+    #[error("the FSDP wrap policy failed")]
+    Policy(#[from] PluginError),
+    /// The units or ignored modules do not fit the model.
+    #[error(transparent)]
+    Units(#[from] UnitError),
+    /// The processes could not set the sharding up.
+    #[error("setting up sharding across processes failed")]
+    Dist(#[from] crate::dist::DistError),
+    /// The optimizer cannot step shards.
+    #[error("the optimizer cannot be sharded: {0}")]
+    Optimizer(String),
+}
+
+/// The module paths the configured policy wraps in `tree` (the root not
+/// listed), from the plugin named by `settings` on `search`.
+pub fn policy_units(
+    tree: &ModuleTree,
+    settings: &FsdpSettings,
+    search: &SearchPath,
+) -> Result<Vec<String>, ShardingError> {
+    let registry = Registry::discover(search)?;
+    let found = registry.find(&settings.auto_wrap_policy)?;
+    let policy = load_wrap_policy(&found.manifest)?;
+    let mut units = policy.units(&settings.policy_options.to_string(), tree)?;
+    units.retain(|p| !p.is_empty());
+    Ok(units)
+}
+
+/// The units of `tree` under `settings` — each unit's path (the root `""`
+/// first) and the names of the parameters it shards — leaving out ignored
+/// modules and units that hold nothing.
+pub fn plan_units(
+    tree: &ModuleTree,
+    settings: &FsdpSettings,
+    search: &SearchPath,
+) -> Result<Vec<(String, Vec<String>)>, ShardingError> {
+    let paths = policy_units(tree, settings, search)?;
+    let mut units = assign_except(tree, &paths, &settings.ignored_modules)?;
+    units.retain(|(path, names)| path.is_empty() || !names.is_empty());
+    Ok(units)
+}
+
+/// What this process holds for training, in bytes (`summary.json`'s
+/// `memory`): measured from the tensors hearth holds, at the last
+/// optimizer step (gradients before they were dropped).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MemoryStats {
+    /// Parameters of the prepared models (whole ones: DDP and SHARD_GRAD_OP
+    /// keep them whole on every process).
+    pub param_bytes: u64,
+    /// Gradients the optimizers stepped from (this process's shards when
+    /// sharded).
+    pub grad_bytes: u64,
+    /// Optimizer state (this process's shards when sharded).
+    pub optimizer_bytes: u64,
+}
+
+impl super::Accelerator {
+    /// What this process holds: parameters, gradients and optimizer
+    /// state, in bytes (gradients and state as of the last optimizer step).
+    pub fn memory_stats(&self) -> MemoryStats {
+        let mut seen = std::collections::HashSet::new();
+        let param_bytes = self
+            .registered
+            .models
+            .iter()
+            .flatten()
+            .filter(|(_, t)| seen.insert(t.data_ptr() as usize))
+            .map(|(_, t)| (t.numel() * t.kind().elt_size_in_bytes()) as u64)
+            .sum();
+        let (grad_bytes, optimizer_bytes) = self
+            .optimizers
+            .iter()
+            .filter_map(|o| super::lock(o).held)
+            .fold((0, 0), |(g, s), (g1, s1)| (g + g1, s + s1));
+        MemoryStats {
+            param_bytes,
+            grad_bytes,
+            optimizer_bytes,
+        }
+    }
+
+    /// The FSDP settings this accelerator shards with, if any.
+    pub fn fsdp_settings(&self) -> Option<&FsdpSettings> {
+        self.ddp.fsdp.as_ref()
+    }
+}

@@ -1,0 +1,8 @@
+//! `hearth launch`: starting the processes of a job (through `mpirun` on
+//! the CPU, one spawned process per GPU otherwise) and supervising them.
+//! A command, not a process group: the groups the processes then join are
+//! in [`crate::dist`].
+
+mod launcher;
+
+pub use launcher::{launch, LaunchError, LaunchMode, LaunchSpec};

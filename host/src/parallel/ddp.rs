@@ -1,0 +1,181 @@
+//! DDP's side of the gradient round (PyTorch's `DistributedDataParallel`):
+//! gradients cut into buckets of about `bucket_cap_mb`, each bucket's
+//! gradients all-reduced to their mean on every process, optionally
+//! compressed to 16 bits on the wire.
+
+use crate::dist::{DistError, Pending, ProcessGroup, ReduceOp};
+use tch::{Kind, Tensor};
+
+/// How gradients are compressed for the all-reduce (Accelerate's
+/// `DDPCommunicationHookType`): the 16-bit hooks divide by the number of
+/// processes, cast to half or bfloat16, sum, and cast back — half the bytes
+/// on the wire, at 16-bit precision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CommHook {
+    /// Full-precision gradients.
+    #[default]
+    No,
+    /// IEEE half precision on the wire (`fp16_compress_hook`).
+    Fp16,
+    /// bfloat16 on the wire (`bf16_compress_hook`).
+    Bf16,
+}
+
+/// The data-parallel settings that apply to hearth (Accelerate's
+/// `DistributedDataParallelKwargs`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DdpOptions {
+    /// Gradients are averaged in buckets of about this many MiB (25, as
+    /// PyTorch's default; left at 25, the first bucket holds at most
+    /// [`FIRST_BUCKET_MB`] as DDP's does).
+    pub bucket_cap_mb: f64,
+    /// Compression of the gradients on the wire.
+    pub comm_hook: CommHook,
+}
+
+impl Default for DdpOptions {
+    fn default() -> Self {
+        Self {
+            bucket_cap_mb: 25.0,
+            comm_hook: CommHook::No,
+        }
+    }
+}
+
+/// Packs `bucket`'s gradients and a flag per parameter (1 where this
+/// process has a gradient) into one tensor and starts its all-reduce.
+pub(super) fn start<'g>(
+    group: &'g dyn ProcessGroup,
+    options: DdpOptions,
+    bucket: &[Tensor],
+) -> Result<(Pending<'g>, Kind), DistError> {
+    let world = group.num_processes() as f64;
+    let (flat, kind) = tch::no_grad(|| {
+        let grads: Vec<Tensor> = bucket.iter().map(Tensor::grad).collect();
+        let had: Vec<f32> = grads
+            .iter()
+            .map(|g| if g.defined() { 1.0 } else { 0.0 })
+            .collect();
+        let (kind, device) = (bucket[0].kind(), bucket[0].device());
+        // All ones (always so inside backward) needs no copy from the host,
+        // which would wait for the device.
+        let flags = if had.iter().all(|&h| h == 1.0) {
+            Tensor::ones([had.len() as i64], (kind, device))
+        } else {
+            Tensor::from_slice(&had).to_device(device).to_kind(kind)
+        };
+        let mut parts: Vec<Tensor> = grads
+            .into_iter()
+            .zip(bucket)
+            .map(|(g, p)| if g.defined() { g } else { p.zeros_like() }.reshape([-1]))
+            .collect();
+        parts.push(flags);
+        // One copy: the gradients and their flags together.
+        (Tensor::cat(&parts, 0), kind)
+    });
+    let pending = match options.comm_hook {
+        CommHook::No => group.all_reduce_start(&flat, ReduceOp::Mean),
+        hook => {
+            let wire = if hook == CommHook::Fp16 {
+                Kind::Half
+            } else {
+                Kind::BFloat16
+            };
+            group.all_reduce_start(&(flat / world).to_kind(wire), ReduceOp::Sum)
+        }
+    }?;
+    Ok((pending, kind))
+}
+
+/// With the default bucket size, the first bucket holds at most this many
+/// MiB, so that its all-reduce starts early in backward (DDP's
+/// `_DEFAULT_FIRST_BUCKET_BYTES`, used when `bucket_cap_mb` is left unset).
+pub const FIRST_BUCKET_MB: f64 = 1.0;
+
+/// Cuts `params`, taken in `order`, into buckets of at most `cap_mb` MiB
+/// (a larger parameter is a bucket of its own) holding one kind and device;
+/// with the default cap the first bucket holds at most [`FIRST_BUCKET_MB`].
+pub(super) fn buckets(order: &[usize], params: &[Tensor], cap_mb: f64) -> Vec<Vec<usize>> {
+    let bytes_of = |mb: f64| (mb * 1024.0 * 1024.0).max(1.0) as usize;
+    let cap = bytes_of(cap_mb);
+    let first_cap = if cap_mb == DdpOptions::default().bucket_cap_mb {
+        bytes_of(FIRST_BUCKET_MB)
+    } else {
+        cap
+    };
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut filled = 0usize;
+    for &i in order {
+        let p = &params[i];
+        let bytes = p.numel() * p.kind().elt_size_in_bytes();
+        let limit = if out.len() == 1 { first_cap } else { cap };
+        let fits = out.last().is_some_and(|b: &Vec<usize>| {
+            let q = &params[b[0]];
+            q.kind() == p.kind() && q.device() == p.device() && filled + bytes <= limit
+        });
+        if fits {
+            filled += bytes;
+            out.last_mut().expect("checked above").push(i);
+        } else {
+            filled = bytes;
+            out.push(vec![i]);
+        }
+    }
+    out
+}
+
+pub(super) fn flat_len(bucket: &[Tensor]) -> usize {
+    bucket.iter().map(Tensor::numel).sum::<usize>() + bucket.len()
+}
+
+/// The tensors as one 1-d tensor.
+pub(super) fn flatten(tensors: impl Iterator<Item = Tensor>) -> Tensor {
+    let flat: Vec<Tensor> = tensors.map(|t| t.reshape([-1])).collect();
+    Tensor::cat(&flat, 0)
+}
+
+/// Views of `flat` shaped as each of `like`.
+pub(super) fn unflatten<'a>(
+    flat: &'a Tensor,
+    like: &'a [Tensor],
+) -> impl Iterator<Item = Tensor> + 'a {
+    let mut at = 0i64;
+    like.iter().map(move |p| {
+        let n = p.numel() as i64;
+        let part = flat.narrow(0, at, n).view(p.size().as_slice());
+        at += n;
+        part
+    })
+}
+
+/// Writes the means of `reduced` (a bucket's gradients and flags, as
+/// [`start`] packed them) into the gradients of `bucket`; a parameter no
+/// process had a gradient for keeps none.
+pub(super) fn write_means(
+    group: &dyn ProcessGroup,
+    bucket: &[Tensor],
+    reduced: &Tensor,
+) -> Result<(), DistError> {
+    let n = bucket.len() as i64;
+    let values = reduced.narrow(0, 0, reduced.size()[0] - n);
+    let flags = reduced
+        .narrow(0, reduced.size()[0] - n, n)
+        .to_kind(Kind::Float);
+    let flags = Vec::<f32>::try_from(&flags).expect("flags convert to f32");
+    tch::no_grad(|| {
+        for ((p, value), flag) in bucket.iter().zip(unflatten(&values, bucket)).zip(flags) {
+            let mut g = p.grad();
+            if g.defined() {
+                g.copy_(&value);
+            } else if flag > 0.0 {
+                crate::ops::set_grad(p, &value.contiguous()).map_err(|e| DistError::Mismatch {
+                    op: "gradient sync",
+                    rank: group.process_index(),
+                    message: e.to_string(),
+                })?;
+            }
+        }
+        Ok(())
+    })
+}

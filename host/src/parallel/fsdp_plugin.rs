@@ -1,0 +1,598 @@
+//! `FsdpPlugin`: Accelerate's `FullyShardedDataParallelPlugin`, every
+//! field, set in code, from `HEARTH_FSDP_*` variables (Accelerate's
+//! `FSDP_*`) or from a `[fsdp]` table. Precedence: a field set in code (or
+//! by `hearth run`'s flags) > the environment > the config file > the
+//! default.
+//!
+//! What hearth does not do yet (FULL_SHARD and HYBRID_SHARD, activation
+//! checkpointing, CPU offload, mixed-precision policies, sharded state
+//! dicts, RAM-efficient loading) is refused by [`FsdpPlugin::resolve`]
+//! with a message that says so, never ignored.
+
+/// How parameters, gradients and optimizer state are spread (Accelerate's
+/// numbers in brackets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ShardingStrategy {
+    /// (1) ZeRO-3: parameters too, gathered per unit around its use.
+    FullShard,
+    /// (2) ZeRO-2: gradients and optimizer state sharded, parameters whole.
+    ShardGradOp,
+    /// (3) Everything replicated: DDP.
+    NoShard,
+    /// (4) FULL_SHARD within a machine, replicated across machines.
+    HybridShard,
+    /// (5) SHARD_GRAD_OP within a machine, replicated across machines.
+    HybridShardZero2,
+}
+
+impl ShardingStrategy {
+    const ALL: [(Self, &'static str); 5] = [
+        (Self::FullShard, "FULL_SHARD"),
+        (Self::ShardGradOp, "SHARD_GRAD_OP"),
+        (Self::NoShard, "NO_SHARD"),
+        (Self::HybridShard, "HYBRID_SHARD"),
+        (Self::HybridShardZero2, "HYBRID_SHARD_ZERO2"),
+    ];
+
+    /// Accelerate's name (`"SHARD_GRAD_OP"`).
+    pub fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(s, _)| *s == self)
+            .expect("listed")
+            .1
+    }
+
+    /// From a name (any case) or Accelerate's number, 1–5.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        let value = value.trim();
+        if let Ok(n) = value.parse::<usize>() {
+            if (1..=5).contains(&n) {
+                return Ok(Self::ALL[n - 1].0);
+            }
+        }
+        Self::ALL
+            .iter()
+            .find(|(_, name)| name.eq_ignore_ascii_case(value))
+            .map(|(s, _)| *s)
+            .ok_or_else(|| {
+                format!(
+                    "`{value}` is not a sharding strategy; use one of FULL_SHARD (1), SHARD_GRAD_OP (2), NO_SHARD (3), HYBRID_SHARD (4), HYBRID_SHARD_ZERO2 (5)"
+                )
+            })
+    }
+
+    /// True when gradients and optimizer state are sharded.
+    pub fn shards(self) -> bool {
+        self != Self::NoShard
+    }
+}
+
+/// When the next unit's parameters are gathered in backward (FSDP1's
+/// `BackwardPrefetch`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum BackwardPrefetch {
+    /// Before the current unit's gradient computation.
+    BackwardPre,
+    /// After it.
+    BackwardPost,
+    /// Not prefetched.
+    NoPrefetch,
+}
+
+impl BackwardPrefetch {
+    fn parse(value: &str) -> Result<Self, String> {
+        match value.trim().to_ascii_uppercase().as_str() {
+            "BACKWARD_PRE" => Ok(Self::BackwardPre),
+            "BACKWARD_POST" => Ok(Self::BackwardPost),
+            "NO_PREFETCH" => Ok(Self::NoPrefetch),
+            _ => Err(format!(
+                "`{value}` is not a prefetch mode; use BACKWARD_PRE, BACKWARD_POST or NO_PREFETCH"
+            )),
+        }
+    }
+}
+
+/// What `save_state`/`save_model` write for a sharded model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum StateDictType {
+    /// Rank 0 gathers whole tensors: exactly what a DDP run writes.
+    FullStateDict,
+    /// Each process writes its own shards.
+    ShardedStateDict,
+    /// Each process writes its flat shards as they are.
+    LocalStateDict,
+}
+
+impl StateDictType {
+    fn parse(value: &str) -> Result<Self, String> {
+        match value.trim().to_ascii_uppercase().as_str() {
+            "FULL_STATE_DICT" | "1" => Ok(Self::FullStateDict),
+            "LOCAL_STATE_DICT" | "2" => Ok(Self::LocalStateDict),
+            "SHARDED_STATE_DICT" | "3" => Ok(Self::ShardedStateDict),
+            _ => Err(format!(
+                "`{value}` is not a state dict type; use FULL_STATE_DICT, SHARDED_STATE_DICT or LOCAL_STATE_DICT"
+            )),
+        }
+    }
+}
+
+/// Accelerate's `FullyShardedDataParallelPlugin`: `None` is "not set"
+/// (the environment, then the default, decides).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FsdpPlugin {
+    /// `sharding-strategy` (default FULL_SHARD, as Accelerate's).
+    pub sharding_strategy: Option<ShardingStrategy>,
+    /// `fsdp-version`: 1 or 2 (default 1). Version 2 takes its strategy
+    /// from `reshard-after-forward` unless `sharding-strategy` is set.
+    pub fsdp_version: Option<u8>,
+    /// `reshard-after-forward` (FSDP2): true is FULL_SHARD, false SHARD_GRAD_OP.
+    pub reshard_after_forward: Option<bool>,
+    /// `auto-wrap-policy`: the wrap-policy plugin that picks the units
+    /// (`transformer-based`, `size-based`, `no-wrap` or a third party's;
+    /// Accelerate's `TRANSFORMER_BASED_WRAP` spellings are accepted).
+    /// Default: `no-wrap` (one unit, the root).
+    pub auto_wrap_policy: Option<String>,
+    /// `transformer-cls-names-to-wrap`: the classes `transformer-based` wraps.
+    pub transformer_cls_names_to_wrap: Option<Vec<String>>,
+    /// `min-num-params`: the threshold of `size-based` (default 0, which
+    /// wraps nothing but the root, as Accelerate's).
+    pub min_num_params: Option<u64>,
+    /// `backward-prefetch` (default BACKWARD_PRE). With SHARD_GRAD_OP and
+    /// NO_SHARD parameters are never freed, so there is nothing to prefetch.
+    pub backward_prefetch: Option<BackwardPrefetch>,
+    /// `forward-prefetch` (default false); as `backward-prefetch`.
+    pub forward_prefetch: Option<bool>,
+    /// `limit-all-gathers` (default true); as `backward-prefetch`.
+    pub limit_all_gathers: Option<bool>,
+    /// `mixed-precision-policy`: param, reduce and buffer dtypes (part 2).
+    pub mixed_precision_policy: Option<String>,
+    /// `cpu-offload` (default false; part 2).
+    pub cpu_offload: Option<bool>,
+    /// `ignored-modules`: module paths whose parameters are neither
+    /// sharded nor averaged (each process trains its own copy, as FSDP's).
+    pub ignored_modules: Option<Vec<String>>,
+    /// `state-dict-type` (default FULL_STATE_DICT).
+    pub state_dict_type: Option<StateDictType>,
+    /// `sync-module-states` (default false, as Accelerate's): every process
+    /// starts from rank 0's parameters (without it, seed every process alike).
+    pub sync_module_states: Option<bool>,
+    /// `use-orig-params` (default true). hearth always keeps the original
+    /// parameters and their names (what `true` gives in PyTorch); `false`
+    /// behaves the same.
+    pub use_orig_params: Option<bool>,
+    /// `activation-checkpointing` (default false; part 2).
+    pub activation_checkpointing: Option<bool>,
+    /// `cpu-ram-efficient-loading` (default false; part 2).
+    pub cpu_ram_efficient_loading: Option<bool>,
+    /// `policy-options`: a JSON object of options for a third-party wrap
+    /// policy (hearth's own; Accelerate's policies take only the two
+    /// fields above, which are added to it).
+    pub policy_options: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// Every field: its `[fsdp]` key and its environment variable.
+pub const FIELDS: [(&str, &str); 18] = [
+    ("sharding-strategy", "HEARTH_FSDP_SHARDING_STRATEGY"),
+    ("fsdp-version", "HEARTH_FSDP_VERSION"),
+    ("reshard-after-forward", "HEARTH_FSDP_RESHARD_AFTER_FORWARD"),
+    ("auto-wrap-policy", "HEARTH_FSDP_AUTO_WRAP_POLICY"),
+    (
+        "transformer-cls-names-to-wrap",
+        "HEARTH_FSDP_TRANSFORMER_CLS_TO_WRAP",
+    ),
+    ("min-num-params", "HEARTH_FSDP_MIN_NUM_PARAMS"),
+    ("backward-prefetch", "HEARTH_FSDP_BACKWARD_PREFETCH"),
+    ("forward-prefetch", "HEARTH_FSDP_FORWARD_PREFETCH"),
+    ("limit-all-gathers", "HEARTH_FSDP_LIMIT_ALL_GATHERS"),
+    (
+        "mixed-precision-policy",
+        "HEARTH_FSDP_MIXED_PRECISION_POLICY",
+    ),
+    ("cpu-offload", "HEARTH_FSDP_OFFLOAD_PARAMS"),
+    ("ignored-modules", "HEARTH_FSDP_IGNORED_MODULES"),
+    ("state-dict-type", "HEARTH_FSDP_STATE_DICT_TYPE"),
+    ("sync-module-states", "HEARTH_FSDP_SYNC_MODULE_STATES"),
+    ("use-orig-params", "HEARTH_FSDP_USE_ORIG_PARAMS"),
+    (
+        "activation-checkpointing",
+        "HEARTH_FSDP_ACTIVATION_CHECKPOINTING",
+    ),
+    (
+        "cpu-ram-efficient-loading",
+        "HEARTH_FSDP_CPU_RAM_EFFICIENT_LOADING",
+    ),
+    ("policy-options", "HEARTH_FSDP_POLICY_OPTIONS"),
+];
+
+/// Turns FSDP on from the environment alone (Accelerate's `ACCELERATE_USE_FSDP`).
+pub const USE_FSDP_ENV: &str = "HEARTH_USE_FSDP";
+
+/// A bad FSDP setting.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("{source_name} `{key}`: {message}")]
+pub struct FsdpError {
+    /// Where the value came from: `[fsdp]`, an environment variable, the builder.
+    pub source_name: String,
+    /// The key.
+    pub key: String,
+    /// What is wrong, and what to do.
+    pub message: String,
+}
+
+/// The settings a run uses, defaults filled in and checked.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct FsdpSettings {
+    /// What is sharded.
+    pub sharding_strategy: ShardingStrategy,
+    /// The wrap policy plugin.
+    pub auto_wrap_policy: String,
+    /// Options for the policy (JSON: `transformer_cls_names_to_wrap`, `min_num_params`).
+    pub policy_options: serde_json::Value,
+    /// Modules left out of sharding and averaging.
+    pub ignored_modules: Vec<String>,
+    /// Every process starts from rank 0's parameters.
+    pub sync_module_states: bool,
+    /// What checkpoints hold.
+    pub state_dict_type: StateDictType,
+}
+
+fn parse_bool(value: &str) -> Result<bool, String> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "y" | "yes" | "t" | "true" | "on" | "1" => Ok(true),
+        "n" | "no" | "f" | "false" | "off" | "0" => Ok(false),
+        _ => Err(format!("`{value}` is not true or false")),
+    }
+}
+
+fn parse_list(value: &str) -> Vec<String> {
+    value
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// The built-in policy a name means (Accelerate's spellings accepted).
+pub fn policy_name(name: &str) -> String {
+    match name.trim().to_ascii_uppercase().replace('-', "_").as_str() {
+        "TRANSFORMER_BASED_WRAP" | "TRANSFORMER_BASED" => "transformer-based".into(),
+        "SIZE_BASED_WRAP" | "SIZE_BASED" => "size-based".into(),
+        "NO_WRAP" => "no-wrap".into(),
+        _ => name.trim().to_string(),
+    }
+}
+
+impl FsdpPlugin {
+    /// Sets the field `key` (its `[fsdp]` name) from its text form, as an
+    /// environment variable would give it; lists are comma-separated.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        match key {
+            "sharding-strategy" => self.sharding_strategy = Some(ShardingStrategy::parse(value)?),
+            "fsdp-version" => {
+                self.fsdp_version = Some(match value.trim() {
+                    "1" => 1,
+                    "2" => 2,
+                    _ => return Err(format!("`{value}` is not an FSDP version; use 1 or 2")),
+                })
+            }
+            "reshard-after-forward" => {
+                // Accelerate also takes a strategy name here.
+                self.reshard_after_forward = Some(match parse_bool(value) {
+                    Ok(b) => b,
+                    Err(e) => match ShardingStrategy::parse(value) {
+                        Ok(s) => matches!(
+                            s,
+                            ShardingStrategy::FullShard | ShardingStrategy::HybridShard
+                        ),
+                        Err(_) => return Err(e),
+                    },
+                })
+            }
+            "auto-wrap-policy" => self.auto_wrap_policy = Some(policy_name(value)),
+            "transformer-cls-names-to-wrap" => {
+                self.transformer_cls_names_to_wrap = Some(parse_list(value))
+            }
+            "min-num-params" => {
+                self.min_num_params = Some(
+                    value
+                        .trim()
+                        .parse()
+                        .map_err(|_| format!("`{value}` is not a whole number of parameters"))?,
+                )
+            }
+            "backward-prefetch" => self.backward_prefetch = Some(BackwardPrefetch::parse(value)?),
+            "forward-prefetch" => self.forward_prefetch = Some(parse_bool(value)?),
+            "limit-all-gathers" => self.limit_all_gathers = Some(parse_bool(value)?),
+            "mixed-precision-policy" => self.mixed_precision_policy = Some(value.to_string()),
+            "cpu-offload" => self.cpu_offload = Some(parse_bool(value)?),
+            "ignored-modules" => self.ignored_modules = Some(parse_list(value)),
+            "state-dict-type" => self.state_dict_type = Some(StateDictType::parse(value)?),
+            "sync-module-states" => self.sync_module_states = Some(parse_bool(value)?),
+            "use-orig-params" => self.use_orig_params = Some(parse_bool(value)?),
+            "activation-checkpointing" => self.activation_checkpointing = Some(parse_bool(value)?),
+            "cpu-ram-efficient-loading" => {
+                self.cpu_ram_efficient_loading = Some(parse_bool(value)?)
+            }
+            "policy-options" => {
+                self.policy_options = Some(
+                    serde_json::from_str(value)
+                        .map_err(|e| format!("is not a JSON object ({e})"))?,
+                )
+            }
+            _ => {
+                let keys: Vec<&str> = FIELDS.iter().map(|(k, _)| *k).collect();
+                return Err(format!("unknown key; the keys are {}", keys.join(", ")));
+            }
+        }
+        Ok(())
+    }
+
+    /// The fields set by `HEARTH_FSDP_*` variables.
+    pub fn from_env() -> Result<Self, FsdpError> {
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// The fields set by the variables `var` returns.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self, FsdpError> {
+        let mut plugin = Self::default();
+        for (key, env) in FIELDS {
+            if let Some(value) = var(env) {
+                plugin.set(key, &value).map_err(|message| FsdpError {
+                    source_name: "environment variable".into(),
+                    key: env.into(),
+                    message,
+                })?;
+            }
+        }
+        Ok(plugin)
+    }
+
+    /// True when `HEARTH_USE_FSDP` asks for FSDP.
+    pub fn wanted_by_env() -> bool {
+        std::env::var(USE_FSDP_ENV).is_ok_and(|v| parse_bool(&v).unwrap_or(false))
+    }
+
+    /// `self`'s fields, and `fallback`'s where `self` has none.
+    pub fn or(self, fallback: Self) -> Self {
+        macro_rules! pick {
+            ($($f:ident),*) => { Self { $($f: self.$f.or(fallback.$f)),* } };
+        }
+        pick!(
+            sharding_strategy,
+            fsdp_version,
+            reshard_after_forward,
+            auto_wrap_policy,
+            transformer_cls_names_to_wrap,
+            min_num_params,
+            backward_prefetch,
+            forward_prefetch,
+            limit_all_gathers,
+            mixed_precision_policy,
+            cpu_offload,
+            ignored_modules,
+            state_dict_type,
+            sync_module_states,
+            use_orig_params,
+            activation_checkpointing,
+            cpu_ram_efficient_loading,
+            policy_options
+        )
+    }
+
+    /// The strategy these fields ask for.
+    pub fn strategy(&self) -> ShardingStrategy {
+        match (
+            self.sharding_strategy,
+            self.fsdp_version,
+            self.reshard_after_forward,
+        ) {
+            (Some(s), _, _) => s,
+            (None, Some(2), Some(false)) => ShardingStrategy::ShardGradOp,
+            _ => ShardingStrategy::FullShard,
+        }
+    }
+
+    /// Fills in the defaults and checks that hearth does what the fields ask;
+    /// `source_name` says where the fields came from, for the error.
+    pub fn resolve(&self, source_name: &str) -> Result<FsdpSettings, FsdpError> {
+        let refuse = |key: &str, message: String| FsdpError {
+            source_name: source_name.into(),
+            key: key.into(),
+            message,
+        };
+        const LATER: &str = "is not implemented in hearth yet (it comes with FULL_SHARD)";
+        let strategy = self.strategy();
+        if !matches!(
+            strategy,
+            ShardingStrategy::ShardGradOp | ShardingStrategy::NoShard
+        ) {
+            let key = if self.sharding_strategy.is_none() && self.fsdp_version == Some(2) {
+                "reshard-after-forward"
+            } else {
+                "sharding-strategy"
+            };
+            return Err(refuse(
+                key,
+                format!(
+                    "{} {LATER}; use SHARD_GRAD_OP (ZeRO-2: sharded gradients and optimizer state) or NO_SHARD{}",
+                    strategy.name(),
+                    if self.sharding_strategy.is_none() { " (FULL_SHARD is the default)" } else { "" }
+                ),
+            ));
+        }
+        let on = |key: &str, value: Option<bool>| -> Result<(), FsdpError> {
+            if value == Some(true) {
+                return Err(refuse(key, format!("`true` {LATER}; leave it false")));
+            }
+            Ok(())
+        };
+        on("cpu-offload", self.cpu_offload)?;
+        on("activation-checkpointing", self.activation_checkpointing)?;
+        on("cpu-ram-efficient-loading", self.cpu_ram_efficient_loading)?;
+        if let Some(policy) = &self.mixed_precision_policy {
+            return Err(refuse(
+                "mixed-precision-policy",
+                format!(
+                    "`{policy}` {LATER}; leave it unset and use `[run] mixed-precision` (autocast)"
+                ),
+            ));
+        }
+        let state_dict_type = self.state_dict_type.unwrap_or(StateDictType::FullStateDict);
+        if state_dict_type != StateDictType::FullStateDict {
+            return Err(refuse(
+                "state-dict-type",
+                format!("{state_dict_type:?} {LATER}; use FULL_STATE_DICT"),
+            ));
+        }
+        let policy = self
+            .auto_wrap_policy
+            .clone()
+            .unwrap_or_else(|| "no-wrap".into());
+        let mut options = self.policy_options.clone().unwrap_or_default();
+        if let Some(names) = &self.transformer_cls_names_to_wrap {
+            options.insert("transformer_cls_names_to_wrap".into(), names.clone().into());
+        }
+        if let Some(min) = self.min_num_params {
+            options.insert("min_num_params".into(), min.into());
+        }
+        Ok(FsdpSettings {
+            sharding_strategy: strategy,
+            auto_wrap_policy: policy,
+            policy_options: options.into(),
+            ignored_modules: self.ignored_modules.clone().unwrap_or_default(),
+            sync_module_states: self.sync_module_states.unwrap_or(false),
+            state_dict_type,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strategies_parse_by_name_or_accelerates_number() {
+        assert_eq!(
+            ShardingStrategy::parse("2"),
+            Ok(ShardingStrategy::ShardGradOp)
+        );
+        assert_eq!(
+            ShardingStrategy::parse("no_shard"),
+            Ok(ShardingStrategy::NoShard)
+        );
+        assert_eq!(
+            ShardingStrategy::parse("5"),
+            Ok(ShardingStrategy::HybridShardZero2)
+        );
+        assert!(ShardingStrategy::parse("6")
+            .unwrap_err()
+            .contains("SHARD_GRAD_OP (2)"));
+    }
+
+    #[test]
+    fn the_environment_fills_what_code_left_unset() {
+        let env = |name: &str| match name {
+            "HEARTH_FSDP_SHARDING_STRATEGY" => Some("NO_SHARD".to_string()),
+            "HEARTH_FSDP_TRANSFORMER_CLS_TO_WRAP" => Some("Block, Layer".to_string()),
+            "HEARTH_FSDP_AUTO_WRAP_POLICY" => Some("TRANSFORMER_BASED_WRAP".to_string()),
+            _ => None,
+        };
+        let code = FsdpPlugin {
+            sharding_strategy: Some(ShardingStrategy::ShardGradOp),
+            ..Default::default()
+        };
+        let merged = code.or(FsdpPlugin::from_vars(env).unwrap());
+        assert_eq!(
+            merged.sharding_strategy,
+            Some(ShardingStrategy::ShardGradOp)
+        );
+        assert_eq!(
+            merged.auto_wrap_policy.as_deref(),
+            Some("transformer-based")
+        );
+        assert_eq!(
+            merged.transformer_cls_names_to_wrap,
+            Some(vec!["Block".to_string(), "Layer".to_string()])
+        );
+        let settings = merged.resolve("test").unwrap();
+        assert_eq!(
+            settings.policy_options["transformer_cls_names_to_wrap"][1],
+            "Layer"
+        );
+    }
+
+    #[test]
+    fn a_bad_variable_is_named() {
+        let env =
+            |name: &str| (name == "HEARTH_FSDP_SYNC_MODULE_STATES").then(|| "maybe".to_string());
+        let err = FsdpPlugin::from_vars(env).unwrap_err();
+        assert_eq!(err.key, "HEARTH_FSDP_SYNC_MODULE_STATES");
+        assert!(err.message.contains("not true or false"));
+    }
+
+    #[test]
+    fn what_part_two_builds_is_refused_not_ignored() {
+        let default = FsdpPlugin::default().resolve("[fsdp]").unwrap_err();
+        assert_eq!(default.key, "sharding-strategy");
+        assert!(
+            default.message.contains("FULL_SHARD is the default"),
+            "{default}"
+        );
+        let v2 = FsdpPlugin {
+            fsdp_version: Some(2),
+            reshard_after_forward: Some(true),
+            ..Default::default()
+        };
+        assert_eq!(
+            v2.resolve("[fsdp]").unwrap_err().key,
+            "reshard-after-forward"
+        );
+        let zero2 = |f: fn(&mut FsdpPlugin)| {
+            let mut p = FsdpPlugin {
+                sharding_strategy: Some(ShardingStrategy::ShardGradOp),
+                ..Default::default()
+            };
+            f(&mut p);
+            p.resolve("[fsdp]")
+        };
+        assert!(zero2(|_| {}).is_ok());
+        for (key, f) in [
+            (
+                "cpu-offload",
+                (|p: &mut FsdpPlugin| p.cpu_offload = Some(true)) as fn(&mut FsdpPlugin),
+            ),
+            ("activation-checkpointing", |p| {
+                p.activation_checkpointing = Some(true)
+            }),
+            ("cpu-ram-efficient-loading", |p| {
+                p.cpu_ram_efficient_loading = Some(true)
+            }),
+            ("mixed-precision-policy", |p| {
+                p.mixed_precision_policy = Some("bf16".into())
+            }),
+            ("state-dict-type", |p| {
+                p.state_dict_type = Some(StateDictType::ShardedStateDict)
+            }),
+        ] {
+            let err = zero2(f).unwrap_err();
+            assert_eq!(err.key, key);
+            assert!(
+                err.message.contains("not implemented in hearth yet"),
+                "{err}"
+            );
+        }
+        let v2_zero2 = FsdpPlugin {
+            fsdp_version: Some(2),
+            reshard_after_forward: Some(false),
+            ..Default::default()
+        };
+        assert_eq!(
+            v2_zero2.resolve("[fsdp]").unwrap().sharding_strategy,
+            ShardingStrategy::ShardGradOp
+        );
+    }
+}

@@ -1,0 +1,20 @@
+//! The data-parallel strategies, side by side, over the gradient round
+//! they share ([`GradientSync`]): DDP ([`ddp`]: every process holds the
+//! whole model and averages gradients in buckets) and sharding
+//! ([`sharded`]: FSDP's SHARD_GRAD_OP, each process holding its shard of
+//! the gradients and optimizer state), configured by [`FsdpPlugin`]. Both
+//! run over a [`crate::dist::ProcessGroup`]; neither knows which backend
+//! carries its collectives.
+
+mod ddp;
+mod fsdp_plugin;
+mod grad_sync;
+pub mod sharded;
+
+pub use ddp::{CommHook, DdpOptions, FIRST_BUCKET_MB};
+pub use fsdp_plugin::{
+    policy_name, BackwardPrefetch, FsdpError, FsdpPlugin, FsdpSettings, ShardingStrategy,
+    StateDictType, FIELDS as FSDP_FIELDS, USE_FSDP_ENV,
+};
+pub(crate) use grad_sync::Round;
+pub use grad_sync::{GradientSync, SyncStats};

@@ -1,0 +1,301 @@
+//! FSDP2's shard layout: every parameter is cut along dimension 0 into
+//! `world` chunks of `ceil(d0 / world)` rows (the last ones shorter or
+//! empty), and process `r` owns chunk `r`. A unit's flat shard is the
+//! concatenation of its parameters' chunks, each padded to the full chunk
+//! size, so every process's flat shard has the same length and one
+//! reduce-scatter or all-gather moves a whole unit.
+
+use tch::{Kind, Tensor};
+
+/// One parameter's place in the layout, on this process.
+pub struct ParamShard {
+    /// The parameter's name (`blocks.0.qkv.weight`).
+    pub name: String,
+    /// The whole parameter (the model's own tensor).
+    pub full: Tensor,
+    /// The rows this process owns: a view of `full`'s storage (rows
+    /// `[start, start + rows)`), a leaf the optimizer updates in place.
+    pub shard: Tensor,
+    /// Rows of every chunk: `ceil(d0 / world)`.
+    pub chunk_rows: i64,
+    /// Elements per row (the product of the trailing dimensions).
+    pub row_numel: i64,
+    /// Rows of the parameter (1 for a 0-dimensional one).
+    pub rows: i64,
+    /// Where this parameter's padded chunk starts in its unit's flat shard.
+    pub offset: i64,
+}
+
+impl ParamShard {
+    /// Elements of one padded chunk.
+    pub fn chunk_numel(&self) -> i64 {
+        self.chunk_rows * self.row_numel
+    }
+
+    /// Rows owned by `rank` of `world`.
+    pub fn rows_of(&self, rank: usize) -> i64 {
+        let start = (rank as i64 * self.chunk_rows).min(self.rows);
+        (start + self.chunk_rows).min(self.rows) - start
+    }
+
+    /// The parameter as `[rows, row_numel]`.
+    fn rows_view(t: &Tensor, rows: i64, row_numel: i64) -> Tensor {
+        t.reshape([rows, row_numel])
+    }
+
+    /// `t` (shaped like the whole parameter) padded with zero rows to
+    /// `world` chunks, as `[world, chunk_numel]`.
+    pub fn chunked(&self, t: &Tensor, world: usize) -> Tensor {
+        let rows = Self::rows_view(t, self.rows, self.row_numel);
+        let padded_rows = self.chunk_rows * world as i64;
+        let padded = if padded_rows == self.rows {
+            rows
+        } else {
+            rows.constant_pad_nd([0, 0, 0, padded_rows - self.rows])
+        };
+        padded.reshape([world as i64, self.chunk_numel()])
+    }
+
+    /// `t` shaped like this process's shard, padded to one chunk (1-d).
+    pub fn padded_shard(&self, t: &Tensor) -> Tensor {
+        let flat = t.reshape([-1]);
+        let missing = self.chunk_numel() - flat.numel() as i64;
+        if missing == 0 {
+            flat
+        } else {
+            flat.constant_pad_nd([0, missing])
+        }
+    }
+
+    /// The whole parameter's values from `[world, chunk_numel]` chunks.
+    pub fn unchunked(&self, chunks: &Tensor) -> Tensor {
+        let world = chunks.size()[0];
+        chunks
+            .reshape([world * self.chunk_rows, self.row_numel])
+            .narrow(0, 0, self.rows)
+            .reshape(self.full.size().as_slice())
+    }
+
+    /// The shape of `rank`'s shard.
+    pub fn shard_shape(&self, rank: usize) -> Vec<i64> {
+        let mut shape = self.full.size();
+        match shape.first_mut() {
+            Some(d0) => *d0 = self.rows_of(rank),
+            None => shape = vec![self.rows_of(rank)],
+        }
+        shape
+    }
+
+    /// This process's rows of `t` (shaped like the whole parameter).
+    pub fn own_rows(&self, t: &Tensor, rank: usize) -> Tensor {
+        let start = (rank as i64 * self.chunk_rows).min(self.rows);
+        Self::rows_view(t, self.rows, self.row_numel)
+            .narrow(0, start, self.rows_of(rank))
+            .reshape(self.shard_shape(rank).as_slice())
+    }
+}
+
+/// The parameters of one unit, laid out for sharding.
+pub struct UnitShard {
+    /// The unit's module path (`""` for the root).
+    pub path: String,
+    /// Its parameters, in the order of its flat shard.
+    pub params: Vec<ParamShard>,
+    /// Length of every process's flat shard of this unit.
+    pub shard_numel: i64,
+}
+
+impl UnitShard {
+    /// Another handle to the same unit (its tensors shared, not copied).
+    pub fn shallow_clone(&self) -> Self {
+        Self {
+            path: self.path.clone(),
+            params: self
+                .params
+                .iter()
+                .map(|p| ParamShard {
+                    name: p.name.clone(),
+                    full: p.full.shallow_clone(),
+                    shard: p.shard.shallow_clone(),
+                    ..*p
+                })
+                .collect(),
+            shard_numel: self.shard_numel,
+        }
+    }
+
+    /// Lays out `params` (name and tensor) for process `rank` of `world`.
+    pub fn new(path: String, params: Vec<(String, Tensor)>, rank: usize, world: usize) -> Self {
+        let mut offset = 0;
+        let params = params
+            .into_iter()
+            .map(|(name, full)| {
+                let size = full.size();
+                let rows = size.first().copied().unwrap_or(1);
+                let row_numel = size.iter().skip(1).product::<i64>();
+                let chunk_rows = (rows + world as i64 - 1) / world as i64;
+                let start = (rank as i64 * chunk_rows).min(rows);
+                let own = (start + chunk_rows).min(rows) - start;
+                let shard = tch::no_grad(|| {
+                    full.detach()
+                        .reshape([rows, row_numel])
+                        .narrow(0, start, own)
+                });
+                let mut p = ParamShard {
+                    name,
+                    full,
+                    shard,
+                    chunk_rows,
+                    row_numel,
+                    rows,
+                    offset,
+                };
+                p.shard = p.shard.view(p.shard_shape(rank).as_slice());
+                offset += p.chunk_numel();
+                p
+            })
+            .collect();
+        Self {
+            path,
+            params,
+            shard_numel: offset,
+        }
+    }
+
+    /// The gradients of the whole parameters (zeros where a parameter
+    /// has none) as the input of a reduce-scatter: `[world × shard_numel]`,
+    /// chunk `r` holding what process `r` keeps (FSDP2's `chunk_cat`).
+    pub fn pack_gradients(&self, world: usize, kind: Kind) -> Tensor {
+        let parts: Vec<Tensor> = self
+            .params
+            .iter()
+            .map(|p| {
+                let g = p.full.grad();
+                let g = if g.defined() { g } else { p.full.zeros_like() };
+                p.chunked(&g.to_kind(kind), world)
+            })
+            .collect();
+        Tensor::cat(&parts, 1).reshape([-1])
+    }
+
+    /// This process's padded shards of the whole parameters, as one flat
+    /// tensor (the input of the all-gather after a step).
+    pub fn pack_shards(&self) -> Tensor {
+        let parts: Vec<Tensor> = self
+            .params
+            .iter()
+            .map(|p| p.padded_shard(&p.shard))
+            .collect();
+        Tensor::cat(&parts, 0)
+    }
+
+    /// Writes `gathered` (`[world, shard_numel]`, every process's flat
+    /// shard) into the whole parameters.
+    pub fn unpack_gathered(&self, gathered: &Tensor) {
+        tch::no_grad(|| {
+            for p in &self.params {
+                let chunks = gathered.narrow(1, p.offset, p.chunk_numel());
+                p.full.detach().copy_(&p.unchunked(&chunks));
+            }
+        })
+    }
+
+    /// The views of this process's gradient shard (`flat`, one unit's
+    /// reduce-scatter output) shaped as each parameter's shard.
+    pub fn gradient_shards<'a>(
+        &'a self,
+        flat: &'a Tensor,
+    ) -> impl Iterator<Item = (&'a ParamShard, Tensor)> + 'a {
+        self.params.iter().map(move |p| {
+            let n = p.shard.numel() as i64;
+            let g = flat.narrow(0, p.offset, n).view(p.shard.size().as_slice());
+            (p, g)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Device;
+
+    fn param(shape: &[i64]) -> Tensor {
+        let n: i64 = shape.iter().product::<i64>().max(1);
+        Tensor::arange(n, (Kind::Float, Device::Cpu)).reshape(shape)
+    }
+
+    #[test]
+    fn chunks_are_ceil_rows_and_the_last_ranks_hold_fewer_or_none() {
+        // 5 rows over 4 processes: chunks of 2 rows, rank 2 holds 1, rank 3 none.
+        let rows: Vec<i64> = (0..4)
+            .map(|r| {
+                let u = UnitShard::new("".into(), vec![("w".into(), param(&[5, 3]))], r, 4);
+                assert_eq!(u.shard_numel, 6);
+                u.params[0].shard.size()[0]
+            })
+            .collect();
+        assert_eq!(rows, [2, 2, 1, 0]);
+    }
+
+    #[test]
+    fn shards_are_views_of_the_parameter_rows() {
+        let w = param(&[5, 3]);
+        let u = UnitShard::new("".into(), vec![("w".into(), w.shallow_clone())], 1, 2);
+        let shard = &u.params[0].shard;
+        assert_eq!(shard.size(), [2, 3]);
+        assert_eq!(
+            Vec::<f32>::try_from(shard.reshape([-1])).unwrap(),
+            [9.0, 10.0, 11.0, 12.0, 13.0, 14.0]
+        );
+        let _ = tch::no_grad(|| shard.detach().fill_(-1.0));
+        assert_eq!(
+            w.double_value(&[3, 0]),
+            -1.0,
+            "the shard writes into the parameter"
+        );
+    }
+
+    #[test]
+    fn gathering_every_shard_rebuilds_every_parameter() {
+        let world = 3;
+        let make = || {
+            vec![
+                ("a".into(), param(&[5, 2])),
+                ("b".into(), param(&[4])),
+                ("c".into(), param(&[])),
+            ]
+        };
+        let want: Vec<Tensor> = make().into_iter().map(|(_, t)| t).collect();
+        let units: Vec<UnitShard> = (0..world)
+            .map(|r| UnitShard::new("u".into(), make(), r, world))
+            .collect();
+        let flats: Vec<Tensor> = units.iter().map(UnitShard::pack_shards).collect();
+        let gathered = Tensor::stack(&flats, 0);
+        // Overwrite rank 0's parameters, then rebuild them from the shards.
+        for p in &units[0].params {
+            let _ = tch::no_grad(|| p.full.detach().zero_());
+        }
+        units[0].unpack_gathered(&gathered);
+        for (p, w) in units[0].params.iter().zip(&want) {
+            assert!(p.full.equal(w), "{}", p.name);
+        }
+    }
+
+    #[test]
+    fn the_packed_gradients_of_rank_r_are_its_rows() {
+        let world = 2;
+        let w = param(&[3, 2]).set_requires_grad(true);
+        (&w * 2.0).sum(Kind::Float).backward();
+        let u = UnitShard::new("".into(), vec![("w".into(), w.shallow_clone())], 1, world);
+        let packed = u
+            .pack_gradients(world, Kind::Float)
+            .reshape([world as i64, -1]);
+        // Rank 1 owns row 2 and a padding row.
+        assert_eq!(
+            Vec::<f32>::try_from(packed.get(1)).unwrap(),
+            [2.0, 2.0, 0.0, 0.0]
+        );
+        let (_, g) = u.gradient_shards(&packed.get(1)).next().unwrap();
+        assert_eq!(g.size(), [1, 2]);
+    }
+}

@@ -1,0 +1,56 @@
+//! Sharding (FSDP's `SHARD_GRAD_OP`, ZeRO-2): each unit's parameters are
+//! laid out in FSDP2's dim-0 shards ([`layout`]); backward reduce-scatters
+//! a unit's gradients as soon as they are all in, so each process keeps
+//! only the gradient rows it owns; the optimizer steps those rows and its
+//! state exists only for them ([`ShardedOptimizer`]); after the step the
+//! parameters are all-gathered whole again.
+
+mod layout;
+mod optimizer;
+mod units;
+
+pub use layout::{ParamShard, UnitShard};
+pub use optimizer::ShardedOptimizer;
+pub use units::{assign, assign_except, UnitError};
+
+use crate::dist::{DistError, Pending, ProcessGroup, ReduceOp};
+use tch::{Kind, Tensor};
+
+/// Starts the reduce-scatter of `unit`'s gradients; returns it, the
+/// gradients' kind and the bytes this process sends.
+pub(super) fn start<'g>(
+    group: &'g dyn ProcessGroup,
+    unit: &UnitShard,
+) -> Result<(Pending<'g>, Kind, u64), DistError> {
+    let kind = unit.params[0].full.kind();
+    let world = group.num_processes();
+    let flat = tch::no_grad(|| unit.pack_gradients(world, kind));
+    let bytes = (flat.numel() * kind.elt_size_in_bytes()) as u64;
+    Ok((
+        group.reduce_scatter_start(&flat, ReduceOp::Mean)?,
+        kind,
+        bytes,
+    ))
+}
+
+/// Gives each parameter shard of `unit` its rows of `reduced` (this
+/// process's part of the mean gradients) as its gradient, and drops the
+/// whole parameters' gradients.
+pub(super) fn write_gradient_shard(
+    group: &dyn ProcessGroup,
+    unit: &UnitShard,
+    reduced: &Tensor,
+) -> Result<(), DistError> {
+    let fail = |e: tch::TchError| DistError::Mismatch {
+        op: "gradient reduce-scatter",
+        rank: group.process_index(),
+        message: e.to_string(),
+    };
+    for (p, g) in unit.gradient_shards(reduced) {
+        if p.full.requires_grad() {
+            crate::ops::set_grad(&p.shard, &g).map_err(fail)?;
+        }
+    }
+    let full: Vec<Tensor> = unit.params.iter().map(|p| p.full.shallow_clone()).collect();
+    crate::ops::clear_grads(&full).map_err(fail)
+}

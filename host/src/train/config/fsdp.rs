@@ -1,0 +1,66 @@
+//! `[fsdp]`: sharded data parallelism (Accelerate's
+//! `FullyShardedDataParallelPlugin`), every field under its kebab-case
+//! name; see [`crate::parallel::FsdpPlugin`] for what each does. A section
+//! present turns FSDP on; `HEARTH_FSDP_*` variables win over its keys.
+//!
+//! ```toml
+//! [fsdp]
+//! sharding-strategy = "SHARD_GRAD_OP"   # or Accelerate's number, 2
+//! auto-wrap-policy = "transformer-based"
+//! transformer-cls-names-to-wrap = ["Block"]
+//! ```
+
+use super::{ConfigError, Invalid};
+use crate::parallel::FsdpPlugin;
+use serde::Deserialize;
+
+/// The `[fsdp]` section, as written (values are checked by [`Self::plugin`]).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(transparent)]
+pub struct FsdpSection(pub toml::Table);
+
+impl FsdpSection {
+    /// The fields the section sets; an unknown key or a bad value is an
+    /// error naming `fsdp.<key>`.
+    pub fn plugin(&self, invalid: &Invalid) -> Result<FsdpPlugin, ConfigError> {
+        let mut plugin = FsdpPlugin::default();
+        for (key, value) in &self.0 {
+            let text = match value {
+                toml::Value::String(s) => s.clone(),
+                toml::Value::Array(items) => items
+                    .iter()
+                    .map(|v| match v {
+                        toml::Value::String(s) => Ok(s.clone()),
+                        other => Err(invalid(
+                            &format!("fsdp.{key}"),
+                            format!("holds strings, not {other}"),
+                        )),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+                    .join(","),
+                toml::Value::Table(table) => {
+                    serde_json::to_string(table).expect("a TOML table converts to JSON")
+                }
+                other => other.to_string(),
+            };
+            plugin
+                .set(key, &text)
+                .map_err(|message| invalid(&format!("fsdp.{key}"), message))?;
+        }
+        Ok(plugin)
+    }
+
+    /// The fields of `HEARTH_FSDP_*` variables, then the section's.
+    pub fn with_env(&self, invalid: &Invalid) -> Result<FsdpPlugin, ConfigError> {
+        let env = FsdpPlugin::from_env()
+            .map_err(|e| invalid("fsdp", format!("cannot take {}: {}", e.key, e.message)))?;
+        Ok(env.or(self.plugin(invalid)?))
+    }
+
+    pub(super) fn validate(&self, invalid: &Invalid) -> Result<(), ConfigError> {
+        self.with_env(invalid)?
+            .resolve("[fsdp]")
+            .map_err(|e| invalid(&format!("fsdp.{}", e.key), e.message))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,143 @@
+//! `hearth model plan`: the module tree of a config's model, the units its
+//! wrap policy picks, and what each of N processes would hold.
+
+use super::config::{OptimizerKind, TrainConfig};
+use super::runner::{RunOptions, TrainError};
+use super::setup;
+use crate::parallel::{FsdpPlugin, FsdpSettings, ShardingStrategy};
+use serde::Serialize;
+use tch::Tensor;
+
+/// One module, as the plan lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlannedModule {
+    /// Dotted path (`""` is the root).
+    pub path: String,
+    /// Class, as PyTorch names it.
+    pub class: String,
+    /// Parameters of the module and everything below it.
+    pub params: u64,
+    /// Bytes of its parameters and buffers, and everything below it.
+    pub bytes: u64,
+}
+
+/// Bytes one process holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PerProcess {
+    /// Parameters.
+    pub param_bytes: u64,
+    /// Gradients (between backward and the optimizer step).
+    pub grad_bytes: u64,
+    /// Optimizer state.
+    pub optimizer_bytes: u64,
+}
+
+/// A model's sharding plan.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    /// Every module, parents before children.
+    pub modules: Vec<PlannedModule>,
+    /// The units (`""` is the root), in the model's order.
+    pub units: Vec<String>,
+    /// What the process holding the most (rank 0) holds.
+    pub per_process: PerProcess,
+    /// The strategy (`DDP` without `[fsdp]`).
+    pub strategy: String,
+    /// The wrap policy (`none` without `[fsdp]`).
+    pub policy: String,
+    /// The number of processes planned for.
+    pub processes: usize,
+}
+
+/// State tensors of one parameter's shard of `bytes` bytes under the config's
+/// optimizer: what hearth's optimizers create on their first step.
+fn optimizer_bytes(config: &TrainConfig, bytes: u64) -> u64 {
+    match config.optimizer.kind {
+        // exp_avg and exp_avg_sq like the parameter, and a float32 step.
+        OptimizerKind::Adamw | OptimizerKind::Adam => 2 * bytes + 4,
+        OptimizerKind::Sgd if config.optimizer.momentum.unwrap_or(0.0) != 0.0 => bytes,
+        OptimizerKind::Sgd => 0,
+    }
+}
+
+/// The plan of `config`'s model on `processes` processes.
+pub fn plan(
+    config: &TrainConfig,
+    options: &RunOptions,
+    processes: usize,
+) -> Result<Plan, TrainError> {
+    let data = setup::dataset(config)?;
+    let model = tch::no_grad(|| setup::model(config, data.as_ref(), tch::Device::Cpu))?;
+    let tree = model.module_tree();
+    let params: Vec<(String, Tensor)> = model.named_parameters();
+    let settings: Option<FsdpSettings> =
+        match &config.fsdp {
+            Some(section) => {
+                let invalid = |key: &str, message: String| crate::train::ConfigError::Invalid {
+                    path: config.source.clone(),
+                    key: key.to_string(),
+                    message,
+                };
+                let plugin: FsdpPlugin = section.with_env(&invalid).map_err(TrainError::Config)?;
+                Some(plugin.resolve("[fsdp]").map_err(|e| {
+                    TrainError::Config(invalid(&format!("fsdp.{}", e.key), e.message))
+                })?)
+            }
+            None => None,
+        };
+    let search = setup::search_path(config, options);
+    let units: Vec<(String, Vec<String>)> = match &settings {
+        Some(s) => crate::accelerator::plan_units(tree, s, &search)
+            .map_err(|e| TrainError::Prepare(crate::accelerator::PrepareError::Sharding(e)))?,
+        None => vec![(
+            String::new(),
+            params.iter().map(|(n, _)| n.clone()).collect(),
+        )],
+    };
+    let shards = settings
+        .as_ref()
+        .is_some_and(|s| s.sharding_strategy == ShardingStrategy::ShardGradOp);
+    let sharded: std::collections::HashSet<&str> = units
+        .iter()
+        .flat_map(|(_, names)| names.iter().map(String::as_str))
+        .collect();
+    let mut per = PerProcess::default();
+    for (name, p) in &params {
+        let element = p.kind().elt_size_in_bytes() as u64;
+        let full = p.numel() as u64 * element;
+        per.param_bytes += full;
+        let held = if shards && sharded.contains(name.as_str()) {
+            // Rank 0's rows: FSDP2's ceil(d0 / N)-row chunks.
+            let size = p.size();
+            let rows = size.first().copied().unwrap_or(1) as u64;
+            let row: u64 = size.iter().skip(1).map(|&d| d as u64).product();
+            let chunk = rows.div_ceil(processes as u64);
+            chunk.min(rows) * row * element
+        } else {
+            full
+        };
+        if p.requires_grad() {
+            per.grad_bytes += held;
+            per.optimizer_bytes += optimizer_bytes(config, held);
+        }
+    }
+    Ok(Plan {
+        modules: tree
+            .modules()
+            .iter()
+            .map(|m| PlannedModule {
+                path: m.path.clone(),
+                class: m.kind.clone(),
+                params: m.num_params,
+                bytes: m.param_bytes + m.buffer_bytes,
+            })
+            .collect(),
+        units: units.into_iter().map(|(path, _)| path).collect(),
+        per_process: per,
+        strategy: settings
+            .as_ref()
+            .map_or("DDP".into(), |s| s.sharding_strategy.name().into()),
+        policy: settings.map_or("none".into(), |s| s.auto_wrap_policy),
+        processes,
+    })
+}

@@ -1,0 +1,309 @@
+//! The steps before training in `hearth run`: the accelerator, the
+//! plugins, the dataset, the model, the optimizer and the scheduler, each
+//! built from its config section.
+
+use super::config::{DataKind, DeviceChoice, ModelKind, OptimizerKind, TrainConfig};
+use super::eval::Evaluation;
+use super::runner::{RunOptions, TrainError};
+use crate::accelerator::{Accelerator, AcceleratorBuilder};
+use crate::data::{RandomTokens, SortDigits, TextFile, TokenDataset};
+use crate::models::{Gpt, GptConfig, Mlp, MlpConfig, Model, TorchScriptModel};
+use crate::ops::{AdamHyper, SgdHyper};
+use crate::optim::{Adam, Optimizer, Sgd};
+use crate::plugins::{
+    load_checkpoint_hook, load_scheduler, load_tracker, CheckpointHookPlugin, PluginError,
+    Registry, SchedulerPlugin, SearchPath, TrackerPlugin, Value,
+};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use std::path::Path;
+
+/// The accelerator a config asks for: device, precision, accumulation,
+/// the run folder as its project, `[distributed]` and `[fsdp]`.
+pub(super) fn accelerator(
+    config: &TrainConfig,
+    options: &RunOptions,
+    run_dir: &Path,
+) -> Result<Accelerator, TrainError> {
+    let device_choice = if options.cpu {
+        DeviceChoice::Cpu
+    } else {
+        config.run.device
+    };
+    if device_choice == DeviceChoice::Cuda && !tch::Cuda::is_available() {
+        return Err(TrainError::NoCuda(config.source.clone()));
+    }
+    let mut builder = Accelerator::builder();
+    if device_choice != DeviceChoice::Auto {
+        builder = builder.cpu(device_choice == DeviceChoice::Cpu);
+    }
+    if let Some(mode) = config.run.mixed_precision {
+        builder = builder.mixed_precision(mode);
+    }
+    if let Some(ga) = config.run.gradient_accumulation_steps {
+        builder = builder.gradient_accumulation_steps(ga);
+    }
+    builder = builder.project_config(crate::accelerator::ProjectConfiguration {
+        project_dir: run_dir.to_path_buf(),
+        logging_dir: None,
+        automatic_checkpoint_naming: true,
+        iteration: 0,
+        total_limit: config.run.keep_checkpoints,
+        // Training goes on while a checkpoint is written; the next save and
+        // the end of the run wait for it.
+        async_save: true,
+        save_on_each_node: config.distributed.save_on_each_node,
+    });
+    builder = distributed(builder, config)?;
+    builder = builder.plugin_path(search_path(config, options));
+    Ok(builder.build()?)
+}
+
+/// `[distributed]` and `[fsdp]` on the builder.
+fn distributed(
+    mut builder: AcceleratorBuilder,
+    config: &TrainConfig,
+) -> Result<AcceleratorBuilder, TrainError> {
+    builder = builder.ddp(config.distributed.ddp());
+    if let Some(backend) = config.distributed.backend {
+        builder = builder.backend(backend);
+    }
+    if let Some(timeout) = config.distributed.timeout() {
+        builder = builder.timeout(timeout);
+    }
+    if let Some(section) = &config.fsdp {
+        let invalid = |key: &str, message: String| crate::train::ConfigError::Invalid {
+            path: config.source.clone(),
+            key: key.to_string(),
+            message,
+        };
+        let plugin = section.with_env(&invalid).map_err(TrainError::Config)?;
+        builder = builder.fsdp(plugin);
+    }
+    Ok(builder)
+}
+
+/// Where the run's plugins are looked for: `--plugin-dir` folders, then
+/// the standard places with the config's folder as the project.
+pub(super) fn search_path(config: &TrainConfig, options: &RunOptions) -> SearchPath {
+    let project = config
+        .source
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    SearchPath::standard(&options.plugin_dirs, Some(project))
+}
+
+pub(super) fn dataset(config: &TrainConfig) -> Result<Box<dyn TokenDataset>, TrainError> {
+    let d = &config.data;
+    Ok(match d.kind {
+        DataKind::SortDigits => Box::new(SortDigits::new(d.digits())),
+        DataKind::RandomTokens => Box::new(RandomTokens::new(d.vocab_size(), d.seq_len())),
+        DataKind::TextFile => {
+            let path = config.resolve(d.path.as_deref().expect("validated: text-file has a path"));
+            Box::new(TextFile::open(&path, d.seq_len())?)
+        }
+    })
+}
+
+pub(super) fn model(
+    config: &TrainConfig,
+    data: &dyn TokenDataset,
+    device: tch::Device,
+) -> Result<Box<dyn Model>, TrainError> {
+    let m = &config.model;
+    Ok(match m.kind {
+        ModelKind::Torchscript => {
+            let path = config.resolve(
+                m.path
+                    .as_deref()
+                    .expect("validated: torchscript has a path"),
+            );
+            Box::new(TorchScriptModel::load(&path, device)?)
+        }
+        ModelKind::Gpt => Box::new(Gpt::new(
+            GptConfig {
+                vocab_size: data.vocab_size(),
+                block_size: data.seq_len(),
+                d_model: m.d_model,
+                layers: m.layers,
+                heads: m.heads,
+            },
+            device,
+        )),
+        ModelKind::Mlp => Box::new(Mlp::new(
+            MlpConfig {
+                vocab_size: data.vocab_size(),
+                context: m.context(),
+                d_model: m.d_model,
+                hidden: m.hidden(),
+            },
+            device,
+        )),
+    })
+}
+
+pub(super) fn optimizer(config: &TrainConfig, model: &dyn Model) -> Box<dyn Optimizer> {
+    let o = &config.optimizer;
+    let groups = o.param_groups(model.named_parameters());
+    match o.kind {
+        OptimizerKind::Adamw | OptimizerKind::Adam => Box::new(Adam::new(
+            groups,
+            AdamHyper {
+                lr: o.lr(),
+                betas: o.betas(),
+                weight_decay: o.weight_decay(),
+                eps: o.eps(),
+                decoupled: o.kind == OptimizerKind::Adamw,
+            },
+        )),
+        OptimizerKind::Sgd => Box::new(Sgd::new(
+            groups,
+            SgdHyper {
+                lr: o.lr(),
+                momentum: o.momentum.unwrap_or(0.0),
+                dampening: o.dampening.unwrap_or(0.0),
+                weight_decay: o.weight_decay(),
+                nesterov: o.nesterov.unwrap_or(false),
+            },
+        )),
+    }
+}
+
+/// The plugins on the run's search path, when the config names any.
+pub(super) fn plugin_registry(
+    config: &TrainConfig,
+    options: &RunOptions,
+) -> Result<Option<Registry>, TrainError> {
+    if config.trackers.is_empty()
+        && config.scheduler.is_none()
+        && config.checkpoint_hooks.is_empty()
+    {
+        return Ok(None);
+    }
+    Registry::discover(&search_path(config, options))
+        .map(Some)
+        .map_err(plugin_error(config))
+}
+
+/// A plugin error of this config's run, naming the config file.
+pub(super) fn plugin_error(config: &TrainConfig) -> impl Fn(PluginError) -> TrainError + Copy + '_ {
+    |source| TrainError::Plugin {
+        path: config.source.clone(),
+        source,
+    }
+}
+
+/// Finds and loads the config's trackers, each logging into
+/// `logging_dir/trackers/<name>`.
+pub(super) fn trackers(
+    config: &TrainConfig,
+    registry: Option<&Registry>,
+    logging_dir: &Path,
+) -> Result<Vec<TrackerPlugin>, TrainError> {
+    let Some(registry) = registry else {
+        return Ok(Vec::new());
+    };
+    let plugin_err = plugin_error(config);
+    config
+        .trackers
+        .iter()
+        .map(|t| {
+            let found = registry.find(&t.name).map_err(plugin_err)?;
+            load_tracker(&found.manifest, &logging_dir.join("trackers").join(&t.name))
+                .map_err(plugin_err)
+        })
+        .collect()
+}
+
+/// Loads the config's checkpoint hooks with their options, in order.
+pub(super) fn checkpoint_hooks(
+    config: &TrainConfig,
+    registry: Option<&Registry>,
+) -> Result<Vec<CheckpointHookPlugin>, TrainError> {
+    let Some(registry) = registry else {
+        return Ok(Vec::new());
+    };
+    let plugin_err = plugin_error(config);
+    config
+        .checkpoint_hooks
+        .iter()
+        .map(|h| {
+            let found = registry.find(&h.name).map_err(plugin_err)?;
+            load_checkpoint_hook(&found.manifest, &h.options_json()).map_err(plugin_err)
+        })
+        .collect()
+}
+
+/// Loads the config's scheduler plugin and creates its schedule.
+pub(super) fn scheduler(
+    config: &TrainConfig,
+    registry: Option<&Registry>,
+    base_lrs: &[f64],
+    steps: u64,
+) -> Result<Option<SchedulerPlugin>, TrainError> {
+    let (Some(section), Some(registry)) = (&config.scheduler, registry) else {
+        return Ok(None);
+    };
+    let plugin_err = plugin_error(config);
+    let found = registry.find(&section.name).map_err(plugin_err)?;
+    load_scheduler(
+        &found.manifest,
+        &section.options_json(),
+        base_lrs,
+        Some(steps),
+    )
+    .map(Some)
+    .map_err(plugin_err)
+}
+
+/// The training data stream (a seeded ChaCha generator) as a checkpointed
+/// object, so a resumed run draws the batches it would have drawn.
+pub(super) struct DataStream(pub(super) ChaCha8Rng);
+
+impl crate::accelerator::Checkpointable for DataStream {
+    fn state_dict(&self) -> Vec<u8> {
+        let mut bytes = self.0.get_seed().to_vec();
+        bytes.extend(self.0.get_stream().to_le_bytes());
+        bytes.extend(self.0.get_word_pos().to_le_bytes());
+        bytes
+    }
+    /// Every process draws its own batches from its own stream.
+    fn per_process(&self) -> bool {
+        true
+    }
+    fn load_state_dict(&mut self, state: &[u8]) -> Result<(), String> {
+        if state.len() != 56 {
+            return Err(format!(
+                "the data stream state is 56 bytes, not {}",
+                state.len()
+            ));
+        }
+        let seed: [u8; 32] = state[..32].try_into().expect("32 bytes");
+        let mut rng = ChaCha8Rng::from_seed(seed);
+        rng.set_stream(u64::from_le_bytes(
+            state[32..40].try_into().expect("8 bytes"),
+        ));
+        rng.set_word_pos(u128::from_le_bytes(
+            state[40..].try_into().expect("16 bytes"),
+        ));
+        self.0 = rng;
+        Ok(())
+    }
+}
+
+pub(super) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
+    move |source| TrainError::Io {
+        path: path.into(),
+        source,
+    }
+}
+
+pub(super) fn eval_entries(e: &Evaluation) -> crate::plugins::Entries {
+    match *e {
+        Evaluation::ExactMatch { accuracy, .. } => {
+            vec![("eval/accuracy".into(), Value::Float(accuracy))]
+        }
+        Evaluation::ValidationLoss { loss, .. } => vec![("eval/loss".into(), Value::Float(loss))],
+    }
+}

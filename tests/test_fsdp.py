@@ -1,0 +1,197 @@
+"""Sharded data parallel from the outside: `hearth model plan` against
+Accelerate's own wrap policies and PyTorch's module tree, `hearth run` with
+`[fsdp]` on two processes (its summary's memory, its model loaded into the
+PyTorch class), and wrap policies and `[fsdp]` values that must stop a run."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import ROOT, make_plugin, write_config
+
+sys.path.insert(0, str(ROOT / "tests" / "oracles"))
+import peer_gpt  # noqa: E402
+
+# The peer benchmark's GPT: V=256, T=128, d=128, 4 layers, 4 heads.
+SIZES = dict(vocab_size=256, block_size=128, d_model=128, layers=4, heads=4)
+
+
+def job(fsdp: str = "", steps: int = 4) -> str:
+    return f"""
+[run]
+name = "fsdp"
+steps = {steps}
+log-every = 2
+
+[model]
+kind = "gpt"
+d-model = 128
+layers = 4
+heads = 4
+
+[data]
+kind = "random-tokens"
+vocab-size = 256
+seq-len = 128
+batch-size = 2
+
+[optimizer]
+kind = "adamw"
+lr = 3e-4
+{fsdp}"""
+
+
+def fsdp_table(policy: str, extra: str = "") -> str:
+    return f'\n[fsdp]\nsharding-strategy = "SHARD_GRAD_OP"\nauto-wrap-policy = "{policy}"\n{extra}\n'
+
+
+def plan(hearth, tmp_path, fsdp: str, n: int = 1, name="job.toml"):
+    config = write_config(tmp_path, job(fsdp), name)
+    out = hearth("model", "plan", config, "-n", n, "--json")
+    return out
+
+
+def accelerate_units(spec: dict) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FSDP_")}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "oracles" / "fsdp_wrap_units.py"), json.dumps({**SIZES, **spec})],
+        capture_output=True, text=True, check=True, env=env,
+    )
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize(
+    "policy, extra, spec",
+    [
+        ("transformer-based", 'transformer-cls-names-to-wrap = ["Block"]',
+         {"policy": "transformer_based_wrap", "transformer_cls_names_to_wrap": ["Block"]}),
+        ("transformer-based", 'transformer-cls-names-to-wrap = ["Linear"]',
+         {"policy": "transformer_based_wrap", "transformer_cls_names_to_wrap": ["Linear"]}),
+        ("size-based", "min-num-params = 100000", {"policy": "size_based_wrap", "min_num_params": 100000}),
+        ("size-based", "min-num-params = 300000", {"policy": "size_based_wrap", "min_num_params": 300000}),
+        ("size-based", "min-num-params = 30000", {"policy": "size_based_wrap", "min_num_params": 30000}),
+        ("no-wrap", "", {"policy": "no_wrap"}),
+    ],
+)
+def test_units_are_what_accelerates_policies_pick_on_the_pytorch_class(hearth, tmp_path, policy, extra, spec):
+    out = plan(hearth, tmp_path, fsdp_table(policy, extra))
+    assert out.returncode == 0, out.stderr
+    ours = sorted(json.loads(out.stdout)["units"])
+    theirs = accelerate_units(spec)
+    assert "units" in theirs, theirs
+    assert ours == theirs["units"]
+
+
+def test_a_class_the_model_lacks_is_refused_with_accelerates_message(hearth, tmp_path):
+    theirs = accelerate_units({"policy": "transformer_based_wrap", "transformer_cls_names_to_wrap": ["Nope"]})
+    out = plan(hearth, tmp_path, fsdp_table("transformer-based", 'transformer-cls-names-to-wrap = ["Nope"]'))
+    assert out.returncode != 0
+    assert theirs["error"] in out.stderr
+    assert "transformer-based" in out.stderr, "the message names the plugin"
+
+
+def test_the_module_tree_is_pytorchs(hearth, tmp_path):
+    out = plan(hearth, tmp_path, "")
+    assert out.returncode == 0, out.stderr
+    modules = json.loads(out.stdout)["modules"]
+    model = peer_gpt.build(**SIZES)
+    want = [
+        {"path": name, "class": type(m).__name__,
+         "params": sum(p.numel() for p in m.parameters()),
+         "bytes": sum(p.numel() * p.element_size() for p in m.parameters())}
+        for name, m in model.named_modules()
+    ]
+    key = lambda m: m["path"]
+    assert sorted(modules, key=key) == sorted(want, key=key)
+
+
+def test_plan_holds_a_quarter_of_the_gradients_and_state_on_four_processes(hearth, tmp_path):
+    table = fsdp_table("transformer-based", 'transformer-cls-names-to-wrap = ["Block"]')
+    one = json.loads(plan(hearth, tmp_path, table, 1).stdout)["per_process"]
+    four = json.loads(plan(hearth, tmp_path, table, 4).stdout)["per_process"]
+    assert four["param_bytes"] == one["param_bytes"], "SHARD_GRAD_OP keeps whole parameters"
+    for key in ("grad_bytes", "optimizer_bytes"):
+        # A quarter, within the padding of rows that do not divide by 4
+        # (every dimension 0 here divides, so exactly; the step counters stay whole).
+        assert abs(four[key] - one[key] / 4) <= 0.01 * one[key], (key, one, four)
+
+
+def mpirun(hearth_bin, n, *args, cwd):
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return subprocess.run(
+        ["mpirun", "--oversubscribe", "-n", str(n), str(hearth_bin), *map(str, args)],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
+    )
+
+
+def test_two_processes_hold_what_the_plan_says_and_save_what_pytorch_loads(hearth, hearth_bin, tmp_path):
+    table = fsdp_table("transformer-based", 'transformer-cls-names-to-wrap = ["Block"]')
+    config = write_config(tmp_path, job(table))
+    run = mpirun(hearth_bin, 2, "run", config, "--quiet", "--output-dir", tmp_path / "sharded", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    summary = json.loads((tmp_path / "sharded" / "fsdp" / "summary.json").read_text())
+    planned = json.loads(plan(hearth, tmp_path, table, 2).stdout)["per_process"]
+    assert summary["memory"] == planned, "measured from the tensors = planned from the layout"
+    assert summary["fsdp"]["sharding_strategy"] == "SHARD_GRAD_OP"
+    assert summary["gradient_sync"]["reduce_scatters"] == 5 * 4
+    # The same job without [fsdp]: DDP holds twice the gradients and state.
+    ddp_config = write_config(tmp_path, job(), "ddp.toml")
+    ddp = mpirun(hearth_bin, 2, "run", ddp_config, "--quiet", "--output-dir", tmp_path / "ddp", cwd=tmp_path)
+    assert ddp.returncode == 0, ddp.stderr
+    full = json.loads((tmp_path / "ddp" / "fsdp" / "summary.json").read_text())["memory"]
+    assert full["param_bytes"] == summary["memory"]["param_bytes"]
+    for key in ("grad_bytes", "optimizer_bytes"):
+        assert abs(summary["memory"][key] / full[key] - 0.5) < 0.01, (key, full, summary["memory"])
+    # The saved weights load strict into the PyTorch class.
+    model = peer_gpt.build(**SIZES)
+    model.load_state_dict(load_file(tmp_path / "sharded" / "fsdp" / "model.safetensors"), strict=True)
+
+
+@pytest.mark.parametrize(
+    "misbehave, says",
+    [
+        ("trap", "trapped"),
+        ("hang", "deadline"),
+        ("err", "fixture wrap policy refuses this model"),
+        ("missing", "`blocks.99`, which is not a module of the model"),
+    ],
+)
+def test_a_bad_wrap_policy_stops_the_run_before_the_first_step_naming_it(hearth, tmp_path, fixture_wasm, misbehave, says):
+    make_plugin(tmp_path / "policies", "bad-policy", fixture_wasm("bad-policy"), kind="wrap-policy",
+                limits="[limits]\ncall-timeout-ms = 300\n")
+    table = fsdp_table("bad-policy", f'policy-options = {{ misbehave = "{misbehave}" }}')
+    config = write_config(tmp_path, job(table))
+    out = hearth("run", config, "--plugin-dir", tmp_path / "policies", "--output-dir", tmp_path / "runs")
+    assert out.returncode == 1, out.stderr
+    assert "bad-policy" in out.stderr and says in out.stderr, out.stderr
+    assert "step 2" not in out.stdout + out.stderr, "no step was taken"
+    assert not (tmp_path / "runs" / "fsdp" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize(
+    "line, key, says",
+    [
+        ('sharding-strategy = "FULLEST"', "fsdp.sharding-strategy", "is not a sharding strategy"),
+        ("cpu-offload = true", "fsdp.cpu-offload", "not implemented in hearth yet"),
+        ("min-num-params = -3", "fsdp.min-num-params", "whole number"),
+        ("reshard-after-forwards = true", "fsdp.reshard-after-forwards", "unknown key"),
+    ],
+)
+def test_a_bad_fsdp_value_names_the_key(hearth, tmp_path, line, key, says):
+    config = write_config(tmp_path, job(f'\n[fsdp]\nsharding-strategy = "SHARD_GRAD_OP"\n{line}\n'.replace(
+        'sharding-strategy = "SHARD_GRAD_OP"\nsharding-strategy', "sharding-strategy")))
+    out = hearth("run", config)
+    assert out.returncode == 2, out.stderr
+    assert f"`{key}`" in out.stderr and says in out.stderr and str(config) in out.stderr, out.stderr
+
+
+def test_full_shard_is_refused_until_it_exists_not_ignored(hearth, tmp_path):
+    config = write_config(tmp_path, job("\n[fsdp]\n"))
+    out = hearth("run", config)
+    assert out.returncode == 2
+    assert "`fsdp.sharding-strategy`" in out.stderr and "FULL_SHARD is the default" in out.stderr
