@@ -195,3 +195,50 @@ def test_full_shard_is_refused_until_it_exists_not_ignored(hearth, tmp_path):
     out = hearth("run", config)
     assert out.returncode == 2
     assert "`fsdp.sharding-strategy`" in out.stderr and "FULL_SHARD is the default" in out.stderr
+
+
+SCRIPTED = '''
+import torch, torch.nn as nn
+class Block(nn.Module):
+    def __init__(s, d):
+        super().__init__(); s.ln = nn.LayerNorm(d); s.fc = nn.Linear(d, d)
+        s.register_buffer("scale", torch.ones(d))
+    def forward(s, x):
+        return x + s.fc(s.ln(x)) * s.scale
+class Net(nn.Module):
+    def __init__(s):
+        super().__init__(); s.tok = nn.Embedding(64, 32)
+        s.blocks = nn.ModuleList([Block(32) for _ in range(2)]); s.head = nn.Linear(32, 64)
+    def forward(s, idx):
+        x = s.tok(idx)
+        for b in s.blocks:
+            x = b(x)
+        return s.head(x)
+'''
+
+
+def test_a_torchscript_models_tree_is_its_named_modules_with_classes_and_buffers(hearth, tmp_path):
+    import importlib.util
+    source = tmp_path / "scripted_net.py"
+    source.write_text(SCRIPTED)  # TorchScript reads the classes' source from a file
+    spec = importlib.util.spec_from_file_location("scripted_net", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.Net()
+    torch.jit.script(model).save(str(tmp_path / "net.pt"))
+    text = job(fsdp_table("transformer-based", 'transformer-cls-names-to-wrap = ["Block"]'))
+    text = text.replace('kind = "gpt"\nd-model = 128\nlayers = 4\nheads = 4', 'kind = "torchscript"\npath = "net.pt"')
+    text = text.replace("vocab-size = 256\nseq-len = 128", "vocab-size = 64\nseq-len = 16")
+    config = write_config(tmp_path, text)
+    out = hearth("model", "plan", config, "-n", 2, "--json")
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    want = [
+        {"path": name, "class": type(m).__name__,
+         "params": sum(p.numel() for p in m.parameters()),
+         "bytes": sum(t.numel() * t.element_size() for t in [*m.parameters(), *m.buffers()])}
+        for name, m in model.named_modules()
+    ]
+    key = lambda m: m["path"]
+    assert sorted(got["modules"], key=key) == sorted(want, key=key)
+    assert sorted(got["units"]) == ["", "blocks.0", "blocks.1"]

@@ -24,6 +24,8 @@
 #include <ATen/ops/_fused_sgd.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/serialization/import.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -230,3 +232,23 @@ char *hearth_empty_device_cache() {
 }
 
 }  // extern "C"
+
+// The module tree of the TorchScript file at `path` (loaded on the CPU, apart
+// from any copy the caller holds): `module(ctx, path, qualified class name)`
+// for every submodule, the root first as "", then `buffer(ctx, name, tensor)`
+// for every buffer, handing over a new at::Tensor the caller owns.
+extern "C" char *hearth_jit_structure(const char *path,
+                           void (*module)(void *, const char *, const char *),
+                           void (*buffer)(void *, const char *, at::Tensor *), void *ctx) {
+  return guarded([&] {
+    auto loaded = torch::jit::load(std::string(path), at::Device(at::kCPU));
+    for (const auto &m : loaded.named_modules()) {
+      auto name = m.value.type()->name();
+      std::string cls = name ? name->qualifiedName() : std::string();
+      module(ctx, m.name.c_str(), cls.c_str());
+    }
+    for (const auto &b : loaded.named_buffers()) {
+      buffer(ctx, b.name.c_str(), new at::Tensor(b.value));
+    }
+  });
+}

@@ -57,6 +57,9 @@ struct Setup {
     precision: MixedPrecision,
     /// Clip the gradients' norm to 1 at every step.
     clip: bool,
+    /// Train a custom `VarStore` network with declared classes instead of
+    /// the GPT.
+    custom: bool,
 }
 
 impl Setup {
@@ -71,17 +74,19 @@ impl Setup {
             accumulation: parts[3].parse().unwrap(),
             precision: parts[4].parse().unwrap(),
             clip: parts[5] == "clip",
+            custom: parts[6] == "custom",
         }
     }
 
     fn mode(&self) -> String {
         format!(
-            "fsdp:{}:{}:{}:{}:{}",
+            "fsdp:{}:{}:{}:{}:{}:{}",
             self.strategy.map_or("none", |s| s.name()),
             self.batch,
             self.accumulation,
             self.precision,
-            if self.clip { "clip" } else { "no-clip" }
+            if self.clip { "clip" } else { "no-clip" },
+            if self.custom { "custom" } else { "gpt" }
         )
     }
 }
@@ -95,6 +100,9 @@ fn train(
     seed: i64,
     save_to: Option<&Path>,
 ) -> HashMap<String, Tensor> {
+    if setup.custom {
+        return train_custom(acc, setup, seed);
+    }
     tch::manual_seed(seed);
     let model = Gpt::new(bench_gpt(), Device::Cpu);
     let examples = STEPS * acc.num_processes() * setup.batch * setup.accumulation;
@@ -138,6 +146,52 @@ fn train(
     acc.get_state_dict(&model).into_iter().collect()
 }
 
+/// A custom network (`VarStore` layers of class `Layer`, declared) trained
+/// like [`train`] on regression data; sharded one layer per unit.
+fn train_custom(acc: &mut Accelerator, setup: Setup, seed: i64) -> HashMap<String, Tensor> {
+    use hearth::models::VarStoreModel;
+    use tch::nn::{self, Module};
+    tch::manual_seed(seed);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let (l0, l1, l2) = (
+        nn::linear(vs.root() / "layers" / 0, 6, 16, Default::default()),
+        nn::linear(vs.root() / "layers" / 1, 16, 16, Default::default()),
+        nn::linear(vs.root() / "layers" / 2, 16, 1, Default::default()),
+    );
+    let model = VarStoreModel::new(vs)
+        .class("", "Net")
+        .class("layers", "ModuleList")
+        .class("layers.0", "Layer")
+        .class("layers.1", "Layer")
+        .class("layers.2", "Layer");
+    let vs = acc.prepare(model).unwrap();
+    let examples = STEPS * acc.num_processes() * setup.batch * setup.accumulation;
+    tch::manual_seed(123);
+    let xs = Tensor::randn([examples as i64, 6], (Kind::Float, Device::Cpu));
+    let ys = (xs.sum_dim_intlist(1, true, Kind::Float) * 0.5).sin();
+    let data: Vec<(Tensor, Tensor)> = (0..examples as i64)
+        .map(|i| (xs.get(i), ys.get(i)))
+        .collect();
+    let opt = Adam::new(vs.trainable_variables(), AdamHyper::adamw(1e-2));
+    let (mut opt, loader) = acc
+        .prepare((opt, DataLoader::new(data, setup.batch)))
+        .unwrap();
+    for (x, y) in loader.iter() {
+        acc.accumulate(|| {
+            let h = l1.forward(&l0.forward(&x).tanh()).tanh();
+            let loss = l2.forward(&h).mse_loss(&y, tch::Reduction::Mean);
+            acc.backward(&loss).unwrap();
+            acc.clip_grad_norm_(&mut opt, 1.0).unwrap();
+            opt.step().unwrap();
+            opt.zero_grad();
+        });
+    }
+    vs.variables()
+        .into_iter()
+        .map(|(n, t)| (n, t.detach().copy()))
+        .collect()
+}
+
 fn accelerator(setup: Setup) -> Accelerator {
     let mut builder = Accelerator::builder()
         .cpu(true)
@@ -145,10 +199,11 @@ fn accelerator(setup: Setup) -> Accelerator {
         .gradient_accumulation_steps(setup.accumulation)
         .timeout(Duration::from_secs(120));
     if let Some(strategy) = setup.strategy {
+        let class = if setup.custom { "Layer" } else { "Block" };
         builder = builder.fsdp(FsdpPlugin {
             sharding_strategy: Some(strategy),
             auto_wrap_policy: Some("transformer-based".into()),
-            transformer_cls_names_to_wrap: Some(vec!["Block".into()]),
+            transformer_cls_names_to_wrap: Some(vec![class.into()]),
             sync_module_states: Some(true),
             ..Default::default()
         });
@@ -264,6 +319,7 @@ fn shard_grad_op_matches_ddp_and_one_process(
         batch,
         accumulation,
         precision,
+        custom: false,
         // Clipping's norm sums the squares in another order when sharded;
         // in bf16 an ulp of difference in its coefficient flips the bf16
         // rounding of weights in the next forward pass, and from there the
@@ -310,6 +366,29 @@ fn shard_grad_op_matches_ddp_and_one_process(
     let saved = read(&dir.join("model.safetensors"));
     assert_eq!(worst_difference(&saved, &ranks[0]), 0.0);
     (ddp_reports, reports)
+}
+
+#[test]
+fn a_custom_var_store_model_is_sharded_by_its_declared_classes() {
+    let sharded = Setup {
+        strategy: Some(ShardingStrategy::ShardGradOp),
+        batch: 3,
+        accumulation: 1,
+        precision: MixedPrecision::No,
+        clip: true,
+        custom: true,
+    };
+    let want = reference(sharded, 2);
+    let (ranks, reports, _dir) = run(2, sharded);
+    for (r, got) in ranks.iter().enumerate() {
+        let worst = worst_difference(got, &want);
+        assert!(
+            worst <= TOLERANCE,
+            "rank {r}: {worst:e} from one process's weights"
+        );
+    }
+    // Three `Layer` units; the root holds nothing of its own.
+    assert_eq!(reports[0]["reduce_scatters"], 3 * STEPS, "{}", reports[0]);
 }
 
 #[test]

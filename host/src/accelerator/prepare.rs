@@ -91,21 +91,31 @@ macro_rules! model {
 model!(Gpt, Mlp, TorchScriptModel, Box<dyn Model>);
 
 /// A custom model's variables: moved to the accelerator's device. Run its
-/// forward pass inside [`Accelerator::autocast`] for mixed precision.
+/// forward pass inside [`Accelerator::autocast`] for mixed precision. Its
+/// module tree (for a wrap policy) is inferred from the variable names,
+/// every module of class `Module`; declare classes with
+/// [`VarStoreModel`](crate::models::VarStoreModel).
 impl Prepare for tch::nn::VarStore {
     type Prepared = tch::nn::VarStore;
-    fn prepare_with(mut self, acc: &mut Accelerator) -> Result<Self, PrepareError> {
-        self.set_device(acc.device());
-        let variables = crate::models::sorted_variables(&self);
-        let tree = crate::models::ModuleTree::from_variables(&self.variables(), "Module", &[]);
+    fn prepare_with(self, acc: &mut Accelerator) -> Result<Self, PrepareError> {
+        crate::models::VarStoreModel::new(self).prepare_with(acc)
+    }
+}
+
+/// A custom model's variables with its modules' classes declared.
+impl Prepare for crate::models::VarStoreModel {
+    type Prepared = tch::nn::VarStore;
+    fn prepare_with(mut self, acc: &mut Accelerator) -> Result<tch::nn::VarStore, PrepareError> {
+        self.vs.set_device(acc.device());
+        let variables = crate::models::sorted_variables(&self.vs);
         let handles = variables
             .iter()
             .map(|(n, p)| (n.clone(), p.shallow_clone()))
             .collect();
-        acc.register_for_sync(&tree, handles)
+        acc.register_for_sync(&self.module_tree(), handles)
             .map_err(PrepareError::Sharding)?;
         acc.remember_model(variables);
-        Ok(self)
+        Ok(self.vs)
     }
 }
 

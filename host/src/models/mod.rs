@@ -12,6 +12,6 @@ mod tree;
 
 pub use gpt::{Gpt, GptConfig};
 pub use mlp::{Mlp, MlpConfig};
-pub use model::{sorted_variables, Model, Unit};
+pub use model::{sorted_variables, Model, Unit, VarStoreModel};
 pub use torchscript::{TorchScriptError, TorchScriptModel};
 pub use tree::{ModuleInfo, ModuleTree};

@@ -42,6 +42,60 @@ pub trait Model {
     }
 }
 
+/// A custom model (a tch `VarStore` and a forward pass of the user's) with
+/// the classes of its modules declared, so that a wrap policy can pick its
+/// units by class; modules left undeclared are of class `Module`.
+///
+/// ```no_run
+/// # fn demo(acc: &mut hearth::accelerator::Accelerator) -> Result<(), hearth::accelerator::PrepareError> {
+/// use hearth::models::VarStoreModel;
+/// let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+/// // … layers under vs.root() / "layers" / 0, / 1 …
+/// let model = VarStoreModel::new(vs)
+///     .class("", "Net")
+///     .class("layers.0", "Layer")
+///     .class("layers.1", "Layer");
+/// let vs = acc.prepare(model)?;
+/// # Ok(()) }
+/// ```
+pub struct VarStoreModel {
+    /// The variables.
+    pub vs: nn::VarStore,
+    /// `(module path, class)` pairs; `""` is the root.
+    pub classes: Vec<(String, String)>,
+}
+
+impl VarStoreModel {
+    /// `vs` with no class declared.
+    pub fn new(vs: nn::VarStore) -> Self {
+        Self {
+            vs,
+            classes: Vec::new(),
+        }
+    }
+
+    /// Declares the class of the module at `path`.
+    pub fn class(mut self, path: &str, class: &str) -> Self {
+        self.classes.push((path.into(), class.into()));
+        self
+    }
+
+    /// The module tree the variable names and declared classes give.
+    pub fn module_tree(&self) -> ModuleTree {
+        let root = self
+            .classes
+            .iter()
+            .find(|(p, _)| p.is_empty())
+            .map_or("Module", |(_, c)| c.as_str());
+        let classes: Vec<(&str, &str)> = self
+            .classes
+            .iter()
+            .map(|(p, c)| (p.as_str(), c.as_str()))
+            .collect();
+        ModuleTree::from_variables(&self.vs.variables(), root, &classes)
+    }
+}
+
 /// The parameters of a `VarStore`, sorted by name.
 pub fn sorted_variables(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
     let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();

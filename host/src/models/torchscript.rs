@@ -53,7 +53,7 @@ impl TorchScriptModel {
         for (_, p) in &params {
             let _ = p.set_requires_grad(true);
         }
-        let tree = tree_of(&params);
+        let tree = tree_of(path, &params);
         Ok(Self {
             module: Mutex::new((module, true)),
             params,
@@ -88,23 +88,43 @@ fn first_line(e: &TchError) -> String {
     e.to_string().lines().next().unwrap_or_default().to_string()
 }
 
-/// Modules inferred from the parameter names (`a.b.weight` → `a`, `a.b`).
-fn tree_of(params: &[(String, Tensor)]) -> ModuleTree {
-    let mut paths = BTreeSet::new();
-    for (name, _) in params {
-        let mut p = name.as_str();
-        while let Some(i) = p.rfind('.') {
-            p = &p[..i];
-            paths.insert(p.to_string());
-        }
-    }
-    let mut declared: Vec<(String, &str)> = vec![(String::new(), "RecursiveScriptModule")];
-    declared.extend(paths.into_iter().map(|p| (p, "Module")));
+/// The module tree: the script's own submodules with their classes (the last
+/// part of each qualified name, `Block` for `__torch__.peer.Block`) and
+/// buffers; when the file cannot be read for that, modules inferred from the
+/// parameter names (`a.b.weight` → `a`, `a.b`) of class `Module`.
+fn tree_of(path: &Path, params: &[(String, Tensor)]) -> ModuleTree {
     let vars: HashMap<String, Tensor> = params
         .iter()
         .map(|(n, t)| (n.clone(), t.shallow_clone()))
         .collect();
-    ModuleTree::new(&declared, &vars)
+    match crate::ops::jit_structure(path) {
+        Ok(structure) => {
+            let declared: Vec<(String, &str)> = structure
+                .modules
+                .iter()
+                .map(|(p, c)| (p.clone(), c.as_str()))
+                .collect();
+            let buffers: HashMap<String, Tensor> = structure.buffers.into_iter().collect();
+            ModuleTree::with_buffers(&declared, &vars, &buffers)
+        }
+        Err(e) => {
+            tracing::warn!(
+                "TorchScript model {}: its submodules cannot be listed ({e}); the module tree is inferred from parameter names",
+                path.display()
+            );
+            let mut paths = BTreeSet::new();
+            for (name, _) in params {
+                let mut p = name.as_str();
+                while let Some(i) = p.rfind('.') {
+                    p = &p[..i];
+                    paths.insert(p.to_string());
+                }
+            }
+            let mut declared: Vec<(String, &str)> = vec![(String::new(), "Module")];
+            declared.extend(paths.into_iter().map(|p| (p, "Module")));
+            ModuleTree::new(&declared, &vars)
+        }
+    }
 }
 
 impl Unit for TorchScriptModel {

@@ -83,4 +83,10 @@ extern "C" {
         index: c_int,
         state: *mut C_tensor,
     ) -> *mut c_char;
+    pub fn hearth_jit_structure(
+        path: *const c_char,
+        module: extern "C" fn(*mut std::ffi::c_void, *const c_char, *const c_char),
+        buffer: extern "C" fn(*mut std::ffi::c_void, *const c_char, *mut C_tensor),
+        ctx: *mut std::ffi::c_void,
+    ) -> *mut c_char;
 }

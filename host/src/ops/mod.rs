@@ -5,6 +5,7 @@
 mod amp;
 mod ffi;
 mod foreach;
+mod jit;
 mod rng;
 
 pub use amp::{amp_unscale_, amp_update_scale_, AutocastGuard};
@@ -12,4 +13,5 @@ pub use foreach::{
     clear_grads, foreach_mul_, foreach_norm, fused_adam, fused_sgd, on_grad_accumulated, set_grad,
     AdamHyper, SgdHyper,
 };
+pub use jit::{jit_structure, JitStructure};
 pub use rng::{empty_device_cache, randperm, rng_state, set_rng_state};
