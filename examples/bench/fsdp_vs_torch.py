@@ -1,0 +1,155 @@
+"""hearth's sharded data parallel against PyTorch FSDP, in one run.
+
+1. Throughput: the bench GPT (shared/bench/peer_gpt_accelerate.py's model,
+   B=16 per process) on PROCS processes: `hearth launch` with `[fsdp]`
+   SHARD_GRAD_OP, then NO_SHARD, then torchrun + PyTorch FSDP1
+   (ShardingStrategy.SHARD_GRAD_OP, Block units, gloo), ROUNDS rounds
+   alternately; tokens/s and ratios.
+2. Memory: a ~100M-parameter GPT (d=768, 12 layers, vocab 8192, T=128,
+   B=2) for a few steps on 4 processes, DDP vs SHARD_GRAD_OP: peak RSS per
+   process (from /proc, sampled) and summary.json's memory.
+A benchmark, not a test: nothing is asserted.
+Usage: make bench-fsdp  (or: python fsdp_vs_torch.py [ROUNDS] [PROCS])
+"""
+import json
+import os
+import pathlib
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "oracles"))
+from peer_gpt import peer_script  # noqa: E402
+HEARTH = pathlib.Path(os.environ.get("HEARTH_BIN", ROOT / "target" / "debug" / "hearth"))
+STEPS = 40
+
+FSDP_PEER = r'''
+import os, re, sys, time, torch, functools
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+source = open(sys.argv[1]).read()
+source = source[: source.rindex("\nmain()")]
+ns = {"__name__": "peer"}
+exec(compile(source, sys.argv[1], "exec"), ns)
+steps = int(sys.argv[2])
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+V, T, B = ns["V"], ns["T"], ns["B"]
+model = FSDP(ns["GPT"](), sharding_strategy=ShardingStrategy.SHARD_GRAD_OP,
+             auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={ns["Block"]}),
+             use_orig_params=True)
+opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+data = torch.randint(0, V, (steps * B + 1, T + 1))
+warm, t0 = 10, None
+for i in range(steps):
+    if i == warm: t0 = time.perf_counter()
+    x = data[i * B:(i + 1) * B]
+    loss = F.cross_entropy(model(x[:, :-1]).reshape(-1, V), x[:, 1:].reshape(-1))
+    loss.backward(); opt.step(); opt.zero_grad()
+dt = time.perf_counter() - t0
+if dist.get_rank() == 0:
+    print(f"tokens/s={(steps - warm) * B * T * dist.get_world_size() / dt:.0f}")
+dist.destroy_process_group()
+'''
+
+
+def job(fsdp: str, d=128, layers=4, heads=4, vocab=256, seq=128, batch=16) -> str:
+    return f"""
+[run]
+name = "bench"
+steps = {STEPS}
+log-every = {STEPS}
+[model]
+kind = "gpt"
+d-model = {d}
+layers = {layers}
+heads = {heads}
+[data]
+kind = "random-tokens"
+vocab-size = {vocab}
+seq-len = {seq}
+batch-size = {batch}
+[optimizer]
+kind = "adamw"
+lr = 3e-4
+{fsdp}"""
+
+
+SHARDED = '[fsdp]\nsharding-strategy = "SHARD_GRAD_OP"\nauto-wrap-policy = "transformer-based"\ntransformer-cls-names-to-wrap = ["Block"]\n'
+NO_SHARD = '[fsdp]\nsharding-strategy = "NO_SHARD"\n'
+
+
+def peak_rss_of_children(proc: subprocess.Popen, name: str) -> dict:
+    """Samples the resident memory of every process named `name` under `proc`."""
+    peaks = {}
+    while proc.poll() is None:
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                status = pathlib.Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            if f"Name:\t{name}" in status:
+                rss = int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) * 1024 if "VmRSS" in status else 0
+                peaks[pid] = max(peaks.get(pid, 0), rss)
+        time.sleep(0.05)
+    return peaks
+
+
+def hearth_run(tmp: pathlib.Path, text: str, procs: int, steps: int = STEPS, watch=False):
+    config = tmp / "job.toml"
+    config.write_text(text)
+    out = tmp / "out"
+    cmd = [HEARTH, "launch", "-n", str(procs), "--cpu", config, "--", "--quiet", "--steps", str(steps), "--output-dir", out]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    peaks = peak_rss_of_children(proc, "hearth") if watch else {}
+    _, err = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(err.decode())
+    summary = json.loads((out / "bench" / "summary.json").read_text())
+    return summary, peaks
+
+
+def torch_fsdp_tokens_per_sec(tmp: pathlib.Path, procs: int) -> float:
+    script = tmp / "fsdp_peer.py"
+    script.write_text(FSDP_PEER)
+    torchrun = pathlib.Path(sys.executable).parent / "torchrun"
+    out = subprocess.run([torchrun, "--nproc_per_node", str(procs), script, peer_script(), str(STEPS)],
+                         check=True, capture_output=True, text=True).stdout
+    return float(re.search(r"tokens/s=(\d+)", out).group(1))
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    procs = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    zero2, ddp, torch_fsdp = [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        for i in range(rounds):
+            zero2.append(hearth_run(tmp, job(SHARDED), procs)[0]["tokens_per_sec"])
+            ddp.append(hearth_run(tmp, job(NO_SHARD), procs)[0]["tokens_per_sec"])
+            torch_fsdp.append(torch_fsdp_tokens_per_sec(tmp, procs))
+            print(f"round {i + 1}: hearth SHARD_GRAD_OP {zero2[-1]:.0f}, hearth NO_SHARD {ddp[-1]:.0f}, "
+                  f"PyTorch FSDP SHARD_GRAD_OP {torch_fsdp[-1]:.0f} tokens/s")
+        z, d, t = (statistics.median(v) for v in (zero2, ddp, torch_fsdp))
+        print(f"bench GPT, {procs} processes, median of {rounds}:")
+        print(f"  SHARD_GRAD_OP / NO_SHARD (hearth)            = {z / d:.2f}")
+        print(f"  hearth SHARD_GRAD_OP / PyTorch FSDP (gloo)    = {z / t:.2f}")
+        big = dict(d=768, layers=12, heads=12, vocab=8192, seq=128, batch=2)
+        for name, table in (("DDP", ""), ("SHARD_GRAD_OP", SHARDED)):
+            summary, peaks = hearth_run(tmp, job(table, **big), 4, steps=3, watch=True)
+            gib = [p / 2**30 for p in peaks.values()]
+            print(f"~100M GPT ({summary['num_parameters'] / 1e6:.0f}M parameters), 4 processes, {name}: "
+                  f"peak RSS per process {max(gib):.2f} GiB (mean {statistics.mean(gib):.2f}); memory {summary['memory']}")
+
+
+if __name__ == "__main__":
+    main()
