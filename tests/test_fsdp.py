@@ -242,3 +242,32 @@ def test_a_torchscript_models_tree_is_its_named_modules_with_classes_and_buffers
     key = lambda m: m["path"]
     assert sorted(got["modules"], key=key) == sorted(want, key=key)
     assert sorted(got["units"]) == ["", "blocks.0", "blocks.1"]
+
+
+def test_sharded_checkpoints_are_ddps_and_resume_to_the_unbroken_run(hearth_bin, tmp_path):
+    """save_state under SHARD_GRAD_OP writes what a DDP run writes (the
+    optimizer state gathered whole, PyTorch's names), and a sharded run
+    stopped and resumed from it ends with the unbroken run's weights."""
+    table = fsdp_table("transformer-based", 'transformer-cls-names-to-wrap = ["Block"]')
+    save = "save-every = 4\n"
+    sharded = write_config(tmp_path, job(table, steps=8).replace("log-every = 2\n", "log-every = 2\n" + save), "sharded.toml")
+    ddp = write_config(tmp_path, job("", steps=8).replace("log-every = 2\n", "log-every = 2\n" + save), "ddp.toml")
+    for config, out in ((sharded, "whole"), (ddp, "ddp")):
+        run = mpirun(hearth_bin, 2, "run", config, "--quiet", "--output-dir", tmp_path / out, cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+    ours = tmp_path / "whole" / "fsdp" / "checkpoints" / "checkpoint_0"
+    theirs = tmp_path / "ddp" / "fsdp" / "checkpoints" / "checkpoint_0"
+    assert sorted(p.name for p in ours.iterdir()) == sorted(p.name for p in theirs.iterdir())
+    a, b = load_file(ours / "optimizer.safetensors"), load_file(theirs / "optimizer.safetensors")
+    assert a.keys() == b.keys() and len(a) == 3 * 4 * 12 + 3 * 6
+    for key in a:
+        assert a[key].shape == b[key].shape, key
+        assert torch.allclose(a[key], b[key], rtol=1e-4, atol=1e-6), key
+    assert json.loads((ours / "optimizer.json").read_text()) == json.loads((theirs / "optimizer.json").read_text())
+    # Stopped after 4 steps, resumed to 8: the unbroken run's weights, bit for bit.
+    first = mpirun(hearth_bin, 2, "run", sharded, "--quiet", "--steps", 4, "--output-dir", tmp_path / "broken", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    resumed = mpirun(hearth_bin, 2, "run", sharded, "--quiet", "--resume", "--output-dir", tmp_path / "broken", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    whole = (tmp_path / "whole" / "fsdp" / "model.safetensors").read_bytes()
+    assert (tmp_path / "broken" / "fsdp" / "model.safetensors").read_bytes() == whole

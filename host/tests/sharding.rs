@@ -158,12 +158,16 @@ fn train_custom(acc: &mut Accelerator, setup: Setup, seed: i64) -> HashMap<Strin
         nn::linear(vs.root() / "layers" / 1, 16, 16, Default::default()),
         nn::linear(vs.root() / "layers" / 2, 16, 1, Default::default()),
     );
+    // A layer the forward pass never uses: no process has a gradient for
+    // it, so AdamW must leave it alone (no weight decay), as with DDP.
+    let _unused = nn::linear(vs.root() / "layers" / 3, 5, 5, Default::default());
     let model = VarStoreModel::new(vs)
         .class("", "Net")
         .class("layers", "ModuleList")
         .class("layers.0", "Layer")
         .class("layers.1", "Layer")
-        .class("layers.2", "Layer");
+        .class("layers.2", "Layer")
+        .class("layers.3", "Layer");
     let vs = acc.prepare(model).unwrap();
     let examples = STEPS * acc.num_processes() * setup.batch * setup.accumulation;
     tch::manual_seed(123);
@@ -387,8 +391,35 @@ fn a_custom_var_store_model_is_sharded_by_its_declared_classes() {
             "rank {r}: {worst:e} from one process's weights"
         );
     }
-    // Three `Layer` units; the root holds nothing of its own.
-    assert_eq!(reports[0]["reduce_scatters"], 3 * STEPS, "{}", reports[0]);
+    // Four `Layer` units; the root holds nothing of its own.
+    assert_eq!(reports[0]["reduce_scatters"], 4 * STEPS, "{}", reports[0]);
+}
+
+#[test]
+fn an_optimizer_prepared_before_its_sharded_model_is_refused() {
+    let setup = Setup {
+        strategy: Some(ShardingStrategy::ShardGradOp),
+        batch: 1,
+        accumulation: 1,
+        precision: MixedPrecision::No,
+        clip: false,
+        custom: false,
+    };
+    let mut acc = accelerator(setup);
+    // Drawing weights here would move the generator under a reference run.
+    let _one_at_a_time = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    let model = Gpt::new(bench_gpt(), Device::Cpu);
+    let params: Vec<Tensor> = model
+        .named_parameters()
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
+    let _opt = acc
+        .prepare(Adam::new(params, AdamHyper::adamw(1e-3)))
+        .unwrap();
+    let err = acc.prepare(model).err().expect("refused");
+    let chain = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+    assert!(chain.contains("prepare the model first"), "{chain}");
 }
 
 #[test]

@@ -250,7 +250,7 @@ impl AcceleratorBuilder {
                     .or(FsdpPlugin::from_env()?)
                     .resolve("the FSDP plugin")?,
             ),
-            None if FsdpPlugin::wanted_by_env() => {
+            None if FsdpPlugin::wanted_by_env()? => {
                 Some(FsdpPlugin::from_env()?.resolve("the FSDP environment")?)
             }
             None => None,

@@ -337,7 +337,25 @@ impl Accelerator {
     /// failure of the background write is returned by the next of those
     /// calls (the previous checkpoint is untouched either way).
     pub fn save_state(&mut self, dir: Option<&Path>) -> Result<PathBuf, CheckpointError> {
-        self.wait_for_checkpoint()?;
+        let waited = self.wait_for_checkpoint();
+        if self.sharded_optimizers() && self.num_processes() > 1 {
+            // The gathers below are collectives: every process goes on, or none.
+            let mine = waited.as_ref().map(|_| ()).map_err(|e| format!("{e:#}"));
+            let all = self.gather_object(&mine).map_err(|e| {
+                state_err(
+                    &self.project.project_dir,
+                    format!("the processes could not agree: {e}"),
+                )
+            })?;
+            if let Some((rank, Err(m))) = all.iter().enumerate().find(|(_, r)| r.is_err()) {
+                waited?;
+                return Err(state_err(
+                    &self.project.project_dir,
+                    format!("rank {rank}'s previous checkpoint failed: {m}"),
+                ));
+            }
+        }
+        waited?;
         let automatic = dir.is_none();
         let dest = match dir {
             Some(d) => d.to_path_buf(),
@@ -352,13 +370,7 @@ impl Accelerator {
                 ))
             }
         };
-        // Every process takes part: a sharded optimizer gathers its
-        // whole state (the writers keep it).
-        let optimizer_states: Vec<OptimizerState> = self
-            .optimizers
-            .iter()
-            .map(|o| lock(o).inner.state_dict())
-            .collect();
+        let optimizer_states = self.full_optimizer_states(&dest)?;
         let Some(staged) = self.stage(&dest)? else {
             // A process that writes no checkpoint: its part is written.
             self.project.iteration += 1;
@@ -551,6 +563,28 @@ impl Accelerator {
         }
     }
 
+    /// True when a prepared optimizer steps shards (its state must be
+    /// gathered to be saved).
+    fn sharded_optimizers(&self) -> bool {
+        self.optimizers
+            .iter()
+            .any(|o| lock(o).inner.process_group().is_some())
+    }
+
+    /// Every optimizer's whole state (a sharded one's gathered: every
+    /// process takes part, the writers keep it).
+    fn full_optimizer_states(&self, dest: &Path) -> Result<Vec<OptimizerState>, CheckpointError> {
+        self.optimizers
+            .iter()
+            .map(|o| {
+                lock(o)
+                    .inner
+                    .full_state_dict()
+                    .map_err(|m| state_err(dest, format!("the optimizer state: {m}")))
+            })
+            .collect()
+    }
+
     /// Everything a checkpoint holds, as owned data. With `copy`, tensors
     /// are copied even when already on the CPU, so training can go on
     /// changing them while a background thread writes.
@@ -686,7 +720,7 @@ impl Accelerator {
             };
             lock(opt)
                 .inner
-                .load_state_dict(state)
+                .load_full_state_dict(state)
                 .map_err(|m| state_err(&path, m))?;
         }
         for (i, sched) in self.registered.schedulers.iter().enumerate() {

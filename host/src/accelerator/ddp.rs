@@ -98,23 +98,34 @@ impl DataParallel {
 
     /// Shards the model `tree` describes (its `parameters` named): asks the
     /// wrap policy for its units — also in a world of one, so that a bad
-    /// policy stops every run — and, with several processes, lays each
+    /// policy stops every run, and with NO_SHARD too — checks that every
+    /// process got the same units, and, with several processes, lays each
     /// unit out in shards and reduce-scatters its gradients from now on.
-    /// Without sharding configured, [`register`](Self::register).
+    /// Without FSDP, or with NO_SHARD, [`register`](Self::register) (the
+    /// parameters of ignored modules left out).
     pub(super) fn register_model(
         &self,
         group: &dyn ProcessGroup,
         tree: &ModuleTree,
         parameters: Vec<(String, Tensor)>,
     ) -> Result<(), ShardingError> {
-        let settings = match &self.fsdp {
-            Some(s) if s.sharding_strategy.shards() => s,
-            _ => {
-                let tensors = parameters.into_iter().map(|(_, p)| p).collect();
-                return Ok(self.register(group, tensors)?);
-            }
+        let Some(settings) = &self.fsdp else {
+            let tensors = parameters.into_iter().map(|(_, p)| p).collect();
+            return Ok(self.register(group, tensors)?);
         };
-        let plan = plan_units(tree, settings, &self.plugin_path)?;
+        let plan = agreed(group, plan_units(tree, settings, &self.plugin_path))?;
+        if !settings.sharding_strategy.shards() {
+            let kept: std::collections::HashSet<&str> = plan
+                .iter()
+                .flat_map(|(_, names)| names.iter().map(String::as_str))
+                .collect();
+            let tensors = parameters
+                .into_iter()
+                .filter(|(n, _)| kept.contains(n.as_str()))
+                .map(|(_, p)| p)
+                .collect();
+            return Ok(self.register(group, tensors)?);
+        }
         let (rank, world) = (group.process_index(), group.num_processes());
         let known = |p: &Tensor| {
             self.units
@@ -145,6 +156,29 @@ impl DataParallel {
         let sync = GradientSync::sharded(group, units, settings.sync_module_states)?;
         self.models.borrow_mut().push(sync);
         Ok(())
+    }
+
+    /// Refuses to shard parameters an optimizer already holds: it was
+    /// prepared before the model and would step the whole parameters,
+    /// whose gradients sharding drops.
+    pub(super) fn check_not_held(
+        &self,
+        held: &[Tensor],
+        parameters: &[(String, Tensor)],
+    ) -> Result<(), ShardingError> {
+        let sharding = self
+            .fsdp
+            .as_ref()
+            .is_some_and(|s| s.sharding_strategy.shards());
+        let ptrs: std::collections::HashSet<usize> =
+            held.iter().map(|t| t.data_ptr() as usize).collect();
+        match parameters.iter().find(|(_, p)| ptrs.contains(&(p.data_ptr() as usize))) {
+            Some((name, _)) if sharding => Err(ShardingError::Optimizer(format!(
+                "an optimizer prepared before the model holds `{name}`; prepare the model first \
+                 (or list it before the optimizer in the same prepare call), as with Accelerate's FSDP"
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// `inner` as it steps: over the shards of the sharded parameters it
@@ -223,8 +257,74 @@ impl Accelerator {
         &self,
         tree: &ModuleTree,
         parameters: Vec<(String, Tensor)>,
-    ) -> Result<(), ShardingError> {
-        self.ddp
-            .register_model(self.process_group(), tree, parameters)
+    ) -> Result<(), super::PrepareError> {
+        let held: Vec<Tensor> = self
+            .optimizers
+            .iter()
+            .flat_map(|o| super::lock(o).inner.parameters())
+            .collect();
+        let result = self.ddp.check_not_held(&held, &parameters).and_then(|()| {
+            self.ddp
+                .register_model(self.process_group(), tree, parameters)
+        });
+        result.map_err(|e| match e {
+            ShardingError::Dist(e) => super::PrepareError::Dist(e),
+            e => super::PrepareError::Sharding(e),
+        })
     }
+}
+
+/// `plan` once every process has the same: each process's units (or its
+/// error) are gathered, so that a policy that failed, timed out or chose
+/// otherwise on one process stops them all with the same message instead
+/// of leaving the others waiting in a collective.
+fn agreed(
+    group: &dyn ProcessGroup,
+    plan: Result<Vec<(String, Vec<String>)>, ShardingError>,
+) -> Result<Vec<(String, Vec<String>)>, ShardingError> {
+    if group.num_processes() == 1 {
+        return plan;
+    }
+    let mine: Result<&Vec<(String, Vec<String>)>, String> = plan
+        .as_ref()
+        .map_err(|e| format!("{e}: {}", error_chain(e)));
+    let bytes = serde_json::to_vec(&mine).expect("a plan serialises");
+    let all = group.all_gather_bytes(&bytes)?;
+    let me = group.process_index();
+    for (rank, theirs) in all.iter().enumerate() {
+        if rank == me {
+            continue;
+        }
+        let theirs: Result<Vec<(String, Vec<String>)>, String> = serde_json::from_slice(theirs)
+            .map_err(|e| {
+                ShardingError::Disagree(format!("rank {rank} sent an unreadable plan: {e}"))
+            })?;
+        match (&plan, theirs) {
+            (Err(_), _) => {}
+            (Ok(_), Err(message)) => {
+                return Err(ShardingError::Disagree(format!(
+                    "on rank {rank}: {message}"
+                )))
+            }
+            (Ok(ours), Ok(theirs)) if *ours != theirs => {
+                return Err(ShardingError::Disagree(format!(
+                    "rank {rank}'s wrap policy chose other units than rank {me}'s; \
+                     every process must load the same policy plugin with the same options"
+                )))
+            }
+            _ => {}
+        }
+    }
+    plan
+}
+
+/// The causes below `e`, joined.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut parts = Vec::new();
+    let mut at = e.source();
+    while let Some(cause) = at {
+        parts.push(cause.to_string());
+        at = cause.source();
+    }
+    parts.join(": ")
 }

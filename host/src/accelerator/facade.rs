@@ -363,6 +363,7 @@ impl Accelerator {
                     &inner.parameters(),
                     max_norm,
                     inner.process_group(),
+                    &inner.shard_mask(),
                 )
             })
             .map(Some)

@@ -9,43 +9,61 @@ use tch::{Kind, TchError, Tensor};
 /// device (no host sync). Returns the total norm before clipping.
 /// Parameters without a gradient are skipped.
 pub fn clip_grad_norm_(parameters: &[Tensor], max_norm: f64) -> Result<Tensor, TchError> {
-    clip_grad_norm_across(parameters, max_norm, None)
+    clip_grad_norm_across(parameters, max_norm, None, &[])
 }
 
-/// [`clip_grad_norm_`] where `parameters` are this process's shards of
-/// parameters spread over `group`: the total norm is that of the whole
-/// gradients (the square root of the sum over processes of each one's
-/// squared norm), the same on every process, as FSDP's `clip_grad_norm_`.
+/// The squared L2 norm of `grads` (a 0-d float tensor).
+fn squared_norm(grads: &[Tensor]) -> Result<Tensor, TchError> {
+    if grads.is_empty() {
+        return Ok(Tensor::from(0.0f32));
+    }
+    let norms = ops::foreach_norm(grads)?;
+    let norm = Tensor::f_stack(&norms, 0)?.f_norm()?.to_kind(Kind::Float);
+    Ok(&norm * &norm)
+}
+
+/// [`clip_grad_norm_`] where the parameters marked in `sharded` are this
+/// process's shards of parameters spread over `group` (the others whole on
+/// every process): the total norm is that of the whole gradients — the
+/// squares of the shards summed over the processes, plus this process's
+/// own of the others — as FSDP's `clip_grad_norm_` computes it.
 pub(super) fn clip_grad_norm_across(
     parameters: &[Tensor],
     max_norm: f64,
     group: Option<&dyn crate::dist::ProcessGroup>,
+    sharded: &[bool],
 ) -> Result<Tensor, TchError> {
-    let grads: Vec<Tensor> = parameters
-        .iter()
-        .map(Tensor::grad)
-        .filter(|g| g.defined() && g.numel() > 0)
-        .collect();
-    let local = if grads.is_empty() {
-        Tensor::from(0.0f32)
-    } else {
-        let norms = ops::foreach_norm(&grads)?;
-        Tensor::f_stack(&norms, 0)?.f_norm()?.to_kind(Kind::Float)
+    let with_grad = |want_sharded: bool| -> Vec<Tensor> {
+        parameters
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| sharded.get(*i).copied().unwrap_or(false) == want_sharded)
+            .map(|(_, p)| p.grad())
+            .filter(|g| g.defined() && g.numel() > 0)
+            .collect()
     };
+    let (shards, whole) = (with_grad(true), with_grad(false));
     let total = match group {
-        None if grads.is_empty() => return Ok(local),
-        None => local,
-        Some(group) => {
-            let mut squared = (&local * &local).to_device(tch::Device::Cpu);
+        Some(group) if !sharded.is_empty() => {
+            let mut squared = squared_norm(&shards)?.to_device(tch::Device::Cpu);
             group
                 .all_reduce(&mut squared, crate::dist::ReduceOp::Sum)
                 .map_err(|e| TchError::Torch(e.to_string()))?;
-            squared.sqrt().to_device(local.device())
+            let local = squared_norm(&whole)?.to_device(tch::Device::Cpu);
+            (squared + local).sqrt()
+        }
+        _ => {
+            if whole.is_empty() {
+                return Ok(Tensor::from(0.0f32));
+            }
+            squared_norm(&whole)?.sqrt()
         }
     };
+    let grads: Vec<Tensor> = shards.into_iter().chain(whole).collect();
     if grads.is_empty() {
         return Ok(total);
     }
+    let total = total.to_device(grads[0].device());
     let coef = (max_norm / (&total + 1e-6)).f_clamp_max(1.0)?;
     ops::foreach_mul_(&grads, &coef.to_kind(grads[0].kind()))?;
     Ok(total.to_kind(Kind::Float))

@@ -24,9 +24,12 @@ pub enum PrepareError {
         /// The number of processes.
         processes: usize,
     },
-    /// The model could not be set up for data parallelism or sharding
-    /// (rank 0's parameters, the wrap policy, the units).
-    #[error("preparing the model for data parallelism or sharding failed")]
+    /// The processes could not agree on the model's starting parameters.
+    #[error("making every process start from rank 0's parameters failed")]
+    Dist(#[source] crate::dist::DistError),
+    /// The model could not be sharded (the wrap policy, the units, the
+    /// optimizer).
+    #[error("preparing the model for sharding failed")]
     Sharding(#[source] super::ShardingError),
     /// A dispatching loader could not open its channel between processes.
     #[error("dispatch_batches: the processes could not open the loader's channel")]
@@ -80,8 +83,7 @@ macro_rules! model {
                 let model = PreparedModel::new(self, acc.device(), acc.mixed_precision());
                 let parameters = model.named_parameters();
                 let handles = parameters.iter().map(|(n, p)| (n.clone(), p.shallow_clone())).collect();
-                acc.register_for_sync(model.module_tree(), handles)
-                    .map_err(PrepareError::Sharding)?;
+                acc.register_for_sync(model.module_tree(), handles)?;
                 acc.remember_model(parameters);
                 Ok(model)
             }
@@ -112,8 +114,7 @@ impl Prepare for crate::models::VarStoreModel {
             .iter()
             .map(|(n, p)| (n.clone(), p.shallow_clone()))
             .collect();
-        acc.register_for_sync(&self.module_tree(), handles)
-            .map_err(PrepareError::Sharding)?;
+        acc.register_for_sync(&self.module_tree(), handles)?;
         acc.remember_model(variables);
         Ok(self.vs)
     }

@@ -22,6 +22,9 @@ pub enum ShardingError {
     /// The optimizer cannot step shards.
     #[error("the optimizer cannot be sharded: {0}")]
     Optimizer(String),
+    /// Another process could not plan the units, or planned others.
+    #[error("the processes do not agree on the units {0}")]
+    Disagree(String),
 }
 
 /// The module paths the configured policy wraps in `tree` (the root not

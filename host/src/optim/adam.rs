@@ -83,6 +83,9 @@ impl Optimizer for Adam {
     fn parameters(&self) -> Vec<Tensor> {
         all_params(&self.groups)
     }
+    fn param_shaped_state(&self) -> &'static [&'static str] {
+        &["exp_avg", "exp_avg_sq"]
+    }
     fn replace_parameters(&mut self, params: Vec<Tensor>) -> Result<(), String> {
         let has_state = self.state.iter().flatten().any(Option::is_some);
         replace_group_params(&mut self.groups, params, has_state)

@@ -109,6 +109,32 @@ pub trait Optimizer: Send {
         None
     }
 
+    /// For a sharded optimizer, which of [`parameters`](Self::parameters)
+    /// are shards (the others are whole on every process); empty otherwise.
+    fn shard_mask(&self) -> Vec<bool> {
+        Vec::new()
+    }
+
+    /// Which optimizer state is shaped like its parameter
+    /// (`exp_avg`, `momentum_buffer`): what sharding cuts into rows. Other
+    /// state (`step`) is whole on every process.
+    fn param_shaped_state(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// The state a checkpoint holds: [`state_dict`](Self::state_dict),
+    /// except for a sharded optimizer, whose state is gathered whole from
+    /// every process (a collective: every process calls it).
+    fn full_state_dict(&self) -> Result<OptimizerState, String> {
+        Ok(self.state_dict())
+    }
+
+    /// Loads what [`full_state_dict`](Self::full_state_dict) gave (a sharded
+    /// optimizer keeps its own rows).
+    fn load_full_state_dict(&mut self, state: OptimizerState) -> Result<(), String> {
+        self.load_state_dict(state)
+    }
+
     /// Bytes of state this process holds (for memory reports).
     fn local_state_bytes(&self) -> u64 {
         self.state_dict()

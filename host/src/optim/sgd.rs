@@ -76,6 +76,9 @@ impl Optimizer for Sgd {
     fn parameters(&self) -> Vec<Tensor> {
         all_params(&self.groups)
     }
+    fn param_shaped_state(&self) -> &'static [&'static str] {
+        &["momentum_buffer"]
+    }
     fn replace_parameters(&mut self, params: Vec<Tensor>) -> Result<(), String> {
         let has_state = self.buffers.iter().flatten().any(Option::is_some);
         replace_group_params(&mut self.groups, params, has_state)

@@ -279,19 +279,10 @@ impl FsdpPlugin {
                     _ => return Err(format!("`{value}` is not an FSDP version; use 1 or 2")),
                 })
             }
-            "reshard-after-forward" => {
-                // Accelerate also takes a strategy name here.
-                self.reshard_after_forward = Some(match parse_bool(value) {
-                    Ok(b) => b,
-                    Err(e) => match ShardingStrategy::parse(value) {
-                        Ok(s) => matches!(
-                            s,
-                            ShardingStrategy::FullShard | ShardingStrategy::HybridShard
-                        ),
-                        Err(_) => return Err(e),
-                    },
-                })
-            }
+            // FSDP2's boolean. (Accelerate's version 1 reads a strategy
+            // here only when sharding-strategy is unset, which its default
+            // never leaves it: use sharding-strategy.)
+            "reshard-after-forward" => self.reshard_after_forward = Some(parse_bool(value)?),
             "auto-wrap-policy" => self.auto_wrap_policy = Some(policy_name(value)),
             "transformer-cls-names-to-wrap" => {
                 self.transformer_cls_names_to_wrap = Some(parse_list(value))
@@ -351,9 +342,47 @@ impl FsdpPlugin {
         Ok(plugin)
     }
 
-    /// True when `HEARTH_USE_FSDP` asks for FSDP.
-    pub fn wanted_by_env() -> bool {
-        std::env::var(USE_FSDP_ENV).is_ok_and(|v| parse_bool(&v).unwrap_or(false))
+    /// True when `HEARTH_USE_FSDP` asks for FSDP; a value that is not
+    /// true or false is an error naming it.
+    pub fn wanted_by_env() -> Result<bool, FsdpError> {
+        match std::env::var(USE_FSDP_ENV) {
+            Ok(v) => parse_bool(&v).map_err(|message| FsdpError {
+                source_name: "environment variable".into(),
+                key: USE_FSDP_ENV.into(),
+                message,
+            }),
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// True when the field `key` (its `[fsdp]` name) is set.
+    pub fn is_set(&self, key: &str) -> bool {
+        match key {
+            "sharding-strategy" => self.sharding_strategy.is_some(),
+            "fsdp-version" => self.fsdp_version.is_some(),
+            "reshard-after-forward" => self.reshard_after_forward.is_some(),
+            "auto-wrap-policy" => self.auto_wrap_policy.is_some(),
+            "transformer-cls-names-to-wrap" => self.transformer_cls_names_to_wrap.is_some(),
+            "min-num-params" => self.min_num_params.is_some(),
+            "backward-prefetch" => self.backward_prefetch.is_some(),
+            "forward-prefetch" => self.forward_prefetch.is_some(),
+            "limit-all-gathers" => self.limit_all_gathers.is_some(),
+            "mixed-precision-policy" => self.mixed_precision_policy.is_some(),
+            "cpu-offload" => self.cpu_offload.is_some(),
+            "ignored-modules" => self.ignored_modules.is_some(),
+            "state-dict-type" => self.state_dict_type.is_some(),
+            "sync-module-states" => self.sync_module_states.is_some(),
+            "use-orig-params" => self.use_orig_params.is_some(),
+            "activation-checkpointing" => self.activation_checkpointing.is_some(),
+            "cpu-ram-efficient-loading" => self.cpu_ram_efficient_loading.is_some(),
+            "policy-options" => self.policy_options.is_some(),
+            _ => false,
+        }
+    }
+
+    /// The environment variable of field `key`.
+    pub fn env_var(key: &str) -> Option<&'static str> {
+        FIELDS.iter().find(|(k, _)| *k == key).map(|(_, env)| *env)
     }
 
     /// `self`'s fields, and `fallback`'s where `self` has none.

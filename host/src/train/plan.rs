@@ -4,7 +4,7 @@
 use super::config::{OptimizerKind, TrainConfig};
 use super::runner::{RunOptions, TrainError};
 use super::setup;
-use crate::parallel::{FsdpPlugin, FsdpSettings, ShardingStrategy};
+use crate::parallel::{FsdpSettings, ShardingStrategy};
 use serde::Serialize;
 use tch::Tensor;
 
@@ -70,21 +70,17 @@ pub fn plan(
     let model = tch::no_grad(|| setup::model(config, data.as_ref(), tch::Device::Cpu))?;
     let tree = model.module_tree();
     let params: Vec<(String, Tensor)> = model.named_parameters();
-    let settings: Option<FsdpSettings> =
-        match &config.fsdp {
-            Some(section) => {
-                let invalid = |key: &str, message: String| crate::train::ConfigError::Invalid {
-                    path: config.source.clone(),
-                    key: key.to_string(),
-                    message,
-                };
-                let plugin: FsdpPlugin = section.with_env(&invalid).map_err(TrainError::Config)?;
-                Some(plugin.resolve("[fsdp]").map_err(|e| {
-                    TrainError::Config(invalid(&format!("fsdp.{}", e.key), e.message))
-                })?)
-            }
-            None => None,
-        };
+    let settings: Option<FsdpSettings> = match &config.fsdp {
+        Some(section) => {
+            let invalid = |key: &str, message: String| crate::train::ConfigError::Invalid {
+                path: config.source.clone(),
+                key: key.to_string(),
+                message,
+            };
+            Some(section.resolve(&invalid).map_err(TrainError::Config)?)
+        }
+        None => None,
+    };
     let search = setup::search_path(config, options);
     let units: Vec<(String, Vec<String>)> = match &settings {
         Some(s) => crate::accelerator::plan_units(tree, s, &search)

@@ -163,19 +163,53 @@ impl UnitShard {
     }
 
     /// The gradients of the whole parameters (zeros where a parameter
-    /// has none) as the input of a reduce-scatter: `[world × shard_numel]`,
-    /// chunk `r` holding what process `r` keeps (FSDP2's `chunk_cat`).
+    /// has none) as the input of a reduce-scatter: `[world × (shard_numel +
+    /// params)]`, chunk `r` holding what process `r` keeps (FSDP2's
+    /// `chunk_cat`) followed by one flag per parameter, 1 where this
+    /// process has its gradient (every chunk carries them, so every process
+    /// learns which parameters some process had a gradient for).
     pub fn pack_gradients(&self, world: usize, kind: Kind) -> Tensor {
-        let parts: Vec<Tensor> = self
+        let grads: Vec<Tensor> = self.params.iter().map(|p| p.full.grad()).collect();
+        let device = self.params[0].full.device();
+        let had: Vec<f32> = grads
+            .iter()
+            .map(|g| if g.defined() { 1.0 } else { 0.0 })
+            .collect();
+        // All present (always so inside backward): no copy from the host.
+        let flags = if had.iter().all(|&h| h == 1.0) {
+            Tensor::ones([1, had.len() as i64], (kind, device))
+        } else {
+            Tensor::from_slice(&had)
+                .to_device(device)
+                .to_kind(kind)
+                .view([1, -1])
+        };
+        let mut parts: Vec<Tensor> = self
             .params
             .iter()
-            .map(|p| {
-                let g = p.full.grad();
+            .zip(grads)
+            .map(|(p, g)| {
                 let g = if g.defined() { g } else { p.full.zeros_like() };
                 p.chunked(&g.to_kind(kind), world)
             })
             .collect();
+        parts.push(flags.expand([world as i64, -1], false));
         Tensor::cat(&parts, 1).reshape([-1])
+    }
+
+    /// Which parameters some process had a gradient for, from this
+    /// process's part of a reduce-scatter of [`pack_gradients`](Self::pack_gradients).
+    pub fn had_gradients(&self, reduced: &Tensor) -> Vec<bool> {
+        let n = self.params.len() as i64;
+        let flags = reduced
+            .narrow(0, self.shard_numel, n)
+            .to_kind(Kind::Float)
+            .to_device(tch::Device::Cpu);
+        Vec::<f32>::try_from(&flags)
+            .expect("flags convert to f32")
+            .into_iter()
+            .map(|f| f > 0.0)
+            .collect()
     }
 
     /// This process's padded shards of the whole parameters, as one flat
@@ -290,11 +324,12 @@ mod tests {
         let packed = u
             .pack_gradients(world, Kind::Float)
             .reshape([world as i64, -1]);
-        // Rank 1 owns row 2 and a padding row.
+        // Rank 1 owns row 2 and a padding row, then the flag: a gradient.
         assert_eq!(
             Vec::<f32>::try_from(packed.get(1)).unwrap(),
-            [2.0, 2.0, 0.0, 0.0]
+            [2.0, 2.0, 0.0, 0.0, 1.0]
         );
+        assert_eq!(u.had_gradients(&packed.get(1)), [true]);
         let (_, g) = u.gradient_shards(&packed.get(1)).next().unwrap();
         assert_eq!(g.size(), [1, 2]);
     }

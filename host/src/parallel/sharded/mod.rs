@@ -25,6 +25,14 @@ pub(super) fn start<'g>(
     let kind = unit.params[0].full.kind();
     let world = group.num_processes();
     let flat = tch::no_grad(|| unit.pack_gradients(world, kind));
+    // The whole gradients are in the packed copy: drop them now, so that
+    // at most the units in flight hold whole gradients (ZeRO-2's saving).
+    let full: Vec<Tensor> = unit.params.iter().map(|p| p.full.shallow_clone()).collect();
+    crate::ops::clear_grads(&full).map_err(|e| DistError::Mismatch {
+        op: "gradient reduce-scatter",
+        rank: group.process_index(),
+        message: e.to_string(),
+    })?;
     let bytes = (flat.numel() * kind.elt_size_in_bytes()) as u64;
     Ok((
         group.reduce_scatter_start(&flat, ReduceOp::Mean)?,
@@ -33,9 +41,9 @@ pub(super) fn start<'g>(
     ))
 }
 
-/// Gives each parameter shard of `unit` its rows of `reduced` (this
-/// process's part of the mean gradients) as its gradient, and drops the
-/// whole parameters' gradients.
+/// Adds to each parameter shard of `unit` its rows of `reduced` (this
+/// process's part of the mean gradients) as its gradient; a parameter no
+/// process had a gradient for keeps none (as DDP's).
 pub(super) fn write_gradient_shard(
     group: &dyn ProcessGroup,
     unit: &UnitShard,
@@ -46,11 +54,18 @@ pub(super) fn write_gradient_shard(
         rank: group.process_index(),
         message: e.to_string(),
     };
-    for (p, g) in unit.gradient_shards(reduced) {
-        if p.full.requires_grad() {
+    let had = unit.had_gradients(reduced);
+    for ((p, g), had) in unit.gradient_shards(reduced).zip(had) {
+        if !had {
+            continue;
+        }
+        let mut existing = p.shard.grad();
+        if existing.defined() {
+            // A second synced backward before zero_grad adds up, as DDP's.
+            let _ = tch::no_grad(|| existing.f_add_(&g)).map_err(fail)?;
+        } else {
             crate::ops::set_grad(&p.shard, &g).map_err(fail)?;
         }
     }
-    let full: Vec<Tensor> = unit.params.iter().map(|p| p.full.shallow_clone()).collect();
-    crate::ops::clear_grads(&full).map_err(fail)
+    Ok(())
 }

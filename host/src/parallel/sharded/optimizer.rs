@@ -1,9 +1,9 @@
 //! `ShardedOptimizer`: the user's optimizer, stepping only this process's
 //! shards of the sharded parameters (its state exists only for them), then
 //! all-gathering every unit so each process holds the whole updated
-//! parameters again. Its state dict is the whole one — every state tensor
-//! shaped like its shard is gathered — so a checkpoint holds exactly what a
-//! DDP run's holds, and loading one keeps this process's rows.
+//! parameters again. Its full state dict (what a checkpoint holds) is the
+//! whole one — every parameter-shaped state tensor gathered — exactly what
+//! a DDP run's optimizer holds; loading one keeps this process's rows.
 
 use super::{ParamShard, UnitShard};
 use crate::dist::{DistError, ProcessGroup};
@@ -79,25 +79,12 @@ impl ShardedOptimizer {
         }
         Ok(())
     }
-
-    /// Bytes of the optimizer state this process holds.
-    pub fn local_state_bytes(&self) -> u64 {
-        state_bytes(&self.inner.state_dict())
-    }
 }
 
-/// Bytes of the tensors of `state`.
-pub fn state_bytes(state: &OptimizerState) -> u64 {
-    state
-        .tensors
-        .iter()
-        .map(|(_, t)| (t.numel() * t.kind().elt_size_in_bytes()) as u64)
-        .sum()
-}
-
-/// The parameter index of a `state.<i>.<name>` key.
-fn param_index(key: &str) -> Option<usize> {
-    key.strip_prefix("state.")?.split('.').next()?.parse().ok()
+/// The parameter index and state name of a `state.<i>.<name>` key.
+fn state_key(key: &str) -> Option<(usize, &str)> {
+    let (index, name) = key.strip_prefix("state.")?.split_once('.')?;
+    Some((index.parse().ok()?, name))
 }
 
 impl Optimizer for ShardedOptimizer {
@@ -105,8 +92,16 @@ impl Optimizer for ShardedOptimizer {
         self.inner.step()?;
         self.gather_parameters().map_err(dist_err)
     }
+    /// Drops the shards' gradients, and any whole-parameter gradients left
+    /// by backward passes that did not sync.
     fn zero_grad(&mut self) {
-        self.inner.zero_grad()
+        self.inner.zero_grad();
+        let full: Vec<Tensor> = self
+            .units
+            .iter()
+            .flat_map(|u| u.params.iter().map(|p| p.full.shallow_clone()))
+            .collect();
+        crate::ops::clear_grads(&full).expect("dropping gradients cannot fail");
     }
     fn lrs(&self) -> Vec<f64> {
         self.inner.lrs()
@@ -119,39 +114,68 @@ impl Optimizer for ShardedOptimizer {
     fn parameters(&self) -> Vec<Tensor> {
         self.inner.parameters()
     }
-    /// The whole state, as a DDP run's optimizer holds it: a collective,
-    /// every process must call it.
+    /// This process's state: shaped like its shards.
     fn state_dict(&self) -> OptimizerState {
+        self.inner.state_dict()
+    }
+    /// This process's state, as [`state_dict`](Self::state_dict) gives it.
+    fn load_state_dict(&mut self, state: OptimizerState) -> Result<(), String> {
+        self.inner.load_state_dict(state)
+    }
+    fn param_shaped_state(&self) -> &'static [&'static str] {
+        self.inner.param_shaped_state()
+    }
+    /// The whole state, as a DDP run's optimizer holds it (on the CPU):
+    /// every parameter-shaped state tensor of a shard gathered from every
+    /// process.
+    fn full_state_dict(&self) -> Result<OptimizerState, String> {
         let mut state = self.inner.state_dict();
-        let rank = self.group.process_index();
-        let world = self.group.num_processes();
+        let shaped = self.inner.param_shaped_state();
+        let world = self.group.num_processes() as i64;
         for (key, t) in state.tensors.iter_mut() {
-            let Some(p) = param_index(key).and_then(|i| self.place(i)) else {
+            let Some((i, name)) = state_key(key) else {
                 continue;
             };
-            if t.size() != p.shard_shape(rank) || t.dim() == 0 {
+            let Some(p) = self.place(i) else {
+                continue;
+            };
+            if !shaped.contains(&name) {
                 continue;
             }
             let padded = p.padded_shard(t);
             let gathered = self
                 .group
                 .all_gather_into(&padded)
-                .expect("gathering the optimizer state for a checkpoint failed");
-            *t = p.unchunked(&gathered.reshape([world as i64, p.chunk_numel()]));
+                .map_err(|e| format!("gathering `{key}` from every process failed: {e}"))?
+                .to_device(tch::Device::Cpu);
+            *t = p.unchunked(&gathered.reshape([world, p.chunk_numel()]));
         }
-        state
+        Ok(state)
     }
-    /// Takes the whole state (as [`state_dict`](Self::state_dict) gives
-    /// it) and keeps this process's rows.
-    fn load_state_dict(&mut self, mut state: OptimizerState) -> Result<(), String> {
+    /// Takes the whole state (as [`full_state_dict`](Self::full_state_dict)
+    /// gives it) and keeps this process's rows.
+    fn load_full_state_dict(&mut self, mut state: OptimizerState) -> Result<(), String> {
         let rank = self.group.process_index();
+        let shaped = self.inner.param_shaped_state();
         for (key, t) in state.tensors.iter_mut() {
-            let Some(p) = param_index(key).and_then(|i| self.place(i)) else {
+            let Some((i, name)) = state_key(key) else {
                 continue;
             };
-            if t.size() == p.full.size() && t.dim() > 0 {
-                *t = p.own_rows(t, rank).contiguous();
+            let Some(p) = self.place(i) else {
+                continue;
+            };
+            if !shaped.contains(&name) {
+                continue;
             }
+            if t.size() != p.full.size() {
+                return Err(format!(
+                    "`{key}` has shape {:?}, its parameter `{}` {:?}",
+                    t.size(),
+                    p.name,
+                    p.full.size()
+                ));
+            }
+            *t = p.own_rows(t, rank).contiguous();
         }
         self.inner.load_state_dict(state)
     }
@@ -161,7 +185,7 @@ impl Optimizer for ShardedOptimizer {
     fn process_group(&self) -> Option<&dyn ProcessGroup> {
         Some(self.group.as_ref())
     }
-    fn local_state_bytes(&self) -> u64 {
-        ShardedOptimizer::local_state_bytes(self)
+    fn shard_mask(&self) -> Vec<bool> {
+        self.places.iter().map(Option::is_some).collect()
     }
 }

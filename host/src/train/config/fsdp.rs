@@ -58,9 +58,24 @@ impl FsdpSection {
     }
 
     pub(super) fn validate(&self, invalid: &Invalid) -> Result<(), ConfigError> {
-        self.with_env(invalid)?
-            .resolve("[fsdp]")
-            .map_err(|e| invalid(&format!("fsdp.{}", e.key), e.message))?;
+        self.resolve(invalid)?;
         Ok(())
+    }
+
+    /// The settings the section and the `HEARTH_FSDP_*` variables give; an
+    /// error names the key, and the variable when one set the field.
+    pub fn resolve(&self, invalid: &Invalid) -> Result<crate::parallel::FsdpSettings, ConfigError> {
+        let env = FsdpPlugin::from_env()
+            .map_err(|e| invalid("fsdp", format!("cannot take {}: {}", e.key, e.message)))?;
+        env.clone()
+            .or(self.plugin(invalid)?)
+            .resolve("[fsdp]")
+            .map_err(|e| {
+                let key = format!("fsdp.{}", e.key);
+                match FsdpPlugin::env_var(&e.key).filter(|_| env.is_set(&e.key)) {
+                    Some(var) => invalid(&key, format!("(set by {var}) {}", e.message)),
+                    None => invalid(&key, e.message),
+                }
+            })
     }
 }
