@@ -44,7 +44,7 @@ torch.manual_seed(0)
 V, T, B = ns["V"], ns["T"], ns["B"]
 model = FSDP(ns["GPT"](), sharding_strategy=ShardingStrategy.SHARD_GRAD_OP,
              auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={ns["Block"]}),
-             use_orig_params=True)
+             use_orig_params=True, device_id=torch.device("cpu"))
 opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
 data = torch.randint(0, V, (steps * B + 1, T + 1))
 warm, t0 = 10, None
@@ -97,7 +97,7 @@ def peak_rss_of_children(proc: subprocess.Popen, name: str) -> dict:
                 status = pathlib.Path(f"/proc/{pid}/status").read_text()
             except OSError:
                 continue
-            if f"Name:\t{name}" in status:
+            if f"Name:\t{name}" in status and pid != str(proc.pid):  # not the launcher
                 rss = int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) * 1024 if "VmRSS" in status else 0
                 peaks[pid] = max(peaks.get(pid, 0), rss)
         time.sleep(0.05)
