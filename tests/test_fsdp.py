@@ -271,3 +271,34 @@ def test_sharded_checkpoints_are_ddps_and_resume_to_the_unbroken_run(hearth_bin,
     assert resumed.returncode == 0, resumed.stderr
     whole = (tmp_path / "whole" / "fsdp" / "model.safetensors").read_bytes()
     assert (tmp_path / "broken" / "fsdp" / "model.safetensors").read_bytes() == whole
+
+
+def test_the_environment_wins_over_the_config_and_a_refusal_names_the_variable(hearth, tmp_path):
+    table = fsdp_table("transformer-based", 'transformer-cls-names-to-wrap = ["Block"]')
+    config = write_config(tmp_path, job(table))
+    # HEARTH_FSDP_* over [fsdp], as Accelerate's FSDP_* over its defaults.
+    out = hearth("model", "plan", config, "-n", 2, "--json", env={"HEARTH_FSDP_SHARDING_STRATEGY": "3"})
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["strategy"] == "NO_SHARD"
+    out = hearth("run", config, env={"HEARTH_FSDP_OFFLOAD_PARAMS": "true"})
+    assert out.returncode == 2
+    assert "`fsdp.cpu-offload`" in out.stderr and "HEARTH_FSDP_OFFLOAD_PARAMS" in out.stderr, out.stderr
+    out = hearth("run", config, env={"HEARTH_FSDP_SYNC_MODULE_STATES": "perhaps"})
+    assert out.returncode == 2 and "HEARTH_FSDP_SYNC_MODULE_STATES" in out.stderr, out.stderr
+
+
+def test_ignored_modules_are_neither_sharded_nor_averaged(hearth, hearth_bin, tmp_path):
+    table = fsdp_table("transformer-based", 'transformer-cls-names-to-wrap = ["Block"]\nignored-modules = ["blocks.0"]')
+    config = write_config(tmp_path, job(table), "ignoring.toml")
+    planned = json.loads(plan(hearth, tmp_path, table, 2).stdout)["per_process"]
+    full = json.loads(plan(hearth, tmp_path, fsdp_table("no-wrap"), 1, "whole.toml").stdout)["per_process"]
+    block = 198272 * 4  # blocks.0's parameters, whole on every process
+    assert planned["grad_bytes"] == (full["grad_bytes"] - block) // 2 + block
+    run = mpirun(hearth_bin, 2, "run", config, "--quiet", "--output-dir", tmp_path / "out", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    summary = json.loads((tmp_path / "out" / "fsdp" / "summary.json").read_text())
+    assert summary["memory"] == planned
+    assert summary["gradient_sync"]["reduce_scatters"] == 4 * 4, "blocks.0 is no unit"
+    bad = write_config(tmp_path, job(fsdp_table("no-wrap", 'ignored-modules = ["blocks.9"]')), "bad.toml")
+    out = hearth("model", "plan", bad)
+    assert out.returncode == 2 and "ignored module `blocks.9` is not a module of the model" in out.stderr, out.stderr
