@@ -1,4 +1,5 @@
-//! The gradient round both strategies share: every process starts from
+//! The gradient round both strategies share (a long file: the round, the
+//! hooks that drive it and their tests read together): every process starts from
 //! rank 0's parameters, and after a backward pass that ends an accumulation
 //! group the gradients are reduced across processes bucket by bucket — DDP
 //! all-reduces buckets of about `bucket_cap_mb` to their mean on every
@@ -532,7 +533,7 @@ extern "C" fn gradient_accumulated(id: u64, index: u64) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::ddp::{buckets, CommHook};
+    use super::super::ddp::CommHook;
     use super::*;
     use crate::dist::ReduceOp;
     use crate::dist::SingleProcess;
@@ -540,44 +541,6 @@ mod tests {
 
     fn param(n: i64) -> Tensor {
         Tensor::ones([n], (Kind::Float, Device::Cpu)).set_requires_grad(true)
-    }
-
-    /// The sizes of the buckets `params` are cut into, in the first order
-    /// (reversed).
-    fn bucket_sizes(params: Vec<Tensor>, cap_mb: f64) -> Vec<Vec<usize>> {
-        let order: Vec<usize> = (0..params.len()).rev().collect();
-        buckets(&order, &params, cap_mb)
-            .iter()
-            .map(|b| b.iter().map(|&i| params[i].numel()).collect())
-            .collect()
-    }
-
-    #[test]
-    fn buckets_hold_reversed_parameters_up_to_the_cap() {
-        // 1 MiB cap: 256 Ki floats per bucket.
-        let ps = vec![
-            param(100_000),
-            param(100_000),
-            param(100_000),
-            param(300_000),
-        ];
-        assert_eq!(
-            bucket_sizes(ps, 1.0),
-            vec![vec![300_000], vec![100_000, 100_000], vec![100_000]]
-        );
-    }
-
-    #[test]
-    fn with_the_default_cap_the_first_bucket_holds_one_mib() {
-        // Four parameters of 400 KB each.
-        let sizes = |cap_mb: f64| bucket_sizes((0..4).map(|_| param(100_000)).collect(), cap_mb);
-        let default = DdpOptions::default().bucket_cap_mb;
-        assert_eq!(sizes(default), vec![vec![100_000; 2], vec![100_000; 2]]);
-        assert_eq!(
-            sizes(24.0),
-            vec![vec![100_000; 4]],
-            "any other cap holds for every bucket"
-        );
     }
 
     #[test]

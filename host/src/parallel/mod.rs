@@ -7,12 +7,12 @@
 //! carries its collectives.
 
 mod ddp;
-mod fsdp_plugin;
+mod fsdp;
 mod grad_sync;
 pub mod sharded;
 
 pub use ddp::{CommHook, DdpOptions, FIRST_BUCKET_MB};
-pub use fsdp_plugin::{
+pub use fsdp::{
     policy_name, BackwardPrefetch, FsdpError, FsdpPlugin, FsdpSettings, ShardingStrategy,
     StateDictType, FIELDS as FSDP_FIELDS, USE_FSDP_ENV,
 };
