@@ -67,7 +67,17 @@ impl ShardedOptimizer {
     }
 
     fn place(&self, i: usize) -> Option<&ParamShard> {
-        self.places[i].map(|(u, p)| &self.units[u].params[p])
+        self.places.get(i)?.map(|(u, p)| &self.units[u].params[p])
+    }
+
+    /// The shard the state tensor `key` (`state.<i>.<name>`) belongs to,
+    /// when it is shaped like its parameter and the parameter is sharded.
+    fn sharded_state(&self, key: &str) -> Option<&ParamShard> {
+        let (i, name) = state_key(key)?;
+        if !self.inner.param_shaped_state().contains(&name) {
+            return None;
+        }
+        self.place(i)
     }
 
     /// All-gathers every unit's shards into its whole parameters.
@@ -130,18 +140,11 @@ impl Optimizer for ShardedOptimizer {
     /// process.
     fn full_state_dict(&self) -> Result<OptimizerState, String> {
         let mut state = self.inner.state_dict();
-        let shaped = self.inner.param_shaped_state();
         let world = self.group.num_processes() as i64;
         for (key, t) in state.tensors.iter_mut() {
-            let Some((i, name)) = state_key(key) else {
+            let Some(p) = self.sharded_state(key) else {
                 continue;
             };
-            let Some(p) = self.place(i) else {
-                continue;
-            };
-            if !shaped.contains(&name) {
-                continue;
-            }
             let padded = p.padded_shard(t);
             let gathered = self
                 .group
@@ -156,17 +159,10 @@ impl Optimizer for ShardedOptimizer {
     /// gives it) and keeps this process's rows.
     fn load_full_state_dict(&mut self, mut state: OptimizerState) -> Result<(), String> {
         let rank = self.group.process_index();
-        let shaped = self.inner.param_shaped_state();
         for (key, t) in state.tensors.iter_mut() {
-            let Some((i, name)) = state_key(key) else {
+            let Some(p) = self.sharded_state(key) else {
                 continue;
             };
-            let Some(p) = self.place(i) else {
-                continue;
-            };
-            if !shaped.contains(&name) {
-                continue;
-            }
             if t.size() != p.full.size() {
                 return Err(format!(
                     "`{key}` has shape {:?}, its parameter `{}` {:?}",
