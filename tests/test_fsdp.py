@@ -247,11 +247,13 @@ def test_a_torchscript_models_tree_is_its_named_modules_with_classes_and_buffers
 def test_sharded_checkpoints_are_ddps_and_resume_to_the_unbroken_run(hearth_bin, tmp_path):
     """save_state under SHARD_GRAD_OP writes what a DDP run writes (the
     optimizer state gathered whole, PyTorch's names), and a sharded run
-    stopped and resumed from it ends with the unbroken run's weights."""
-    table = fsdp_table("transformer-based", 'transformer-cls-names-to-wrap = ["Block"]')
+    stopped and resumed from it ends with the unbroken run's weights. A
+    step schedule runs beside: its rates reach the sharded optimizer."""
+    schedule = '\n[scheduler]\nname = "step"\nstep-size = 2\ngamma = 0.5\n'
+    table = fsdp_table("transformer-based", 'transformer-cls-names-to-wrap = ["Block"]') + schedule
     save = "save-every = 4\n"
     sharded = write_config(tmp_path, job(table, steps=8).replace("log-every = 2\n", "log-every = 2\n" + save), "sharded.toml")
-    ddp = write_config(tmp_path, job("", steps=8).replace("log-every = 2\n", "log-every = 2\n" + save), "ddp.toml")
+    ddp = write_config(tmp_path, job(schedule, steps=8).replace("log-every = 2\n", "log-every = 2\n" + save), "ddp.toml")
     for config, out in ((sharded, "whole"), (ddp, "ddp")):
         run = mpirun(hearth_bin, 2, "run", config, "--quiet", "--output-dir", tmp_path / out, cwd=tmp_path)
         assert run.returncode == 0, run.stderr
@@ -263,7 +265,9 @@ def test_sharded_checkpoints_are_ddps_and_resume_to_the_unbroken_run(hearth_bin,
     for key in a:
         assert a[key].shape == b[key].shape, key
         assert torch.allclose(a[key], b[key], rtol=1e-4, atol=1e-6), key
-    assert json.loads((ours / "optimizer.json").read_text()) == json.loads((theirs / "optimizer.json").read_text())
+    groups = json.loads((ours / "optimizer.json").read_text())
+    assert groups == json.loads((theirs / "optimizer.json").read_text())
+    assert 0 < groups[0]["lr"] < 3e-4, "the schedule halved the rate"
     # Stopped after 4 steps, resumed to 8: the unbroken run's weights, bit for bit.
     first = mpirun(hearth_bin, 2, "run", sharded, "--quiet", "--steps", 4, "--output-dir", tmp_path / "broken", cwd=tmp_path)
     assert first.returncode == 0, first.stderr

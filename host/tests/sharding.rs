@@ -200,6 +200,9 @@ fn accelerator(setup: Setup) -> Accelerator {
     let mut builder = Accelerator::builder()
         .cpu(true)
         .mixed_precision(setup.precision)
+        // fp16 on the CPU trains in float32 (as Accelerate's); with loss
+        // scaling on, the scaler's overflow check runs over the shards.
+        .cpu_loss_scaling(setup.precision == MixedPrecision::Fp16)
         .gradient_accumulation_steps(setup.accumulation)
         .timeout(Duration::from_secs(120));
     if let Some(strategy) = setup.strategy {
@@ -256,6 +259,7 @@ fn reference(setup: Setup, processes: usize) -> HashMap<String, Tensor> {
     let mut acc = Accelerator::builder()
         .cpu(true)
         .mixed_precision(setup.precision)
+        .cpu_loss_scaling(setup.precision == MixedPrecision::Fp16)
         .process_group(Box::new(hearth::dist::SingleProcess))
         .build()
         .unwrap();
@@ -329,7 +333,7 @@ fn shard_grad_op_matches_ddp_and_one_process(
         // rounding of weights in the next forward pass, and from there the
         // runs part at bf16's precision. Without it, the bf16 runs are
         // compared at float32's tolerance.
-        clip: precision == MixedPrecision::No,
+        clip: precision != MixedPrecision::Bf16,
     };
     let sharded = Setup {
         strategy: Some(ShardingStrategy::ShardGradOp),
@@ -339,7 +343,7 @@ fn shard_grad_op_matches_ddp_and_one_process(
     let (ddp_ranks, ddp_reports, _a) = run(n, ddp);
     let (ranks, reports, dir) = run(n, sharded);
     let tolerance = match precision {
-        MixedPrecision::No => TOLERANCE,
+        MixedPrecision::No | MixedPrecision::Fp16 => TOLERANCE,
         // bf16 matmuls of one batch of N·b round otherwise than N of b.
         _ => 5e-2,
     };
@@ -370,6 +374,11 @@ fn shard_grad_op_matches_ddp_and_one_process(
     let saved = read(&dir.join("model.safetensors"));
     assert_eq!(worst_difference(&saved, &ranks[0]), 0.0);
     (ddp_reports, reports)
+}
+
+#[test]
+fn shard_grad_op_with_fp16_loss_scaling_trains_what_ddp_and_one_process_do() {
+    shard_grad_op_matches_ddp_and_one_process(2, 2, 1, MixedPrecision::Fp16);
 }
 
 #[test]
