@@ -1,6 +1,7 @@
 //! `hearth plugins check`: everything load does, without a run.
 
 use super::bindings::scheduler::SchedulerPlugin as SchedulerBindings;
+use super::bindings::wrap_policy::WrapPolicyPlugin as WrapPolicyBindings;
 use super::runtime::Prepared;
 use super::sandbox::PluginState;
 use super::{
@@ -8,9 +9,8 @@ use super::{
 };
 use wasmtime::component::HasSelf;
 
-/// Compiles the plugin, checks its world and version and, for kinds the
-/// host can already run, instantiates it in its sandbox (a tracker with a
-/// throwaway logging folder). Returns what the component exports and imports.
+/// Compiles the plugin, checks its world and version and instantiates it
+/// in its sandbox (a tracker with a throwaway logging folder). Returns what the component exports and imports.
 pub fn check_plugin(manifest: &Manifest) -> Result<ComponentReport, PluginError> {
     let report = match manifest.kind {
         PluginKind::Tracker => {
@@ -36,8 +36,19 @@ pub fn check_plugin(manifest: &Manifest) -> Result<ComponentReport, PluginError>
         }
         // Instantiated with no folder (each checkpoint gets a fresh instance).
         PluginKind::CheckpointHook => load_checkpoint_hook(manifest, "{}")?.report().clone(),
-        // No adapter yet: compile and check the world only.
-        PluginKind::WrapPolicy => Prepared::new(manifest, manifest.kind, None, |_| Ok(()))?.report,
+        // Instantiated as for a run (each question gets a fresh instance).
+        PluginKind::WrapPolicy => {
+            let plugin = Prepared::new(manifest, PluginKind::WrapPolicy, None, |linker| {
+                WrapPolicyBindings::add_to_linker::<PluginState, HasSelf<PluginState>>(
+                    linker,
+                    |s| s,
+                )
+            })?;
+            plugin
+                .instantiate(async |s, c, l| WrapPolicyBindings::instantiate_async(s, c, l).await)
+                .map_err(|e| plugin.refused(e))?;
+            plugin.report
+        }
     };
     Ok(report)
 }
