@@ -72,11 +72,7 @@ pub fn plan(
     let params: Vec<(String, Tensor)> = model.named_parameters();
     let settings: Option<FsdpSettings> = match &config.fsdp {
         Some(section) => {
-            let invalid = |key: &str, message: String| crate::train::ConfigError::Invalid {
-                path: config.source.clone(),
-                key: key.to_string(),
-                message,
-            };
+            let invalid = |key: &str, message: String| config.invalid(key, message);
             Some(section.resolve(&invalid).map_err(TrainError::Config)?)
         }
         None => None,

@@ -72,11 +72,7 @@ fn distributed(
         builder = builder.timeout(timeout);
     }
     if let Some(section) = &config.fsdp {
-        let invalid = |key: &str, message: String| crate::train::ConfigError::Invalid {
-            path: config.source.clone(),
-            key: key.to_string(),
-            message,
-        };
+        let invalid = |key: &str, message: String| config.invalid(key, message);
         let plugin = section.with_env(&invalid).map_err(TrainError::Config)?;
         builder = builder.fsdp(plugin);
     }

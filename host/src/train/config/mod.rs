@@ -97,12 +97,17 @@ impl TrainConfig {
         Ok(config)
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |key: &str, message: String| ConfigError::Invalid {
+    /// An error about `key` of this config file.
+    pub fn invalid(&self, key: &str, message: String) -> ConfigError {
+        ConfigError::Invalid {
             path: self.source.clone(),
             key: key.to_string(),
             message,
-        };
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: String| self.invalid(key, message);
         self.run.validate(&invalid)?;
         self.model.validate(&invalid)?;
         self.data.validate(&invalid)?;
