@@ -178,6 +178,7 @@ def test_a_bad_wrap_policy_stops_the_run_before_the_first_step_naming_it(hearth,
     [
         ('sharding-strategy = "FULLEST"', "fsdp.sharding-strategy", "is not a sharding strategy"),
         ("cpu-offload = true", "fsdp.cpu-offload", "not implemented in hearth yet"),
+        ('sharding-strategy = "HYBRID_SHARD"', "fsdp.sharding-strategy", "not implemented in hearth yet"),
         ("min-num-params = -3", "fsdp.min-num-params", "whole number"),
         ("reshard-after-forwards = true", "fsdp.reshard-after-forwards", "unknown key"),
     ],
@@ -190,11 +191,22 @@ def test_a_bad_fsdp_value_names_the_key(hearth, tmp_path, line, key, says):
     assert f"`{key}`" in out.stderr and says in out.stderr and str(config) in out.stderr, out.stderr
 
 
-def test_full_shard_is_refused_until_it_exists_not_ignored(hearth, tmp_path):
-    config = write_config(tmp_path, job("\n[fsdp]\n"))
-    out = hearth("run", config)
-    assert out.returncode == 2
-    assert "`fsdp.sharding-strategy`" in out.stderr and "FULL_SHARD is the default" in out.stderr
+def test_full_shard_is_the_default_and_holds_only_its_shards_of_everything(hearth, hearth_bin, tmp_path):
+    table = '\n[fsdp]\nauto-wrap-policy = "transformer-based"\ntransformer-cls-names-to-wrap = ["Block"]\n'
+    config = write_config(tmp_path, job(table))
+    run = mpirun(hearth_bin, 2, "run", config, "--quiet", "--output-dir", tmp_path / "full", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    summary = json.loads((tmp_path / "full" / "fsdp" / "summary.json").read_text())
+    assert summary["fsdp"]["sharding_strategy"] == "FULL_SHARD"
+    planned = json.loads(plan(hearth, tmp_path, table, 2).stdout)["per_process"]
+    assert summary["memory"] == planned, "measured from the tensors = planned from the layout"
+    whole = json.loads(plan(hearth, tmp_path, table, 1).stdout)["per_process"]
+    assert abs(planned["param_bytes"] / whole["param_bytes"] - 0.5) < 0.01, (planned, whole)
+    # Each of the 4 backward passes recomputes the embedding, the four blocks and the head.
+    assert summary["gradient_sync"]["recomputed"] == 6 * 4
+    # The saved weights are whole and load strict into the PyTorch class.
+    model = peer_gpt.build(**SIZES)
+    model.load_state_dict(load_file(tmp_path / "full" / "fsdp" / "model.safetensors"), strict=True)
 
 
 SCRIPTED = '''

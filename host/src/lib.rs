@@ -20,3 +20,14 @@ pub mod parallel;
 pub mod plugins;
 pub mod precision;
 pub mod train;
+
+/// `e` and its causes, joined with `: ` (one line for a log or a panic).
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut at = e.source();
+    while let Some(cause) = at {
+        parts.push(cause.to_string());
+        at = cause.source();
+    }
+    parts.join(": ")
+}

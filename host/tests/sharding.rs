@@ -1,10 +1,11 @@
-//! Sharded data parallel (FSDP's SHARD_GRAD_OP) across real processes:
-//! this binary starts itself under `mpirun`; each rank trains the bench
-//! GPT (`shared/bench/peer_gpt_accelerate.py`'s sizes) with the
-//! accelerator sharded by Block, and the parent checks that the weights
-//! equal those of one process trained with the global batch, as DDP's do,
-//! and that each process held about 1/N of the gradients and optimizer
-//! state.
+//! Sharded data parallel (FSDP's SHARD_GRAD_OP and FULL_SHARD, activation
+//! checkpointing) across real processes: this binary starts itself under
+//! `mpirun`; each rank trains the bench GPT
+//! (`shared/bench/peer_gpt_accelerate.py`'s sizes) with the accelerator
+//! sharded by Block, and the parent checks that the weights equal those
+//! of one process trained with the global batch, as DDP's do, and that
+//! each process held about 1/N of the gradients and optimizer state (and,
+//! FULL_SHARD, of the parameters).
 
 mod common;
 use common::{mpirun_ok, results, scratch, CHILD, OUT};
@@ -60,6 +61,8 @@ struct Setup {
     /// Train a custom `VarStore` network with declared classes instead of
     /// the GPT.
     custom: bool,
+    /// FSDP's activation checkpointing.
+    checkpointing: bool,
 }
 
 impl Setup {
@@ -75,18 +78,24 @@ impl Setup {
             precision: parts[4].parse().unwrap(),
             clip: parts[5] == "clip",
             custom: parts[6] == "custom",
+            checkpointing: parts[7] == "checkpointing",
         }
     }
 
     fn mode(&self) -> String {
         format!(
-            "fsdp:{}:{}:{}:{}:{}:{}",
+            "fsdp:{}:{}:{}:{}:{}:{}:{}",
             self.strategy.map_or("none", |s| s.name()),
             self.batch,
             self.accumulation,
             self.precision,
             if self.clip { "clip" } else { "no-clip" },
-            if self.custom { "custom" } else { "gpt" }
+            if self.custom { "custom" } else { "gpt" },
+            if self.checkpointing {
+                "checkpointing"
+            } else {
+                "no-checkpointing"
+            }
         )
     }
 }
@@ -212,6 +221,7 @@ fn accelerator(setup: Setup) -> Accelerator {
             auto_wrap_policy: Some("transformer-based".into()),
             transformer_cls_names_to_wrap: Some(vec![class.into()]),
             sync_module_states: Some(true),
+            activation_checkpointing: Some(setup.checkpointing),
             ..Default::default()
         });
     }
@@ -242,10 +252,23 @@ fn child_fsdp() {
     let memory = acc.memory_stats();
     let result = serde_json::json!({
         "syncs": stats.syncs, "reduce_scatters": stats.reduce_scatters,
+        "gathers": stats.gathers, "recomputed": stats.recomputed,
         "all_reduces": stats.all_reduces, "overlapped": stats.overlapped,
-        "memory": memory,
+        "memory": memory, "largest_unit_bytes": largest_unit_bytes(),
     });
     std::fs::write(out.join(format!("rank_{r}.json")), result.to_string()).unwrap();
+}
+
+/// Bytes of the bench GPT's largest unit (a Block) when sharded by Block.
+fn largest_unit_bytes() -> u64 {
+    let _one_at_a_time = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    let model = Gpt::new(bench_gpt(), Device::Cpu);
+    model
+        .named_parameters()
+        .iter()
+        .filter(|(n, _)| n.starts_with("blocks.0."))
+        .map(|(_, t)| (t.numel() * 4) as u64)
+        .sum()
 }
 
 /// The weights of one process trained with the global batch.
@@ -314,9 +337,11 @@ fn run(
 /// `mpi.rs`), met by sharding against both.
 const TOLERANCE: f64 = 2e-5;
 
-/// SHARD_GRAD_OP on `n` ranks against DDP on `n` ranks and one process with
+/// `strategy` on `n` ranks against DDP on `n` ranks and one process with
 /// the global batch; returns the DDP and the sharded reports.
-fn shard_grad_op_matches_ddp_and_one_process(
+fn sharding_matches_ddp_and_one_process(
+    strategy: ShardingStrategy,
+    checkpointing: bool,
     n: usize,
     batch: usize,
     accumulation: usize,
@@ -334,9 +359,11 @@ fn shard_grad_op_matches_ddp_and_one_process(
         // runs part at bf16's precision. Without it, the bf16 runs are
         // compared at float32's tolerance.
         clip: precision != MixedPrecision::Bf16,
+        checkpointing: false,
     };
     let sharded = Setup {
-        strategy: Some(ShardingStrategy::ShardGradOp),
+        strategy: Some(strategy),
+        checkpointing,
         ..ddp
     };
     let want = reference(ddp, n);
@@ -364,16 +391,127 @@ fn shard_grad_op_matches_ddp_and_one_process(
             "rank {r} of {n}: {to_one:e} from one process's"
         );
     }
+    // SHARD_GRAD_OP syncs once per optimizer step; FULL_SHARD
+    // reduce-scatters each unit as backward finishes it, on every
+    // micro-batch (the gradient shards add up).
+    let syncs = match strategy {
+        ShardingStrategy::FullShard => STEPS * accumulation,
+        _ => STEPS,
+    };
+    let micro_steps = STEPS * accumulation;
+    let full_shard = strategy == ShardingStrategy::FullShard;
     for report in &reports {
-        assert_eq!(report["syncs"], STEPS, "{report}");
+        assert_eq!(report["syncs"], syncs, "{report}");
+        // Each backward recomputes the six units (embedding, four blocks,
+        // head), unless the model ran whole.
+        let recomputed = if full_shard || checkpointing {
+            6 * micro_steps
+        } else {
+            0
+        };
+        assert_eq!(report["recomputed"], recomputed, "{report}");
+        // FULL_SHARD gathers the root (embedding and head) and the four
+        // blocks in forward, and the blocks again in backward (the root
+        // stays gathered from the head's forward to the embedding's
+        // backward). Preparing the optimizer, `save_model` and
+        // `get_state_dict` gather the five units once each.
+        let gathers = if full_shard { 9 * micro_steps + 3 * 5 } else { 0 };
+        assert_eq!(report["gathers"], gathers, "{report}");
+        if strategy == ShardingStrategy::NoShard {
+            assert_eq!(report["reduce_scatters"], 0, "{report}");
+            continue;
+        }
         // Five units (the four blocks and the root) per sync, none all-reduced.
-        assert_eq!(report["reduce_scatters"], 5 * STEPS, "{report}");
+        assert_eq!(report["reduce_scatters"], 5 * syncs, "{report}");
         assert_eq!(report["all_reduces"], 0, "{report}");
     }
     // The saved model.safetensors: the whole weights, as a DDP run writes.
     let saved = read(&dir.join("model.safetensors"));
     assert_eq!(worst_difference(&saved, &ranks[0]), 0.0);
     (ddp_reports, reports)
+}
+
+fn shard_grad_op_matches_ddp_and_one_process(
+    n: usize,
+    batch: usize,
+    accumulation: usize,
+    precision: MixedPrecision,
+) -> (Vec<serde_json::Value>, Vec<serde_json::Value>) {
+    sharding_matches_ddp_and_one_process(
+        ShardingStrategy::ShardGradOp,
+        false,
+        n,
+        batch,
+        accumulation,
+        precision,
+    )
+}
+
+/// Under FULL_SHARD each of `n` processes holds, between steps, its
+/// shards of the parameters, gradients and optimizer state: at most 1/n
+/// of what one DDP process holds, plus one unit's whole parameters
+/// (FSDP's padding, bounded by one row a parameter, stays below that).
+fn assert_full_shard_memory(n: usize, ddp: &[serde_json::Value], sharded: &[serde_json::Value]) {
+    let total = |m: &serde_json::Value| {
+        ["param_bytes", "grad_bytes", "optimizer_bytes"]
+            .iter()
+            .map(|k| m[k].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    for r in 0..n {
+        let (whole, shard) = (total(&ddp[r]["memory"]), total(&sharded[r]["memory"]));
+        let unit = sharded[r]["largest_unit_bytes"].as_u64().unwrap();
+        assert!(
+            shard <= whole / n as u64 + unit,
+            "rank {r} of {n}: {shard} bytes held, DDP {whole}, one unit {unit}"
+        );
+        let params = sharded[r]["memory"]["param_bytes"].as_u64().unwrap();
+        let ddp_params = ddp[r]["memory"]["param_bytes"].as_u64().unwrap();
+        assert!(
+            params <= ddp_params / n as u64 + unit / 8,
+            "rank {r}: parameters {params} of {ddp_params}: more than its shards"
+        );
+    }
+}
+
+#[test]
+fn full_shard_on_two_ranks_trains_what_ddp_and_one_process_do_holding_half() {
+    let (ddp, sharded) = sharding_matches_ddp_and_one_process(
+        ShardingStrategy::FullShard,
+        false,
+        2,
+        2,
+        1,
+        MixedPrecision::No,
+    );
+    assert_full_shard_memory(2, &ddp, &sharded);
+}
+
+#[test]
+fn full_shard_with_activation_checkpointing_on_four_ranks_with_accumulation_trains_what_ddp_does() {
+    let (ddp, sharded) = sharding_matches_ddp_and_one_process(
+        ShardingStrategy::FullShard,
+        true,
+        4,
+        1,
+        2,
+        MixedPrecision::No,
+    );
+    assert_full_shard_memory(4, &ddp, &sharded);
+}
+
+#[test]
+fn activation_checkpointing_without_sharding_trains_what_ddp_does() {
+    // The recomputed units' gradients reach DDP's bucket hooks as one
+    // backward pass's would.
+    sharding_matches_ddp_and_one_process(
+        ShardingStrategy::NoShard,
+        true,
+        2,
+        2,
+        1,
+        MixedPrecision::No,
+    );
 }
 
 #[test]
@@ -390,6 +528,7 @@ fn a_custom_var_store_model_is_sharded_by_its_declared_classes() {
         precision: MixedPrecision::No,
         clip: true,
         custom: true,
+        checkpointing: false,
     };
     let want = reference(sharded, 2);
     let (ranks, reports, _dir) = run(2, sharded);
@@ -413,6 +552,7 @@ fn an_optimizer_prepared_before_its_sharded_model_is_refused() {
         precision: MixedPrecision::No,
         clip: false,
         custom: false,
+        checkpointing: false,
     };
     let mut acc = accelerator(setup);
     // Drawing weights here would move the generator under a reference run.

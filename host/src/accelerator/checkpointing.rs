@@ -371,12 +371,24 @@ impl Accelerator {
             }
         };
         let optimizer_states = self.full_optimizer_states(&dest)?;
+        // FULL_SHARD: the snapshot takes the whole parameters (gathered by
+        // every process; released once the snapshot holds them).
+        let summoned = self.ddp.summon().map_err(|e| {
+            state_err(
+                &dest,
+                format!(
+                    "gathering the sharded parameters failed: {}",
+                    crate::error_chain(&e)
+                ),
+            )
+        })?;
         let Some(staged) = self.stage(&dest)? else {
             // A process that writes no checkpoint: its part is written.
             self.project.iteration += 1;
             return Ok(dest);
         };
         let snapshot = self.snapshot(&dest, self.project.async_save, optimizer_states)?;
+        drop(summoned);
         let context = self.hook_context(&dest, self.project.iteration);
         let hooks = self.registered.hooks.clone();
         self.project.iteration += 1;
@@ -693,7 +705,18 @@ impl Accelerator {
         let trainer: TrainerState = read_json(&dir.join("trainer_state.json"))?;
         // Hooks first: they may refuse the checkpoint before anything is restored.
         let restored = self.run_load_hooks(&dir, &manifest, &trainer)?;
-        // Then models: their load checks everything before writing.
+        // Then models: their load checks everything before writing
+        // (FULL_SHARD: into the whole parameters, whose rows the shards
+        // then take).
+        let summoned = self.ddp.summon().map_err(|e| {
+            state_err(
+                &dir,
+                format!(
+                    "gathering the sharded parameters failed: {}",
+                    crate::error_chain(&e)
+                ),
+            )
+        })?;
         for (i, model) in self.registered.models.iter().enumerate() {
             let from_file: Vec<(String, Tensor)> = model
                 .iter()
@@ -711,6 +734,7 @@ impl Accelerator {
             let mut target = target.shallow_clone();
             tch::no_grad(|| target.copy_(source));
         }
+        summoned.write_back();
         for (i, opt) in self.optimizers.iter().enumerate() {
             let path = dir.join(numbered("optimizer", i, "safetensors"));
             let groups: Vec<GroupState> = read_json(&dir.join(numbered("optimizer", i, "json")))?;

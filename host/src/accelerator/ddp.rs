@@ -3,7 +3,9 @@
 //! overlapping the backward pass, unless inside `no_sync` (see
 //! [`crate::parallel::GradientSync`]). With FSDP's SHARD_GRAD_OP a model's
 //! gradients are reduce-scattered unit by unit instead, and an optimizer
-//! prepared after it steps only this process's shards.
+//! prepared after it steps only this process's shards. With FULL_SHARD or
+//! activation checkpointing a model runs unit by unit
+//! ([`crate::parallel::Unitwise`]), and `backward` recomputes its units.
 
 use super::sharding::{plan_units, ShardingError};
 use super::Accelerator;
@@ -11,9 +13,12 @@ use crate::dist::{DistError, ProcessGroup};
 use crate::models::ModuleTree;
 use crate::optim::Optimizer;
 use crate::parallel::sharded::{ShardedOptimizer, UnitShard};
-use crate::parallel::{DdpOptions, FsdpSettings, GradientSync, Round, SyncStats};
+use crate::parallel::{
+    DdpOptions, FsdpSettings, FullShard, GradientSync, Round, ShardingStrategy, SyncStats, Unitwise,
+};
 use crate::plugins::SearchPath;
 use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 use tch::{TchError, Tensor};
 
 /// Why [`Accelerator::backward`] failed.
@@ -33,8 +38,11 @@ pub(super) struct DataParallel {
     pub(super) fsdp: Option<FsdpSettings>,
     plugin_path: SearchPath,
     models: RefCell<Vec<GradientSync>>,
-    /// The units of every sharded model (handles), for the optimizers.
+    /// The units of every model sharded SHARD_GRAD_OP (handles), for the
+    /// optimizers.
     units: RefCell<Vec<UnitShard>>,
+    /// The unit-wise execution of every model that runs so.
+    pub(super) unitwise: RefCell<Vec<Rc<Unitwise>>>,
     /// Inside `no_sync`.
     pub(super) no_sync: Cell<bool>,
     /// Inside `trigger_sync_in_backward`.
@@ -53,6 +61,7 @@ impl DataParallel {
             plugin_path,
             models: RefCell::default(),
             units: RefCell::default(),
+            unitwise: RefCell::default(),
             no_sync: Cell::new(false),
             forced: Cell::new(false),
         }
@@ -100,20 +109,52 @@ impl DataParallel {
     /// wrap policy for its units — also in a world of one, so that a bad
     /// policy stops every run, and with NO_SHARD too — checks that every
     /// process got the same units, and, with several processes, lays each
-    /// unit out in shards and reduce-scatters its gradients from now on.
-    /// Without FSDP, or with NO_SHARD, [`register`](Self::register) (the
-    /// parameters of ignored modules left out).
+    /// unit out in shards: SHARD_GRAD_OP reduce-scatters its gradients from
+    /// now on, FULL_SHARD also releases its whole parameters, to be gathered
+    /// around each use. Without FSDP, or with NO_SHARD,
+    /// [`register`](Self::register) (the parameters of ignored modules left
+    /// out). Returns the unit-wise execution the model must run with
+    /// (FULL_SHARD, activation checkpointing), which needs a model whose
+    /// units hearth can run (`runs_units`).
     pub(super) fn register_model(
         &self,
         group: &dyn ProcessGroup,
         tree: &ModuleTree,
         parameters: Vec<(String, Tensor)>,
-    ) -> Result<(), ShardingError> {
+        runs_units: bool,
+    ) -> Result<Option<Rc<Unitwise>>, ShardingError> {
         let Some(settings) = &self.fsdp else {
             let tensors = parameters.into_iter().map(|(_, p)| p).collect();
-            return Ok(self.register(group, tensors)?);
+            self.register(group, tensors)?;
+            return Ok(None);
         };
         let plan = agreed(group, plan_units(tree, settings, &self.plugin_path))?;
+        let (rank, world) = (group.process_index(), group.num_processes());
+        let full_shard = settings.sharding_strategy == ShardingStrategy::FullShard && world > 1;
+        if (full_shard || settings.activation_checkpointing) && !runs_units {
+            return Err(ShardingError::Unitwise(format!(
+                "{} runs the model unit by unit, and hearth cannot run the units of a model whose \
+                 forward pass is your own code (a VarStore); prepare a hearth `Model` (GPT, MLP, \
+                 TorchScript, or your type implementing `Model` and its `units`), or use {}",
+                if full_shard {
+                    "FULL_SHARD"
+                } else {
+                    "activation checkpointing"
+                },
+                if full_shard {
+                    "SHARD_GRAD_OP"
+                } else {
+                    "no activation checkpointing"
+                },
+            )));
+        }
+        let checkpointing = || {
+            settings.activation_checkpointing.then(|| {
+                let unitwise = Rc::new(Unitwise::new(None));
+                self.unitwise.borrow_mut().push(unitwise.clone());
+                unitwise
+            })
+        };
         if !settings.sharding_strategy.shards() {
             let kept: std::collections::HashSet<&str> = plan
                 .iter()
@@ -124,9 +165,9 @@ impl DataParallel {
                 .filter(|(n, _)| kept.contains(n.as_str()))
                 .map(|(_, p)| p)
                 .collect();
-            return Ok(self.register(group, tensors)?);
+            self.register(group, tensors)?;
+            return Ok(checkpointing());
         }
-        let (rank, world) = (group.process_index(), group.num_processes());
         let known = |p: &Tensor| {
             self.units
                 .borrow()
@@ -135,7 +176,7 @@ impl DataParallel {
                 .any(|q| q == p.data_ptr())
         };
         if world == 1 || parameters.iter().all(|(_, p)| known(p)) {
-            return Ok(());
+            return Ok(checkpointing());
         }
         let by_name: std::collections::HashMap<&str, &Tensor> =
             parameters.iter().map(|(n, p)| (n.as_str(), p)).collect();
@@ -150,12 +191,62 @@ impl DataParallel {
             })
             .filter(|u| !u.params.is_empty())
             .collect();
+        if full_shard {
+            let full = FullShard::new(
+                group.duplicate()?,
+                units,
+                settings.reshard_after_forward,
+                settings.sync_module_states,
+            )?;
+            let unitwise = Rc::new(Unitwise::new(Some(full)));
+            self.unitwise.borrow_mut().push(unitwise.clone());
+            return Ok(Some(unitwise));
+        }
         self.units
             .borrow_mut()
             .extend(units.iter().map(UnitShard::shallow_clone));
         let sync = GradientSync::sharded(group, units, settings.sync_module_states)?;
         self.models.borrow_mut().push(sync);
-        Ok(())
+        Ok(checkpointing())
+    }
+
+    /// The unit-wise executions that shard (FULL_SHARD).
+    pub(super) fn full_shards(&self) -> Vec<Rc<Unitwise>> {
+        self.unitwise
+            .borrow()
+            .iter()
+            .filter(|u| u.full_shard().is_some())
+            .cloned()
+            .collect()
+    }
+
+    /// Runs `f` with every FULL_SHARD model's parameters whole (FSDP's
+    /// `summon_full_params`), then releases them — after copying this
+    /// process's rows back into its shards when `write_back`.
+    pub(super) fn with_full_params<R>(
+        &self,
+        write_back: bool,
+        f: impl FnOnce() -> R,
+    ) -> Result<R, crate::parallel::UnitwiseError> {
+        let summoned = self.summon()?;
+        let result = f();
+        if write_back {
+            summoned.write_back();
+        }
+        Ok(result)
+    }
+
+    /// Gathers every FULL_SHARD model's parameters whole until the
+    /// returned guard drops (every process must call it: it all-gathers).
+    pub(super) fn summon(&self) -> Result<Summoned, crate::parallel::UnitwiseError> {
+        let summoned = Summoned {
+            units: self.full_shards(),
+            write_back: false,
+        };
+        for u in &summoned.units {
+            u.gather_all()?;
+        }
+        Ok(summoned)
     }
 
     /// Refuses to shard parameters an optimizer already holds: it was
@@ -189,29 +280,44 @@ impl DataParallel {
         group: &dyn ProcessGroup,
         inner: Box<dyn Optimizer>,
     ) -> Result<Box<dyn Optimizer>, ShardingError> {
-        let params: Vec<usize> = inner
-            .parameters()
-            .iter()
-            .map(|p| p.data_ptr() as usize)
-            .collect();
-        let units: Vec<UnitShard> = self
-            .units
-            .borrow()
-            .iter()
-            .filter(|u| {
-                u.params
+        let full = self.full_shards();
+        // Whole parameters are recognised by their storage: gather them.
+        let wrapped = self
+            .with_full_params(false, || {
+                let params: Vec<usize> = inner
+                    .parameters()
                     .iter()
-                    .any(|p| params.contains(&(p.full.data_ptr() as usize)))
+                    .map(|p| p.data_ptr() as usize)
+                    .collect();
+                let holds = |u: &UnitShard| {
+                    u.params
+                        .iter()
+                        .any(|p| params.contains(&(p.full.data_ptr() as usize)))
+                };
+                let mut units: Vec<UnitShard> = self
+                    .units
+                    .borrow()
+                    .iter()
+                    .filter(|u| holds(u))
+                    .map(UnitShard::shallow_clone)
+                    .collect();
+                let full_units: Vec<UnitShard> = full
+                    .iter()
+                    .flat_map(|u| u.full_shard().map(FullShard::units).unwrap_or_default())
+                    .filter(|u| holds(u))
+                    .collect();
+                let gather_after_step = full_units.is_empty();
+                units.extend(full_units);
+                if units.is_empty() {
+                    return Ok(inner);
+                }
+                let channel = group.duplicate()?;
+                let sharded = ShardedOptimizer::new(inner, channel, units, gather_after_step)
+                    .map_err(ShardingError::Optimizer)?;
+                Ok(Box::new(sharded) as Box<dyn Optimizer>)
             })
-            .map(UnitShard::shallow_clone)
-            .collect();
-        if units.is_empty() {
-            return Ok(inner);
-        }
-        let channel = group.duplicate()?;
-        let sharded =
-            ShardedOptimizer::new(inner, channel, units).map_err(ShardingError::Optimizer)?;
-        Ok(Box::new(sharded))
+            .map_err(|e| ShardingError::Unitwise(crate::error_chain(&e)))?;
+        wrapped
     }
 
     /// Runs `backward` and averages the gradients of the prepared models,
@@ -222,6 +328,18 @@ impl DataParallel {
         group: &dyn ProcessGroup,
         backward: impl FnOnce() -> Result<(), TchError>,
     ) -> Result<(), BackwardError> {
+        let unitwise = self.unitwise.borrow();
+        // The loss's own backward, then the recomputation of the units of
+        // models that ran unit by unit (whose gradients the round's hooks
+        // see come in, as from one backward pass).
+        let backward = || -> Result<(), TchError> {
+            backward()?;
+            for u in unitwise.iter() {
+                u.backward()
+                    .map_err(|e| TchError::Torch(crate::error_chain(&e)))?;
+            }
+            Ok(())
+        };
         let mut models = self.models.borrow_mut();
         if models.is_empty() || (self.no_sync.get() && !self.forced.get()) {
             return Ok(backward()?);
@@ -233,31 +351,65 @@ impl DataParallel {
     }
 }
 
+/// FULL_SHARD models' parameters held whole; released when dropped.
+pub(super) struct Summoned {
+    units: Vec<Rc<Unitwise>>,
+    write_back: bool,
+}
+
+impl Summoned {
+    /// Releases them after copying this process's rows of the whole
+    /// parameters (written meanwhile, by a load) into its shards.
+    pub(super) fn write_back(mut self) {
+        self.write_back = true;
+    }
+}
+
+impl Drop for Summoned {
+    fn drop(&mut self) {
+        for u in &self.units {
+            u.release_all(self.write_back);
+        }
+    }
+}
+
 impl Accelerator {
     /// What gradient averaging across processes has done so far, over all
     /// prepared models (all zero in a world of one).
     pub fn gradient_sync_stats(&self) -> SyncStats {
+        let unitwise: Vec<SyncStats> = self
+            .ddp
+            .unitwise
+            .borrow()
+            .iter()
+            .map(|u| u.stats())
+            .collect();
         self.ddp
             .models
             .borrow()
             .iter()
             .map(GradientSync::stats)
+            .chain(unitwise)
             .fold(SyncStats::default(), |a, s| SyncStats {
                 syncs: a.syncs.max(s.syncs),
                 all_reduces: a.all_reduces + s.all_reduces,
                 reduce_scatters: a.reduce_scatters + s.reduce_scatters,
                 overlapped: a.overlapped + s.overlapped,
                 bytes: a.bytes + s.bytes,
+                gathers: a.gathers + s.gathers,
+                recomputed: a.recomputed + s.recomputed,
             })
     }
 
     /// Registers a prepared model's parameters for averaging, or shards
-    /// them when FSDP shards.
+    /// them when FSDP shards; returns the unit-wise execution the model
+    /// must run with, if any (see [`DataParallel::register_model`]).
     pub(super) fn register_for_sync(
         &self,
         tree: &ModuleTree,
         parameters: Vec<(String, Tensor)>,
-    ) -> Result<(), super::PrepareError> {
+        runs_units: bool,
+    ) -> Result<Option<Rc<Unitwise>>, super::PrepareError> {
         let held: Vec<Tensor> = self
             .optimizers
             .iter()
@@ -265,7 +417,7 @@ impl Accelerator {
             .collect();
         let result = self.ddp.check_not_held(&held, &parameters).and_then(|()| {
             self.ddp
-                .register_model(self.process_group(), tree, parameters)
+                .register_model(self.process_group(), tree, parameters, runs_units)
         });
         result.map_err(|e| match e {
             ShardingError::Dist(e) => super::PrepareError::Dist(e),
@@ -285,9 +437,8 @@ fn agreed(
     if group.num_processes() == 1 {
         return plan;
     }
-    let mine: Result<&Vec<(String, Vec<String>)>, String> = plan
-        .as_ref()
-        .map_err(|e| format!("{e}: {}", error_chain(e)));
+    let mine: Result<&Vec<(String, Vec<String>)>, String> =
+        plan.as_ref().map_err(|e| crate::error_chain(e));
     let bytes = serde_json::to_vec(&mine).expect("a plan serialises");
     let all = group.all_gather_bytes(&bytes)?;
     let me = group.process_index();
@@ -316,15 +467,4 @@ fn agreed(
         }
     }
     plan
-}
-
-/// The causes below `e`, joined.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut parts = Vec::new();
-    let mut at = e.source();
-    while let Some(cause) = at {
-        parts.push(cause.to_string());
-        at = cause.source();
-    }
-    parts.join(": ")
 }

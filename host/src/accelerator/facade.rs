@@ -401,33 +401,54 @@ impl Accelerator {
         self.scaler.as_ref().map(|s| s.lock().unwrap().get_scale())
     }
 
-    /// The model without what `prepare` wrapped around it.
+    /// The model without what `prepare` wrapped around it. Under
+    /// FULL_SHARD its parameters are gathered whole for good (every
+    /// process must call it) and it no longer runs unit by unit.
     pub fn unwrap_model<M: Model>(&self, model: PreparedModel<M>) -> M {
+        if let Some(unitwise) = model.unitwise() {
+            unitwise
+                .gather_all()
+                .unwrap_or_else(|e| panic!("unwrap_model: {}", crate::error_chain(&e)));
+            self.ddp
+                .unitwise
+                .borrow_mut()
+                .retain(|u| !std::rc::Rc::ptr_eq(u, unitwise));
+        }
         model.into_inner()
     }
 
     /// The model's parameters by name, copied to the CPU in float32 or
-    /// their own kind (what `save_model` writes; `get_state_dict`).
+    /// their own kind (what `save_model` writes; `get_state_dict`). Under
+    /// FULL_SHARD they are gathered whole for it: every process must call it.
     pub fn get_state_dict(&self, model: &impl Model) -> Vec<(String, Tensor)> {
-        model
-            .named_parameters()
-            .into_iter()
-            .map(|(n, t)| (n, t.detach().to_device(Device::Cpu)))
-            .collect()
+        self.ddp
+            .with_full_params(false, || {
+                model
+                    .named_parameters()
+                    .into_iter()
+                    .map(|(n, t)| (n, t.detach().to_device(Device::Cpu)))
+                    .collect()
+            })
+            .unwrap_or_else(|e| panic!("get_state_dict: {}", crate::error_chain(&e)))
     }
 
     /// Writes the model's weights into `dir` on the main process
     /// (Accelerate's `save_model`): `model.safetensors`, or shards of at
     /// most `max_shard_size` bytes with their index (see
     /// [`crate::checkpoint::save_model`]). Other processes write nothing and
-    /// get `None`.
+    /// get `None` (under FULL_SHARD every process must call it: the
+    /// parameters are gathered).
     pub fn save_model(
         &self,
         model: &impl Model,
         dir: &std::path::Path,
         max_shard_size: u64,
     ) -> Result<Option<crate::checkpoint::SavedModel>, crate::checkpoint::CheckpointError> {
+        let sharded = !self.ddp.full_shards().is_empty();
         if !self.is_main_process() {
+            if sharded {
+                let _ = self.get_state_dict(model);
+            }
             return Ok(None);
         }
         crate::checkpoint::save_model(dir, &self.get_state_dict(model), max_shard_size).map(Some)

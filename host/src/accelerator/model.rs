@@ -4,17 +4,22 @@
 use super::TensorTree;
 use crate::models::{Model, ModuleTree, Unit};
 use crate::ops::AutocastGuard;
+use crate::parallel::Unitwise;
 use crate::precision::MixedPrecision;
+use std::rc::{Rc, Weak};
 use tch::{Device, Tensor};
 
 /// A model prepared by the accelerator. Its forward pass runs under
 /// autocast when mixed precision is on and returns float32 outputs (as
-/// Accelerate's `convert_to_fp32` wrapper). Get the model back with
-/// [`Accelerator::unwrap_model`](super::Accelerator::unwrap_model).
+/// Accelerate's `convert_to_fp32` wrapper). Under FULL_SHARD or
+/// activation checkpointing it runs unit by unit ([`Unitwise`]). Get the
+/// model back with [`Accelerator::unwrap_model`](super::Accelerator::unwrap_model).
 pub struct PreparedModel<M> {
-    inner: M,
+    /// Shared only with the weak handles unit-wise backward recomputes with.
+    inner: Rc<M>,
     device: Device,
     precision: MixedPrecision,
+    unitwise: Option<Rc<Unitwise>>,
 }
 
 impl<M: Model> PreparedModel<M> {
@@ -30,10 +35,21 @@ impl<M: Model> PreparedModel<M> {
             }
         });
         Self {
-            inner,
+            inner: Rc::new(inner),
             device,
             precision,
+            unitwise: None,
         }
+    }
+
+    /// Runs the forward pass unit by unit from now on.
+    pub(super) fn set_unitwise(&mut self, unitwise: Rc<Unitwise>) {
+        self.unitwise = Some(unitwise);
+    }
+
+    /// Its unit-wise execution, if it runs so.
+    pub(super) fn unitwise(&self) -> Option<&Rc<Unitwise>> {
+        self.unitwise.as_ref()
     }
 
     /// The wrapped model.
@@ -41,8 +57,12 @@ impl<M: Model> PreparedModel<M> {
         &self.inner
     }
 
+    /// The model (its parameters whole: the caller gathered them first
+    /// under FULL_SHARD).
     pub(super) fn into_inner(self) -> M {
-        self.inner
+        Rc::try_unwrap(self.inner)
+            .ok()
+            .expect("unit-wise execution holds weak handles only")
     }
 
     /// The mixed precision the forward pass runs under.
@@ -51,7 +71,23 @@ impl<M: Model> PreparedModel<M> {
     }
 }
 
-impl<M: Model> Model for PreparedModel<M> {
+impl<M: Model + 'static> PreparedModel<M> {
+    fn run(&self, tokens: &Tensor, train: bool) -> Tensor {
+        let Some(unitwise) = &self.unitwise else {
+            return self.inner.forward_t(tokens, train);
+        };
+        let handle: Weak<dyn Model> = Rc::downgrade(&self.inner) as Weak<dyn Model>;
+        let autocast = self
+            .precision
+            .autocast_kind(self.device)
+            .map(|k| (self.device, k));
+        unitwise
+            .forward(&*self.inner, handle, tokens, train, autocast)
+            .unwrap_or_else(|e| panic!("{}", crate::error_chain(&e)))
+    }
+}
+
+impl<M: Model + 'static> Model for PreparedModel<M> {
     fn module_tree(&self) -> &ModuleTree {
         self.inner.module_tree()
     }
@@ -66,9 +102,9 @@ impl<M: Model> Model for PreparedModel<M> {
             Some(kind) => {
                 let _guard =
                     AutocastGuard::new(self.device, kind).expect("autocast kinds are valid");
-                self.inner.forward_t(tokens, train).to_fp32()
+                self.run(tokens, train).to_fp32()
             }
-            None => self.inner.forward_t(tokens, train),
+            None => self.run(tokens, train),
         }
     }
 }

@@ -80,10 +80,12 @@ macro_rules! model {
         impl Prepare for $t {
             type Prepared = PreparedModel<$t>;
             fn prepare_with(self, acc: &mut Accelerator) -> Result<PreparedModel<$t>, PrepareError> {
-                let model = PreparedModel::new(self, acc.device(), acc.mixed_precision());
+                let mut model = PreparedModel::new(self, acc.device(), acc.mixed_precision());
                 let parameters = model.named_parameters();
                 let handles = parameters.iter().map(|(n, p)| (n.clone(), p.shallow_clone())).collect();
-                acc.register_for_sync(model.module_tree(), handles)?;
+                if let Some(unitwise) = acc.register_for_sync(model.module_tree(), handles, true)? {
+                    model.set_unitwise(unitwise);
+                }
                 acc.remember_model(parameters);
                 Ok(model)
             }
@@ -114,13 +116,13 @@ impl Prepare for crate::models::VarStoreModel {
             .iter()
             .map(|(n, p)| (n.clone(), p.shallow_clone()))
             .collect();
-        acc.register_for_sync(&self.module_tree(), handles)?;
+        acc.register_for_sync(&self.module_tree(), handles, false)?;
         acc.remember_model(variables);
         Ok(self.vs)
     }
 }
 
-impl<M: Model> Prepare for PreparedModel<M> {
+impl<M: Model + 'static> Prepare for PreparedModel<M> {
     type Prepared = PreparedModel<M>;
     fn prepare_with(self, _: &mut Accelerator) -> Result<Self, PrepareError> {
         Ok(self)

@@ -22,6 +22,9 @@ pub enum ShardingError {
     /// The optimizer cannot step shards.
     #[error("the optimizer cannot be sharded: {0}")]
     Optimizer(String),
+    /// The model cannot run unit by unit, or gathering its units failed.
+    #[error("{0}")]
+    Unitwise(String),
     /// Another process could not plan the units, or planned others.
     #[error("the processes do not agree on the units {0}")]
     Disagree(String),
@@ -62,7 +65,8 @@ pub fn plan_units(
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct MemoryStats {
     /// Parameters of the prepared models (whole ones: DDP and SHARD_GRAD_OP
-    /// keep them whole on every process).
+    /// keep them whole on every process; FULL_SHARD this process's shards,
+    /// plus the whole parameters of any unit gathered at the moment).
     pub param_bytes: u64,
     /// Gradients the optimizers stepped from (this process's shards when
     /// sharded).
@@ -83,7 +87,13 @@ impl super::Accelerator {
             .flatten()
             .filter(|(_, t)| seen.insert(t.data_ptr() as usize))
             .map(|(_, t)| (t.numel() * t.kind().elt_size_in_bytes()) as u64)
-            .sum();
+            .sum::<u64>()
+            + self
+                .ddp
+                .full_shards()
+                .iter()
+                .filter_map(|u| u.full_shard().map(|f| f.shard_bytes()))
+                .sum::<u64>();
         let (grad_bytes, optimizer_bytes) = self
             .optimizers
             .iter()

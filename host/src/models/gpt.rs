@@ -23,14 +23,13 @@ pub struct GptConfig {
 }
 
 struct Embedding {
-    path: String,
     tok: nn::Embedding,
     pos: nn::Embedding,
 }
 
 impl Unit for Embedding {
-    fn path(&self) -> &str {
-        &self.path
+    fn modules(&self) -> Vec<&str> {
+        vec!["tok", "pos"]
     }
     fn forward_t(&self, tokens: &Tensor, _train: bool) -> Tensor {
         let t = tokens.size()[1];
@@ -51,8 +50,8 @@ struct Block {
 }
 
 impl Unit for Block {
-    fn path(&self) -> &str {
-        &self.path
+    fn modules(&self) -> Vec<&str> {
+        vec![&self.path]
     }
     fn forward_t(&self, x: &Tensor, _train: bool) -> Tensor {
         let (b, t, d) = x.size3().expect("a block takes [batch, time, d_model]");
@@ -81,14 +80,13 @@ impl Unit for Block {
 }
 
 struct Head {
-    path: String,
     ln: nn::LayerNorm,
     head: nn::Linear,
 }
 
 impl Unit for Head {
-    fn path(&self) -> &str {
-        &self.path
+    fn modules(&self) -> Vec<&str> {
+        vec!["ln", "head"]
     }
     fn forward_t(&self, x: &Tensor, _train: bool) -> Tensor {
         self.head.forward(&self.ln.forward(x))
@@ -127,7 +125,6 @@ impl Gpt {
         let linear = |p: nn::Path, i, o| nn::linear(p, i, o, Default::default());
 
         let embedding = Embedding {
-            path: String::new(),
             tok: nn::embedding(
                 &root / declare("tok".into(), "Embedding"),
                 config.vocab_size,
@@ -163,7 +160,6 @@ impl Gpt {
             })
             .collect();
         let head = Head {
-            path: String::new(),
             ln: ln(&root / declare("ln".into(), "LayerNorm")),
             head: linear(
                 &root / declare("head".into(), "Linear"),

@@ -27,8 +27,8 @@ struct Context {
 }
 
 impl Unit for Context {
-    fn path(&self) -> &str {
-        &self.path
+    fn modules(&self) -> Vec<&str> {
+        vec![&self.path]
     }
     fn forward_t(&self, tokens: &Tensor, _train: bool) -> Tensor {
         let emb = self.tok.forward(tokens);
@@ -47,8 +47,8 @@ struct Layer {
 }
 
 impl Unit for Layer {
-    fn path(&self) -> &str {
-        &self.path
+    fn modules(&self) -> Vec<&str> {
+        vec![&self.path]
     }
     fn forward_t(&self, xs: &Tensor, _train: bool) -> Tensor {
         let ys = self.linear.forward(xs);

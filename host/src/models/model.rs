@@ -6,8 +6,10 @@ use tch::{nn, Tensor};
 /// One step of a model's forward pass that the host may run on its own (and,
 /// later, shard): it maps the previous unit's output to its own.
 pub trait Unit {
-    /// The module path of this unit (`"blocks.2"`), a prefix of its parameters' names.
-    fn path(&self) -> &str;
+    /// The paths of the modules whose parameters this unit runs with
+    /// (`["blocks.2"]`; `[""]` for every parameter): unit-wise execution
+    /// gathers exactly their shards before running the unit.
+    fn modules(&self) -> Vec<&str>;
     /// Runs the unit.
     fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor;
 }

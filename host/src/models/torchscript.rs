@@ -128,8 +128,8 @@ fn tree_of(path: &Path, params: &[(String, Tensor)]) -> ModuleTree {
 }
 
 impl Unit for TorchScriptModel {
-    fn path(&self) -> &str {
-        ""
+    fn modules(&self) -> Vec<&str> {
+        vec![""]
     }
     fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
         self.try_forward(xs, train).unwrap_or_else(|e| {

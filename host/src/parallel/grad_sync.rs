@@ -38,6 +38,10 @@ pub struct SyncStats {
     pub overlapped: u64,
     /// Bytes this process sent into those collectives.
     pub bytes: u64,
+    /// Units all-gathered whole before a use (FULL_SHARD).
+    pub gathers: u64,
+    /// Units recomputed in backward (activation checkpointing, FULL_SHARD).
+    pub recomputed: u64,
 }
 
 /// A fresh id for a model's hooks.

@@ -2,14 +2,17 @@
 //! they share ([`GradientSync`]): DDP ([`ddp`]: every process holds the
 //! whole model and averages gradients in buckets) and sharding
 //! ([`sharded`]: FSDP's SHARD_GRAD_OP, each process holding its shard of
-//! the gradients and optimizer state), configured by [`FsdpPlugin`]. Both
-//! run over a [`crate::dist::ProcessGroup`]; neither knows which backend
+//! the gradients and optimizer state), configured by [`FsdpPlugin`]; and
+//! unit-wise execution ([`Unitwise`]: activation checkpointing, and
+//! FULL_SHARD's gathering of each unit's parameters around its use). All
+//! run over a [`crate::dist::ProcessGroup`]; none knows which backend
 //! carries its collectives.
 
 mod ddp;
 mod fsdp;
 mod grad_sync;
 pub mod sharded;
+mod unitwise;
 
 pub use ddp::{CommHook, DdpOptions, FIRST_BUCKET_MB};
 pub use fsdp::{
@@ -18,3 +21,4 @@ pub use fsdp::{
 };
 pub(crate) use grad_sync::Round;
 pub use grad_sync::{GradientSync, SyncStats};
+pub use unitwise::{FullShard, Unitwise, UnitwiseError};

@@ -86,9 +86,13 @@ pub fn plan(
             params.iter().map(|(n, _)| n.clone()).collect(),
         )],
     };
-    let shards = settings
-        .as_ref()
-        .is_some_and(|s| s.sharding_strategy == ShardingStrategy::ShardGradOp);
+    let strategy = settings.as_ref().map(|s| s.sharding_strategy);
+    let shards = matches!(
+        strategy,
+        Some(ShardingStrategy::ShardGradOp | ShardingStrategy::FullShard)
+    );
+    // FULL_SHARD holds only its shards of the parameters between steps.
+    let shards_params = strategy == Some(ShardingStrategy::FullShard);
     let sharded: std::collections::HashSet<&str> = units
         .iter()
         .flat_map(|(_, names)| names.iter().map(String::as_str))
@@ -97,7 +101,6 @@ pub fn plan(
     for (name, p) in &params {
         let element = p.kind().elt_size_in_bytes() as u64;
         let full = p.numel() as u64 * element;
-        per.param_bytes += full;
         let held = if shards && sharded.contains(name.as_str()) {
             // Rank 0's rows: FSDP2's ceil(d0 / N)-row chunks.
             let size = p.size();
@@ -108,6 +111,7 @@ pub fn plan(
         } else {
             full
         };
+        per.param_bytes += if shards_params { held } else { full };
         if p.requires_grad() {
             per.grad_bytes += held;
             per.optimizer_bytes += optimizer_bytes(config, held);

@@ -20,7 +20,10 @@ pub struct FsdpPlugin {
     /// `fsdp-version`: 1 or 2 (default 1). Version 2 takes its strategy
     /// from `reshard-after-forward` unless `sharding-strategy` is set.
     pub fsdp_version: Option<u8>,
-    /// `reshard-after-forward` (FSDP2): true is FULL_SHARD, false SHARD_GRAD_OP.
+    /// `reshard-after-forward`. FSDP2 (no `sharding-strategy`): true is
+    /// FULL_SHARD, false SHARD_GRAD_OP, as Accelerate maps them. With
+    /// FULL_SHARD named, false keeps a unit's gathered parameters from its
+    /// forward until backward is done with them.
     pub reshard_after_forward: Option<bool>,
     /// `auto-wrap-policy`: the wrap-policy plugin that picks the units
     /// (`transformer-based`, `size-based`, `no-wrap` or a third party's;
@@ -129,6 +132,12 @@ pub struct FsdpSettings {
     pub sync_module_states: bool,
     /// What checkpoints hold.
     pub state_dict_type: StateDictType,
+    /// FULL_SHARD: a unit's whole parameters are released right after its
+    /// forward (true), or kept until backward is done with them (false).
+    pub reshard_after_forward: bool,
+    /// The model runs unit by unit, keeping only each unit's input in
+    /// forward and recomputing the unit in backward (FULL_SHARD always does).
+    pub activation_checkpointing: bool,
 }
 
 fn parse_bool(value: &str) -> Result<bool, String> {
@@ -324,23 +333,17 @@ impl FsdpPlugin {
             key: key.into(),
             message,
         };
-        const LATER: &str = "is not implemented in hearth yet (it comes with FULL_SHARD)";
+        const LATER: &str = "is not implemented in hearth yet";
         let strategy = self.strategy();
-        if !matches!(
+        if matches!(
             strategy,
-            ShardingStrategy::ShardGradOp | ShardingStrategy::NoShard
+            ShardingStrategy::HybridShard | ShardingStrategy::HybridShardZero2
         ) {
-            let key = if self.sharding_strategy.is_none() && self.fsdp_version == Some(2) {
-                "reshard-after-forward"
-            } else {
-                "sharding-strategy"
-            };
             return Err(refuse(
-                key,
+                "sharding-strategy",
                 format!(
-                    "{} {LATER}; use SHARD_GRAD_OP (ZeRO-2: sharded gradients and optimizer state) or NO_SHARD{}",
+                    "{} {LATER}; use FULL_SHARD (ZeRO-3), SHARD_GRAD_OP (ZeRO-2) or NO_SHARD",
                     strategy.name(),
-                    if self.sharding_strategy.is_none() { " (FULL_SHARD is the default)" } else { "" }
                 ),
             ));
         }
@@ -351,7 +354,6 @@ impl FsdpPlugin {
             Ok(())
         };
         on("cpu-offload", self.cpu_offload)?;
-        on("activation-checkpointing", self.activation_checkpointing)?;
         on("cpu-ram-efficient-loading", self.cpu_ram_efficient_loading)?;
         if let Some(policy) = &self.mixed_precision_policy {
             return Err(refuse(
@@ -386,6 +388,8 @@ impl FsdpPlugin {
             ignored_modules: self.ignored_modules.clone().unwrap_or_default(),
             sync_module_states: self.sync_module_states.unwrap_or(false),
             state_dict_type,
+            reshard_after_forward: self.reshard_after_forward.unwrap_or(true),
+            activation_checkpointing: self.activation_checkpointing.unwrap_or(false),
         })
     }
 }
@@ -455,21 +459,17 @@ mod tests {
     }
 
     #[test]
-    fn what_part_two_builds_is_refused_not_ignored() {
-        let default = FsdpPlugin::default().resolve("[fsdp]").unwrap_err();
-        assert_eq!(default.key, "sharding-strategy");
-        assert!(
-            default.message.contains("FULL_SHARD is the default"),
-            "{default}"
-        );
-        let v2 = FsdpPlugin {
-            fsdp_version: Some(2),
-            reshard_after_forward: Some(true),
+    fn what_hearth_does_not_build_yet_is_refused_not_ignored() {
+        let default = FsdpPlugin::default().resolve("[fsdp]").unwrap();
+        assert_eq!(default.sharding_strategy, ShardingStrategy::FullShard);
+        assert!(default.reshard_after_forward);
+        let hybrid = FsdpPlugin {
+            sharding_strategy: Some(ShardingStrategy::HybridShard),
             ..Default::default()
         };
         assert_eq!(
-            v2.resolve("[fsdp]").unwrap_err().key,
-            "reshard-after-forward"
+            hybrid.resolve("[fsdp]").unwrap_err().key,
+            "sharding-strategy"
         );
         let zero2 = |f: fn(&mut FsdpPlugin)| {
             let mut p = FsdpPlugin {
@@ -485,9 +485,6 @@ mod tests {
                 "cpu-offload",
                 (|p: &mut FsdpPlugin| p.cpu_offload = Some(true)) as fn(&mut FsdpPlugin),
             ),
-            ("activation-checkpointing", |p| {
-                p.activation_checkpointing = Some(true)
-            }),
             ("cpu-ram-efficient-loading", |p| {
                 p.cpu_ram_efficient_loading = Some(true)
             }),

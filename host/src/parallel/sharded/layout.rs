@@ -11,10 +11,14 @@ use tch::{Kind, Tensor};
 pub struct ParamShard {
     /// The parameter's name (`blocks.0.qkv.weight`).
     pub name: String,
-    /// The whole parameter (the model's own tensor).
+    /// The whole parameter (the model's own tensor; under FULL_SHARD an
+    /// empty one between uses, see [`UnitShard::release`]).
     pub full: Tensor,
+    /// The whole parameter's shape.
+    pub shape: Vec<i64>,
     /// The rows this process owns: a view of `full`'s storage (rows
-    /// `[start, start + rows)`), a leaf the optimizer updates in place.
+    /// `[start, start + rows)`), or storage of its own once
+    /// [`UnitShard::own_shards`] ran; a leaf the optimizer updates in place.
     pub shard: Tensor,
     /// Rows of every chunk: `ceil(d0 / world)`.
     pub chunk_rows: i64,
@@ -73,12 +77,12 @@ impl ParamShard {
         chunks
             .reshape([world * self.chunk_rows, self.row_numel])
             .narrow(0, 0, self.rows)
-            .reshape(self.full.size().as_slice())
+            .reshape(self.shape.as_slice())
     }
 
     /// The shape of `rank`'s shard.
     pub fn shard_shape(&self, rank: usize) -> Vec<i64> {
-        let mut shape = self.full.size();
+        let mut shape = self.shape.clone();
         match shape.first_mut() {
             Some(d0) => *d0 = self.rows_of(rank),
             None => shape = vec![self.rows_of(rank)],
@@ -116,6 +120,7 @@ impl UnitShard {
                 .map(|p| ParamShard {
                     name: p.name.clone(),
                     full: p.full.shallow_clone(),
+                    shape: p.shape.clone(),
                     shard: p.shard.shallow_clone(),
                     ..*p
                 })
@@ -144,6 +149,7 @@ impl UnitShard {
                 let mut p = ParamShard {
                     name,
                     full,
+                    shape: size,
                     shard,
                     chunk_rows,
                     row_numel,
@@ -189,7 +195,11 @@ impl UnitShard {
             .iter()
             .zip(grads)
             .map(|(p, g)| {
-                let g = if g.defined() { g } else { p.full.zeros_like() };
+                let g = if g.defined() {
+                    g
+                } else {
+                    Tensor::zeros(p.shape.as_slice(), (kind, device))
+                };
                 p.chunked(&g.to_kind(kind), world)
             })
             .collect();
@@ -232,6 +242,64 @@ impl UnitShard {
                 p.full.detach().copy_(&p.unchunked(&chunks));
             }
         })
+    }
+
+    /// Gives every shard storage of its own, so that the whole parameters
+    /// can be released (FULL_SHARD).
+    pub fn own_shards(&mut self) {
+        for p in &mut self.params {
+            p.shard = tch::no_grad(|| p.shard.detach().copy());
+        }
+    }
+
+    /// True while the whole parameters hold their values.
+    pub fn is_gathered(&self) -> bool {
+        self.params
+            .iter()
+            .all(|p| p.full.numel() as i64 == p.shape.iter().product::<i64>())
+    }
+
+    /// Frees the whole parameters and their gradients: each becomes an
+    /// empty tensor of its kind on its device (the model's handles stay
+    /// valid and see the values again after [`gather`](Self::gather)).
+    pub fn release(&self) {
+        let mut full: Vec<Tensor> = self.params.iter().map(|p| p.full.shallow_clone()).collect();
+        crate::ops::clear_grads(&full).expect("dropping gradients cannot fail");
+        tch::no_grad(|| {
+            for f in &mut full {
+                let empty = Tensor::empty([0], (f.kind(), f.device()));
+                f.set_data(&empty);
+            }
+        });
+    }
+
+    /// Rebuilds the whole parameters from every process's shards: one
+    /// all-gather of the unit, then a copy out per parameter. Returns the
+    /// bytes this process sent.
+    pub fn gather(
+        &self,
+        group: &dyn crate::dist::ProcessGroup,
+    ) -> Result<u64, crate::dist::DistError> {
+        let flat = tch::no_grad(|| self.pack_shards());
+        let gathered = group.all_gather_into(&flat)?;
+        tch::no_grad(|| {
+            for p in &self.params {
+                let chunks = gathered.narrow(1, p.offset, p.chunk_numel());
+                let mut full = p.full.shallow_clone();
+                full.set_data(&p.unchunked(&chunks).contiguous());
+            }
+        });
+        Ok((flat.numel() * flat.kind().elt_size_in_bytes()) as u64)
+    }
+
+    /// Copies this process's rows of the whole parameters into its shards
+    /// (after the whole parameters were written, by a load).
+    pub fn write_back(&self, rank: usize) {
+        tch::no_grad(|| {
+            for p in &self.params {
+                p.shard.detach().copy_(&p.own_rows(&p.full, rank));
+            }
+        });
     }
 
     /// The views of this process's gradient shard (`flat`, one unit's

@@ -23,6 +23,9 @@ pub struct ShardedOptimizer {
     /// as (unit, parameter), or `None` for a parameter that is not sharded
     /// (an ignored module's).
     places: Vec<Option<(usize, usize)>>,
+    /// SHARD_GRAD_OP: after a step every unit is all-gathered whole again.
+    /// FULL_SHARD: units stay sharded until they are next used.
+    gather_after_step: bool,
 }
 
 fn dist_err(e: DistError) -> TchError {
@@ -31,12 +34,14 @@ fn dist_err(e: DistError) -> TchError {
 
 impl ShardedOptimizer {
     /// Moves `inner` from the whole parameters onto this process's shards
-    /// of those in `units` (others stay as they are). Fails when `inner`
+    /// of those in `units` (others stay as they are; the units must be
+    /// gathered, for their parameters to be recognised). Fails when `inner`
     /// already has state or cannot change its parameters.
     pub fn new(
         mut inner: Box<dyn Optimizer>,
         group: Box<dyn ProcessGroup>,
         units: Vec<UnitShard>,
+        gather_after_step: bool,
     ) -> Result<Self, String> {
         let mut by_ptr: HashMap<usize, (usize, usize)> = HashMap::new();
         for (u, unit) in units.iter().enumerate() {
@@ -63,6 +68,7 @@ impl ShardedOptimizer {
             group,
             units,
             places,
+            gather_after_step,
         })
     }
 
@@ -100,7 +106,10 @@ fn state_key(key: &str) -> Option<(usize, &str)> {
 impl Optimizer for ShardedOptimizer {
     fn step(&mut self) -> Result<(), TchError> {
         self.inner.step()?;
-        self.gather_parameters().map_err(dist_err)
+        if self.gather_after_step {
+            self.gather_parameters().map_err(dist_err)?;
+        }
+        Ok(())
     }
     /// Drops the shards' gradients, and any whole-parameter gradients left
     /// by backward passes that did not sync.
@@ -163,12 +172,12 @@ impl Optimizer for ShardedOptimizer {
             let Some(p) = self.sharded_state(key) else {
                 continue;
             };
-            if t.size() != p.full.size() {
+            if t.size() != p.shape {
                 return Err(format!(
                     "`{key}` has shape {:?}, its parameter `{}` {:?}",
                     t.size(),
                     p.name,
-                    p.full.size()
+                    p.shape
                 ));
             }
             *t = p.own_rows(t, rank).contiguous();
