@@ -198,6 +198,7 @@ def test_full_shard_is_the_default_and_holds_only_its_shards_of_everything(heart
     assert run.returncode == 0, run.stderr
     summary = json.loads((tmp_path / "full" / "fsdp" / "summary.json").read_text())
     assert summary["fsdp"]["sharding_strategy"] == "FULL_SHARD"
+    assert summary["num_parameters"] == sum(p.numel() for p in peer_gpt.build(**SIZES).parameters())
     planned = json.loads(plan(hearth, tmp_path, table, 2).stdout)["per_process"]
     assert summary["memory"] == planned, "measured from the tensors = planned from the layout"
     whole = json.loads(plan(hearth, tmp_path, table, 1).stdout)["per_process"]

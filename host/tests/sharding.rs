@@ -415,7 +415,11 @@ fn sharding_matches_ddp_and_one_process(
         // stays gathered from the head's forward to the embedding's
         // backward). Preparing the optimizer, `save_model` and
         // `get_state_dict` gather the five units once each.
-        let gathers = if full_shard { 9 * micro_steps + 3 * 5 } else { 0 };
+        let gathers = if full_shard {
+            9 * micro_steps + 3 * 5
+        } else {
+            0
+        };
         assert_eq!(report["gathers"], gathers, "{report}");
         if strategy == ShardingStrategy::NoShard {
             assert_eq!(report["reduce_scatters"], 0, "{report}");

@@ -20,6 +20,9 @@ pub struct PreparedModel<M> {
     device: Device,
     precision: MixedPrecision,
     unitwise: Option<Rc<Unitwise>>,
+    /// Counted at `prepare`, while every parameter was whole (FULL_SHARD
+    /// releases them between uses).
+    num_parameters: i64,
 }
 
 impl<M: Model> PreparedModel<M> {
@@ -35,6 +38,7 @@ impl<M: Model> PreparedModel<M> {
             }
         });
         Self {
+            num_parameters: inner.num_parameters(),
             inner: Rc::new(inner),
             device,
             precision,
@@ -96,6 +100,9 @@ impl<M: Model + 'static> Model for PreparedModel<M> {
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         self.inner.named_parameters()
+    }
+    fn num_parameters(&self) -> i64 {
+        self.num_parameters
     }
     fn forward_t(&self, tokens: &Tensor, train: bool) -> Tensor {
         match self.precision.autocast_kind(self.device) {
