@@ -576,6 +576,38 @@ fn an_optimizer_prepared_before_its_sharded_model_is_refused() {
 }
 
 #[test]
+fn full_shard_and_activation_checkpointing_refuse_a_model_whose_forward_is_the_users() {
+    for (strategy, checkpointing, says) in [
+        (ShardingStrategy::FullShard, false, "use SHARD_GRAD_OP"),
+        (
+            ShardingStrategy::ShardGradOp,
+            true,
+            "activation checkpointing runs",
+        ),
+    ] {
+        let setup = Setup {
+            strategy: Some(strategy),
+            batch: 1,
+            accumulation: 1,
+            precision: MixedPrecision::No,
+            clip: false,
+            custom: true,
+            checkpointing,
+        };
+        let mut acc = accelerator(setup);
+        let vs = tch::nn::VarStore::new(Device::Cpu);
+        let _one_at_a_time = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+        let _layer = tch::nn::linear(vs.root() / "layer", 3, 3, Default::default());
+        let err = acc.prepare(vs).expect_err("refused");
+        let chain = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+        assert!(
+            chain.contains(says) && chain.contains("VarStore"),
+            "{chain}"
+        );
+    }
+}
+
+#[test]
 fn shard_grad_op_on_two_ranks_trains_what_ddp_and_one_process_do_on_half_the_memory() {
     let (ddp, sharded) = shard_grad_op_matches_ddp_and_one_process(2, 2, 1, MixedPrecision::No);
     for r in 0..2 {

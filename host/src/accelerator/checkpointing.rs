@@ -304,6 +304,20 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, CheckpointE
 }
 
 impl Accelerator {
+    /// FULL_SHARD models' whole parameters, gathered for a save to or a
+    /// load from `dir` (a failure names it).
+    fn summon_for(&self, dir: &Path) -> Result<super::ddp::Summoned, CheckpointError> {
+        self.ddp.summon().map_err(|e| {
+            state_err(
+                dir,
+                format!(
+                    "gathering the sharded parameters failed: {}",
+                    crate::error_chain(&e)
+                ),
+            )
+        })
+    }
+
     /// Saves `object` with every checkpoint, after what `prepare` registered.
     pub fn register_for_checkpointing(&mut self, object: Arc<Mutex<dyn Checkpointable>>) {
         self.registered.custom.push(object);
@@ -373,15 +387,7 @@ impl Accelerator {
         let optimizer_states = self.full_optimizer_states(&dest)?;
         // FULL_SHARD: the snapshot takes the whole parameters (gathered by
         // every process; released once the snapshot holds them).
-        let summoned = self.ddp.summon().map_err(|e| {
-            state_err(
-                &dest,
-                format!(
-                    "gathering the sharded parameters failed: {}",
-                    crate::error_chain(&e)
-                ),
-            )
-        })?;
+        let summoned = self.summon_for(&dest)?;
         let Some(staged) = self.stage(&dest)? else {
             // A process that writes no checkpoint: its part is written.
             self.project.iteration += 1;
@@ -708,15 +714,7 @@ impl Accelerator {
         // Then models: their load checks everything before writing
         // (FULL_SHARD: into the whole parameters, whose rows the shards
         // then take).
-        let summoned = self.ddp.summon().map_err(|e| {
-            state_err(
-                &dir,
-                format!(
-                    "gathering the sharded parameters failed: {}",
-                    crate::error_chain(&e)
-                ),
-            )
-        })?;
+        let summoned = self.summon_for(&dir)?;
         for (i, model) in self.registered.models.iter().enumerate() {
             let from_file: Vec<(String, Tensor)> = model
                 .iter()

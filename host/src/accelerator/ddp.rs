@@ -128,9 +128,10 @@ impl DataParallel {
             self.register(group, tensors)?;
             return Ok(None);
         };
-        let plan = agreed(group, plan_units(tree, settings, &self.plugin_path))?;
         let (rank, world) = (group.process_index(), group.num_processes());
-        let full_shard = settings.sharding_strategy == ShardingStrategy::FullShard && world > 1;
+        let full_shard = settings.sharding_strategy == ShardingStrategy::FullShard;
+        // Refused in a world of one too: a job must not work on one
+        // process and fail on two.
         if (full_shard || settings.activation_checkpointing) && !runs_units {
             return Err(ShardingError::Unitwise(format!(
                 "{} runs the model unit by unit, and hearth cannot run the units of a model whose \
@@ -148,6 +149,7 @@ impl DataParallel {
                 },
             )));
         }
+        let plan = agreed(group, plan_units(tree, settings, &self.plugin_path))?;
         let checkpointing = || {
             settings.activation_checkpointing.then(|| {
                 let unitwise = Rc::new(Unitwise::new(None));
@@ -191,7 +193,7 @@ impl DataParallel {
             })
             .filter(|u| !u.params.is_empty())
             .collect();
-        if full_shard {
+        if full_shard && world > 1 {
             let full = FullShard::new(
                 group.duplicate()?,
                 units,
