@@ -4,8 +4,11 @@ Accelerate's own wrap policies and PyTorch's module tree, `hearth run` with
 PyTorch class), and wrap policies and `[fsdp]` values that must stop a run."""
 import json
 import os
+import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -319,3 +322,127 @@ def test_ignored_modules_are_neither_sharded_nor_averaged(hearth, hearth_bin, tm
     bad = write_config(tmp_path, job(fsdp_table("no-wrap", 'ignored-modules = ["blocks.9"]')), "bad.toml")
     out = hearth("model", "plan", bad)
     assert out.returncode == 2 and "ignored module `blocks.9` is not a module of the model" in out.stderr, out.stderr
+
+
+def read_with_torch(folder, like: dict) -> dict:
+    """torch 2.11's own reader of distributed checkpoints in safetensors,
+    without a process group: fills tensors shaped like `like`."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    state = {k: torch.empty_like(v) for k, v in like.items()}
+    dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)), no_dist=True)
+    return state
+
+
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP"])
+def test_a_sharded_checkpoint_merges_to_the_full_one_and_resumes_on_another_number_of_processes(hearth, hearth_bin, tmp_path, strategy):
+    """SHARDED_STATE_DICT on 4 processes: merged by hearth it is the
+    FULL_STATE_DICT save byte for byte, torch's reader reads the same
+    tensors (model and optimizer state), and resumed on 2 processes it ends
+    where a 2-process run resumed from the full checkpoint ends, bit for bit."""
+    table = fsdp_table("transformer-based", 'transformer-cls-names-to-wrap = ["Block"]').replace("SHARD_GRAD_OP", strategy)
+    saving = "log-every = 2\nsave-every = 4\n"
+    configs = {}
+    for kind in ("FULL_STATE_DICT", "SHARDED_STATE_DICT"):
+        text = job(table + f'state-dict-type = "{kind}"\n', steps=8).replace("log-every = 2\n", saving)
+        configs[kind] = write_config(tmp_path, text, f"{kind}.toml")
+        out = tmp_path / kind
+        first = mpirun(hearth_bin, 4, "run", configs[kind], "--quiet", "--steps", 4, "--output-dir", out, cwd=tmp_path)
+        assert first.returncode == 0, first.stderr
+    full = tmp_path / "FULL_STATE_DICT" / "fsdp" / "checkpoints" / "checkpoint_0"
+    sharded = tmp_path / "SHARDED_STATE_DICT" / "fsdp" / "checkpoints" / "checkpoint_0"
+    shards = sorted(p.name for p in (sharded / "pytorch_model_fsdp_0").iterdir())
+    assert shards == [f"shard-0000{r}-model-00001-of-00001.safetensors" for r in range(1, 5)]
+    assert not (sharded / "model.safetensors").exists() and not (sharded / "optimizer.safetensors").exists()
+    assert hearth("checkpoint", "verify", sharded).returncode == 0
+    assert "1 sharded models, 1 sharded optimizers" in hearth("checkpoint", "inspect", sharded).stdout
+    # Merged by hearth: the full save's model file, byte for byte.
+    merged = hearth("checkpoint", "merge", sharded, tmp_path / "merged")
+    assert merged.returncode == 0, merged.stderr
+    assert (tmp_path / "merged" / "model.safetensors").read_bytes() == (full / "model.safetensors").read_bytes()
+    # torch's reader: the same model tensors, and the optimizer state the full save gathered.
+    for folder, whole in (("pytorch_model_fsdp_0", "model.safetensors"), ("optimizer_0", "optimizer.safetensors")):
+        want = load_file(full / whole)
+        got = read_with_torch(sharded / folder, want)
+        assert got.keys() == want.keys()
+        for key in want:
+            assert torch.equal(got[key], want[key]), (folder, key)
+    assert json.loads((sharded / "optimizer.json").read_text()) == json.loads((full / "optimizer.json").read_text())
+    # Resumed on 2 processes from each: the same weights at step 8, bit for bit.
+    for kind in configs:
+        resumed = mpirun(hearth_bin, 2, "run", configs[kind], "--quiet", "--resume", "--output-dir", tmp_path / kind, cwd=tmp_path)
+        assert resumed.returncode == 0, resumed.stderr
+    final = [(tmp_path / kind / "fsdp" / "model.safetensors").read_bytes() for kind in configs]
+    assert final[0] == final[1]
+    assert final[0] != (full / "model.safetensors").read_bytes(), "training went on"
+
+
+def processes_of_rank(rank: int) -> list:
+    """The pids of running hearth processes that mpirun started as `rank`."""
+    pids = []
+    for proc in pathlib.Path("/proc").iterdir():
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            cmdline = (proc / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if b"hearth" in cmdline and f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_a_process_killed_during_a_sharded_save_leaves_the_previous_checkpoint_loadable(hearth, hearth_bin, tmp_path):
+    """Rank 3 is stopped in the middle of a sharded save, before its shards
+    are in (the others have started it and wait), then killed: no
+    checkpoint appears for that save, and the previous one verifies and
+    resumes."""
+    table = fsdp_table("transformer-based", 'transformer-cls-names-to-wrap = ["Block"]').replace("SHARD_GRAD_OP", "FULL_SHARD")
+    table += 'state-dict-type = "SHARDED_STATE_DICT"\n'
+    text = job(table, steps=200).replace("log-every = 2\n", "log-every = 2\nsave-every = 2\n").replace("d-model = 128", "d-model = 256")
+    config = write_config(tmp_path, text)
+    checkpoints = tmp_path / "out" / "fsdp" / "checkpoints"
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    job_ = subprocess.Popen(
+        ["mpirun", "--oversubscribe", "-n", "4", str(hearth_bin), "run", str(config), "--quiet", "--output-dir", str(tmp_path / "out")],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    caught = None
+    try:
+        deadline = time.monotonic() + 300
+        while caught is None and job_.poll() is None and time.monotonic() < deadline:
+            staging = [p for p in checkpoints.glob(".checkpoint_*.tmp-*") if p.is_dir()] if checkpoints.exists() else []
+            if not staging or not (checkpoints / "checkpoint_0").exists():
+                time.sleep(0.001)
+                continue
+            rank3 = processes_of_rank(3)
+            shard = staging[0] / "pytorch_model_fsdp_0" / "shard-00004-model-00001-of-00001.safetensors"
+            for pid in rank3:
+                os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.2)
+            if staging[0].exists() and not shard.exists():
+                caught = staging[0]
+            else:
+                for pid in rank3:
+                    os.kill(pid, signal.SIGCONT)
+        assert caught is not None, "never caught a save before rank 3's shards were in"
+        name = caught.name.split(".tmp-")[0].lstrip(".")
+        time.sleep(1.0)
+        assert not (checkpoints / name).exists(), "the others must wait for rank 3's shards"
+        for pid in processes_of_rank(3):
+            os.kill(pid, signal.SIGKILL)
+        job_.wait(timeout=120)
+    finally:
+        if job_.poll() is None:
+            job_.kill()
+            job_.wait()
+    assert job_.returncode != 0
+    assert not (checkpoints / name).exists()
+    visible = sorted(checkpoints.glob("checkpoint_*"))
+    assert visible, "an earlier checkpoint was committed"
+    for folder in visible:
+        assert hearth("checkpoint", "verify", folder).returncode == 0, folder
+    resumed = mpirun(hearth_bin, 2, "run", config, "--quiet", "--resume", "--steps", int(name.split("_")[1]) * 2 + 2, "--output-dir", tmp_path / "out", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert (checkpoints / name).exists(), "the resumed run saves that step again"

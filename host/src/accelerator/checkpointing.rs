@@ -20,8 +20,8 @@
 use super::scheduler::SharedScheduler;
 use super::{lock, Accelerator, RngState};
 use crate::checkpoint::{
-    load_checkpoint_in_model, load_safetensors, newest_complete, rotate, verify_complete,
-    CheckpointError, StagedCheckpoint, TensorKey,
+    load_checkpoint_in_model, load_safetensors, model_shards_dir, newest_complete,
+    optimizer_shards_dir, rotate, verify_complete, CheckpointError, StagedCheckpoint, TensorKey,
 };
 use crate::data::{LoaderHandle, LoaderState};
 use crate::optim::{GroupState, OptimizerState};
@@ -149,13 +149,18 @@ enum Part {
     Tensors(String, Vec<(String, Tensor)>),
     Bytes(String, Vec<u8>),
     Json(String, serde_json::Value),
+    /// Pieces of tensors (a sharded save's file of one process).
+    Pieces(String, Vec<crate::checkpoint::Piece>),
 }
 
 impl Part {
     /// The file's name.
     fn name(&self) -> &str {
         match self {
-            Part::Tensors(name, _) | Part::Bytes(name, _) | Part::Json(name, _) => name,
+            Part::Tensors(name, _)
+            | Part::Bytes(name, _)
+            | Part::Json(name, _)
+            | Part::Pieces(name, _) => name,
         }
     }
 }
@@ -259,6 +264,10 @@ fn write_checkpoint(
             Part::Tensors(name, tensors) => staged.tensors(&name, &tensors)?,
             Part::Bytes(name, bytes) => staged.bytes(&name, &bytes)?,
             Part::Json(name, value) => staged.json(&name, &value)?,
+            Part::Pieces(name, pieces) => {
+                write_pieces(staged.folder(), &name, &pieces)?;
+                staged.adopt(&name)?;
+            }
         }
     }
     for (hook, save) in active {
@@ -271,10 +280,26 @@ fn write_checkpoint(
     staged.commit()
 }
 
+/// Writes `pieces` as `name` (a path inside `folder`, whose folders are
+/// created).
+fn write_pieces(
+    folder: &Path,
+    name: &str,
+    pieces: &[crate::checkpoint::Piece],
+) -> Result<(), CheckpointError> {
+    let path = folder.join(name);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(CheckpointError::io(parent))?;
+    }
+    crate::checkpoint::save_pieces(&path, pieces)
+}
+
 /// What prepare remembered for checkpoints.
 #[derive(Default)]
 pub(super) struct Registered {
     pub models: Vec<Vec<(String, Tensor)>>,
+    /// Each model's sharded units (empty when it is not sharded).
+    pub shards: Vec<Vec<crate::parallel::sharded::UnitShard>>,
     pub schedulers: Vec<SharedScheduler>,
     pub loaders: Vec<LoaderHandle>,
     pub custom: Vec<Arc<Mutex<dyn Checkpointable>>>,
@@ -291,7 +316,7 @@ fn numbered(stem: &str, i: usize, ext: &str) -> String {
     }
 }
 
-fn state_err(path: &Path, message: impl Into<String>) -> CheckpointError {
+pub(super) fn state_err(path: &Path, message: impl Into<String>) -> CheckpointError {
     CheckpointError::State {
         path: path.into(),
         message: message.into(),
@@ -352,7 +377,7 @@ impl Accelerator {
     /// calls (the previous checkpoint is untouched either way).
     pub fn save_state(&mut self, dir: Option<&Path>) -> Result<PathBuf, CheckpointError> {
         let waited = self.wait_for_checkpoint();
-        if self.sharded_optimizers() && self.num_processes() > 1 {
+        if (self.sharded_optimizers() || self.saves_sharded()) && self.num_processes() > 1 {
             // The gathers below are collectives: every process goes on, or none.
             let mine = waited.as_ref().map(|_| ()).map_err(|e| format!("{e:#}"));
             let all = self.gather_object(&mine).map_err(|e| {
@@ -384,10 +409,19 @@ impl Accelerator {
                 ))
             }
         };
-        let optimizer_states = self.full_optimizer_states(&dest)?;
-        // FULL_SHARD: the snapshot takes the whole parameters (gathered by
-        // every process; released once the snapshot holds them).
-        let summoned = self.summon_for(&dest)?;
+        self.check_sharded_save(&dest)?;
+        // SHARDED_STATE_DICT: each process writes its own shards.
+        // Otherwise the state is whole: a sharded optimizer's gathered, and
+        // FULL_SHARD's parameters too (by every process; released once the
+        // snapshot holds them).
+        let (optimizer_states, summoned) = if self.saves_sharded() {
+            (self.optimizer_groups(), None)
+        } else {
+            (
+                self.full_optimizer_states(&dest)?,
+                Some(self.summon_for(&dest)?),
+            )
+        };
         let Some(staged) = self.stage(&dest)? else {
             // A process that writes no checkpoint: its part is written.
             self.project.iteration += 1;
@@ -503,10 +537,12 @@ impl Accelerator {
                     .filter(|(_, o)| lock(o).per_process())
                     .map(|(i, _)| custom_file(i, true, rank)),
             )
+            .chain(self.shard_file_names(rank))
             .collect()
     }
 
-    /// This process's own parts: its generators and per-process objects.
+    /// This process's own parts: its generators, per-process objects and,
+    /// saving sharded, its shards.
     fn process_parts(&self, dest: &Path) -> Result<Vec<Part>, CheckpointError> {
         let rank = self.process_index();
         let rng = self
@@ -529,6 +565,9 @@ impl Accelerator {
                 parts.push(Part::Bytes(custom_file(i, true, rank), object.state_dict()));
             }
         }
+        for (name, pieces) in self.shard_pieces() {
+            parts.push(Part::Pieces(name, pieces));
+        }
         Ok(parts)
     }
 
@@ -547,6 +586,7 @@ impl Accelerator {
                     })
                     .map_err(CheckpointError::io(&path))?
                 }
+                Part::Pieces(name, pieces) => write_pieces(folder, &name, &pieces)?,
                 Part::Json(..) => unreachable!("a process's own parts are tensors and bytes"),
             }
         }
@@ -625,13 +665,21 @@ impl Accelerator {
         };
         let json =
             |v: serde_json::Result<serde_json::Value>| v.expect("checkpoint JSON serialises");
-        let models = self.registered.models.iter().map(|m| owned(m)).collect();
+        // Saving sharded, the models and the optimizer state are in the
+        // processes' shard parts.
+        let sharded = self.saves_sharded();
+        let models = match sharded {
+            true => Vec::new(),
+            false => self.registered.models.iter().map(|m| owned(m)).collect(),
+        };
         let mut parts = Vec::new();
         for (i, state) in optimizer_states.into_iter().enumerate() {
-            parts.push(Part::Tensors(
-                numbered("optimizer", i, "safetensors"),
-                owned(&state.tensors),
-            ));
+            if !sharded {
+                parts.push(Part::Tensors(
+                    numbered("optimizer", i, "safetensors"),
+                    owned(&state.tensors),
+                ));
+            }
             parts.push(Part::Json(
                 numbered("optimizer", i, "json"),
                 json(serde_json::to_value(&state.groups)),
@@ -711,11 +759,23 @@ impl Accelerator {
         let trainer: TrainerState = read_json(&dir.join("trainer_state.json"))?;
         // Hooks first: they may refuse the checkpoint before anything is restored.
         let restored = self.run_load_hooks(&dir, &manifest, &trainer)?;
-        // Then models: their load checks everything before writing
-        // (FULL_SHARD: into the whole parameters, whose rows the shards
-        // then take).
-        let summoned = self.summon_for(&dir)?;
+        // Then models: their load checks everything before writing. From
+        // a sharded save, each process reads the rows it holds; from a
+        // whole one, into the whole parameters (FULL_SHARD: gathered, their
+        // rows then written back into the shards).
+        let sharded_model = |i: usize| dir.join(model_shards_dir(i)).is_dir();
+        let models = self.registered.models.len();
+        let summoned = match (0..models).all(sharded_model) {
+            true => None,
+            false => Some(self.summon_for(&dir)?),
+        };
+        for i in (0..models).filter(|&i| sharded_model(i)) {
+            self.load_sharded_model(i, &dir.join(model_shards_dir(i)))?;
+        }
         for (i, model) in self.registered.models.iter().enumerate() {
+            if sharded_model(i) {
+                continue;
+            }
             let from_file: Vec<(String, Tensor)> = model
                 .iter()
                 .filter(|(name, _)| !restored.contains_key(&TensorKey::new(i, name)))
@@ -732,10 +792,17 @@ impl Accelerator {
             let mut target = target.shallow_clone();
             tch::no_grad(|| target.copy_(source));
         }
-        summoned.write_back();
+        if let Some(summoned) = summoned {
+            summoned.write_back();
+        }
         for (i, opt) in self.optimizers.iter().enumerate() {
             let path = dir.join(numbered("optimizer", i, "safetensors"));
             let groups: Vec<GroupState> = read_json(&dir.join(numbered("optimizer", i, "json")))?;
+            let shards = dir.join(optimizer_shards_dir(i));
+            if shards.is_dir() {
+                self.load_sharded_optimizer(i, &shards, groups)?;
+                continue;
+            }
             let state = OptimizerState {
                 tensors: load_safetensors(&path, Device::Cpu)?,
                 groups,
@@ -840,8 +907,13 @@ impl Accelerator {
         Ok(restored)
     }
 
-    pub(super) fn remember_model(&mut self, params: Vec<(String, Tensor)>) {
+    pub(super) fn remember_model(
+        &mut self,
+        params: Vec<(String, Tensor)>,
+        shards: Vec<crate::parallel::sharded::UnitShard>,
+    ) {
         self.registered.models.push(params);
+        self.registered.shards.push(shards);
     }
 
     pub(super) fn remember_scheduler(&mut self, scheduler: SharedScheduler) {

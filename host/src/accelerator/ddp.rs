@@ -32,6 +32,17 @@ pub enum BackwardError {
     Sync(#[from] DistError),
 }
 
+/// How a prepared model is sharded: what it must run with and its units.
+#[derive(Default)]
+pub(super) struct ModelSharding {
+    /// The unit-wise execution the model must run with (FULL_SHARD,
+    /// activation checkpointing).
+    pub unitwise: Option<Rc<Unitwise>>,
+    /// Its sharded units (handles; empty when it is not sharded), for
+    /// sharded checkpoints.
+    pub units: Vec<UnitShard>,
+}
+
 /// The gradient averaging of every prepared model, and whether it is on.
 pub(super) struct DataParallel {
     options: DdpOptions,
@@ -115,47 +126,43 @@ impl DataParallel {
     /// [`register`](Self::register) (the parameters of ignored modules left
     /// out). Returns the unit-wise execution the model must run with
     /// (FULL_SHARD, activation checkpointing), which needs a model whose
-    /// units hearth can run (`runs_units`).
+    /// units hearth can run (`runs_units`), and its sharded units.
     pub(super) fn register_model(
         &self,
         group: &dyn ProcessGroup,
         tree: &ModuleTree,
         parameters: Vec<(String, Tensor)>,
         runs_units: bool,
-    ) -> Result<Option<Rc<Unitwise>>, ShardingError> {
+    ) -> Result<ModelSharding, ShardingError> {
         let Some(settings) = &self.fsdp else {
             let tensors = parameters.into_iter().map(|(_, p)| p).collect();
             self.register(group, tensors)?;
-            return Ok(None);
+            return Ok(ModelSharding::default());
         };
         let (rank, world) = (group.process_index(), group.num_processes());
         let full_shard = settings.sharding_strategy == ShardingStrategy::FullShard;
         // Refused in a world of one too: a job must not work on one
         // process and fail on two.
         if (full_shard || settings.activation_checkpointing) && !runs_units {
+            let (what, instead) = if full_shard {
+                ("FULL_SHARD", "SHARD_GRAD_OP")
+            } else {
+                ("activation checkpointing", "no activation checkpointing")
+            };
             return Err(ShardingError::Unitwise(format!(
-                "{} runs the model unit by unit, and hearth cannot run the units of a model whose \
+                "{what} runs the model unit by unit, and hearth cannot run the units of a model whose \
                  forward pass is your own code (a VarStore); prepare a hearth `Model` (GPT, MLP, \
-                 TorchScript, or your type implementing `Model` and its `units`), or use {}",
-                if full_shard {
-                    "FULL_SHARD"
-                } else {
-                    "activation checkpointing"
-                },
-                if full_shard {
-                    "SHARD_GRAD_OP"
-                } else {
-                    "no activation checkpointing"
-                },
+                 TorchScript, or your type implementing `Model` and its `units`), or use {instead}"
             )));
         }
         let plan = agreed(group, plan_units(tree, settings, &self.plugin_path))?;
-        let checkpointing = || {
-            settings.activation_checkpointing.then(|| {
+        let checkpointing = |units: Vec<UnitShard>| ModelSharding {
+            unitwise: settings.activation_checkpointing.then(|| {
                 let unitwise = Rc::new(Unitwise::new(None));
                 self.unitwise.borrow_mut().push(unitwise.clone());
                 unitwise
-            })
+            }),
+            units,
         };
         if !settings.sharding_strategy.shards() {
             let kept: std::collections::HashSet<&str> = plan
@@ -168,7 +175,7 @@ impl DataParallel {
                 .map(|(_, p)| p)
                 .collect();
             self.register(group, tensors)?;
-            return Ok(checkpointing());
+            return Ok(checkpointing(Vec::new()));
         }
         let known = |p: &Tensor| {
             self.units
@@ -178,7 +185,7 @@ impl DataParallel {
                 .any(|q| q == p.data_ptr())
         };
         if world == 1 || parameters.iter().all(|(_, p)| known(p)) {
-            return Ok(checkpointing());
+            return Ok(checkpointing(Vec::new()));
         }
         let by_name: std::collections::HashMap<&str, &Tensor> =
             parameters.iter().map(|(n, p)| (n.as_str(), p)).collect();
@@ -200,16 +207,21 @@ impl DataParallel {
                 settings.reshard_after_forward,
                 settings.sync_module_states,
             )?;
+            let units = full.units();
             let unitwise = Rc::new(Unitwise::new(Some(full)));
             self.unitwise.borrow_mut().push(unitwise.clone());
-            return Ok(Some(unitwise));
+            return Ok(ModelSharding {
+                unitwise: Some(unitwise),
+                units,
+            });
         }
+        let handles: Vec<UnitShard> = units.iter().map(UnitShard::shallow_clone).collect();
         self.units
             .borrow_mut()
             .extend(units.iter().map(UnitShard::shallow_clone));
         let sync = GradientSync::sharded(group, units, settings.sync_module_states)?;
         self.models.borrow_mut().push(sync);
-        Ok(checkpointing())
+        Ok(checkpointing(handles))
     }
 
     /// The unit-wise executions that shard (FULL_SHARD).
@@ -223,19 +235,13 @@ impl DataParallel {
     }
 
     /// Runs `f` with every FULL_SHARD model's parameters whole (FSDP's
-    /// `summon_full_params`), then releases them — after copying this
-    /// process's rows back into its shards when `write_back`.
+    /// `summon_full_params`), then releases them.
     pub(super) fn with_full_params<R>(
         &self,
-        write_back: bool,
         f: impl FnOnce() -> R,
     ) -> Result<R, crate::parallel::UnitwiseError> {
-        let summoned = self.summon()?;
-        let result = f();
-        if write_back {
-            summoned.write_back();
-        }
-        Ok(result)
+        let _summoned = self.summon()?;
+        Ok(f())
     }
 
     /// Gathers every FULL_SHARD model's parameters whole until the
@@ -285,7 +291,7 @@ impl DataParallel {
         let full = self.full_shards();
         // Whole parameters are recognised by their storage: gather them.
         let wrapped = self
-            .with_full_params(false, || {
+            .with_full_params(|| {
                 let params: Vec<usize> = inner
                     .parameters()
                     .iter()
@@ -404,14 +410,14 @@ impl Accelerator {
     }
 
     /// Registers a prepared model's parameters for averaging, or shards
-    /// them when FSDP shards; returns the unit-wise execution the model
-    /// must run with, if any (see [`DataParallel::register_model`]).
+    /// them when FSDP shards; returns how (see
+    /// [`DataParallel::register_model`]).
     pub(super) fn register_for_sync(
         &self,
         tree: &ModuleTree,
         parameters: Vec<(String, Tensor)>,
         runs_units: bool,
-    ) -> Result<Option<Rc<Unitwise>>, super::PrepareError> {
+    ) -> Result<ModelSharding, super::PrepareError> {
         let held: Vec<Tensor> = self
             .optimizers
             .iter()

@@ -422,7 +422,7 @@ impl Accelerator {
     /// FULL_SHARD they are gathered whole for it: every process must call it.
     pub fn get_state_dict(&self, model: &impl Model) -> Vec<(String, Tensor)> {
         self.ddp
-            .with_full_params(false, || {
+            .with_full_params(|| {
                 model
                     .named_parameters()
                     .into_iter()

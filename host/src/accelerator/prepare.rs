@@ -83,10 +83,11 @@ macro_rules! model {
                 let mut model = PreparedModel::new(self, acc.device(), acc.mixed_precision());
                 let parameters = model.named_parameters();
                 let handles = parameters.iter().map(|(n, p)| (n.clone(), p.shallow_clone())).collect();
-                if let Some(unitwise) = acc.register_for_sync(model.module_tree(), handles, true)? {
+                let sharding = acc.register_for_sync(model.module_tree(), handles, true)?;
+                if let Some(unitwise) = sharding.unitwise {
                     model.set_unitwise(unitwise);
                 }
-                acc.remember_model(parameters);
+                acc.remember_model(parameters, sharding.units);
                 Ok(model)
             }
         }
@@ -116,8 +117,8 @@ impl Prepare for crate::models::VarStoreModel {
             .iter()
             .map(|(n, p)| (n.clone(), p.shallow_clone()))
             .collect();
-        acc.register_for_sync(&self.module_tree(), handles, false)?;
-        acc.remember_model(variables);
+        let sharding = acc.register_for_sync(&self.module_tree(), handles, false)?;
+        acc.remember_model(variables, sharding.units);
         Ok(self.vs)
     }
 }

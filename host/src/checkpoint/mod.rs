@@ -7,6 +7,7 @@
 mod describe;
 mod model_files;
 mod safetensors_io;
+mod sharded;
 mod state_dir;
 
 pub use describe::{
@@ -18,6 +19,10 @@ pub use model_files::{
 };
 pub(crate) use safetensors_io::{dtype_of, tensor_bytes};
 pub use safetensors_io::{load_safetensors, save_safetensors, CheckpointError};
+pub use sharded::{
+    merge_fsdp_weights, model_shards_dir, optimizer_shards_dir, save_pieces, shard_file_name,
+    HeldRows, Piece, ShardedTensors,
+};
 pub use state_dir::{
     newest_complete, numbered_checkpoints, rotate, verify_complete, HookRecord, Manifest,
     ManifestFile, StagedCheckpoint, TensorKey, MANIFEST_NAME,

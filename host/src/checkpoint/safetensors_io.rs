@@ -179,6 +179,15 @@ impl View for &ShapedView<'_> {
 
 /// Writes `tensors` to `path` atomically, with `{"format": "pt"}` metadata.
 pub fn save_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), CheckpointError> {
+    save_safetensors_with(path, tensors, HashMap::new())
+}
+
+/// [`save_safetensors`] with more `metadata` beside `{"format": "pt"}`.
+pub(super) fn save_safetensors_with(
+    path: &Path,
+    tensors: &[(String, Tensor)],
+    mut metadata: HashMap<String, String>,
+) -> Result<(), CheckpointError> {
     let mut cpu = Vec::with_capacity(tensors.len());
     for (name, t) in tensors {
         let kind = t.kind();
@@ -204,7 +213,8 @@ pub fn save_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(),
             )
         })
         .collect();
-    let metadata = Some(HashMap::from([("format".to_string(), "pt".to_string())]));
+    metadata.insert("format".to_string(), "pt".to_string());
+    let metadata = Some(metadata);
     let refs: Vec<(&str, &ShapedView)> = views.iter().map(|(n, v)| (n.as_str(), v)).collect();
     // Streamed to the file tensor by tensor (no copy of the whole file in
     // memory), then fsynced and renamed into place.
@@ -233,6 +243,11 @@ pub fn save_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(),
 pub(super) struct Mapped(memmap2::Mmap);
 
 impl Mapped {
+    /// The file's bytes.
+    pub(super) fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+
     /// Parses the header (cheap: the data stays on disk until read).
     pub(super) fn tensors(&self, path: &Path) -> Result<SafeTensors<'_>, CheckpointError> {
         SafeTensors::deserialize(&self.0).map_err(|e| CheckpointError::Format {

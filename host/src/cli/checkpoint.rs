@@ -1,9 +1,10 @@
-//! `hearth checkpoint inspect|verify PATH`.
+//! `hearth checkpoint inspect|verify PATH`, `hearth checkpoint merge
+//! CHECKPOINT OUT`.
 
 use super::Failure;
 use crate::checkpoint::{
-    describe_checkpoint, is_checkpoint_dir, tensor_infos, verify_checkpoint, verify_complete,
-    TensorInfo,
+    describe_checkpoint, is_checkpoint_dir, merge_fsdp_weights, parse_size, tensor_infos,
+    verify_checkpoint, verify_complete, TensorInfo,
 };
 use clap::{Args, Subcommand};
 use std::path::{Path, PathBuf};
@@ -28,6 +29,20 @@ enum CheckpointCommand {
     Verify {
         /// A checkpoint folder (from save_state).
         path: PathBuf,
+    },
+    /// Merge a checkpoint saved with state-dict-type = "SHARDED_STATE_DICT"
+    /// into whole tensors: OUTPUT_PATH/model.safetensors, or numbered files
+    /// with model.safetensors.index.json past --max-shard-size (Accelerate's
+    /// `accelerate merge-weights`).
+    Merge {
+        /// The checkpoint folder (one model), or its pytorch_model_fsdp_<i>
+        /// or optimizer_<i> folder.
+        checkpoint_directory: PathBuf,
+        /// The folder to write the merged weights into.
+        output_path: PathBuf,
+        /// The largest file to write, e.g. 5GB or 500MiB (default: one file).
+        #[arg(long, value_parser = parse_size)]
+        max_shard_size: Option<u64>,
     },
 }
 
@@ -54,10 +69,24 @@ fn kinds(names: &[String]) -> String {
     ] {
         let n = names
             .iter()
-            .filter(|n| n.starts_with(stem) && n.ends_with(ext))
+            .filter(|n| !n.contains('/') && n.starts_with(stem) && n.ends_with(ext))
             .count();
         if n > 0 {
             parts.push(format!("{n} {what}"));
+        }
+    }
+    // A sharded save: one folder per model and optimizer, a file per process.
+    for (stem, what) in [
+        ("pytorch_model_fsdp_", "sharded models"),
+        ("optimizer_", "sharded optimizers"),
+    ] {
+        let folders: std::collections::BTreeSet<&str> = names
+            .iter()
+            .filter_map(|n| n.split_once('/').map(|(dir, _)| dir))
+            .filter(|dir| dir.starts_with(stem))
+            .collect();
+        if !folders.is_empty() {
+            parts.push(format!("{} {what}", folders.len()));
         }
     }
     if names.iter().any(|n| n == "scaler.json") {
@@ -124,6 +153,26 @@ pub(super) fn execute(args: CheckpointArgs) -> Result<(), Failure> {
                 "{}: complete and readable — {} files, {tensors} tensors, {bytes} bytes",
                 path.display(),
                 files.len()
+            );
+            Ok(())
+        }
+        CheckpointCommand::Merge {
+            checkpoint_directory,
+            output_path,
+            max_shard_size,
+        } => {
+            let saved = merge_fsdp_weights(&checkpoint_directory, &output_path, max_shard_size)
+                .map_err(Failure::failed)?;
+            let files: Vec<String> = saved
+                .files
+                .iter()
+                .map(|f| f.display().to_string())
+                .collect();
+            println!(
+                "merged {} into {} ({} bytes)",
+                checkpoint_directory.display(),
+                files.join(", "),
+                saved.total_size
             );
             Ok(())
         }

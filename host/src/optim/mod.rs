@@ -135,6 +135,15 @@ pub trait Optimizer: Send {
         self.load_state_dict(state)
     }
 
+    /// For a sharded optimizer, which rows of the whole state tensor `key`
+    /// (`state.<i>.<name>`) this process's holds, when it holds only some;
+    /// `None` for state every process holds whole (a sharded checkpoint's
+    /// pieces, see [`crate::checkpoint::ShardedTensors`]).
+    fn held_rows(&self, key: &str) -> Option<crate::checkpoint::HeldRows> {
+        let _ = key;
+        None
+    }
+
     /// Bytes of state this process holds (for memory reports).
     fn local_state_bytes(&self) -> u64 {
         self.state_dict()

@@ -364,10 +364,13 @@ impl FsdpPlugin {
             ));
         }
         let state_dict_type = self.state_dict_type.unwrap_or(StateDictType::FullStateDict);
-        if state_dict_type != StateDictType::FullStateDict {
+        if state_dict_type == StateDictType::LocalStateDict {
             return Err(refuse(
                 "state-dict-type",
-                format!("{state_dict_type:?} {LATER}; use FULL_STATE_DICT"),
+                format!(
+                    "LOCAL_STATE_DICT {LATER}; use SHARDED_STATE_DICT (each process saves its \
+                     shards, loadable on any number of processes) or FULL_STATE_DICT"
+                ),
             ));
         }
         let policy = self
@@ -492,7 +495,7 @@ mod tests {
                 p.mixed_precision_policy = Some("bf16".into())
             }),
             ("state-dict-type", |p| {
-                p.state_dict_type = Some(StateDictType::ShardedStateDict)
+                p.state_dict_type = Some(StateDictType::LocalStateDict)
             }),
         ] {
             let err = zero2(f).unwrap_err();

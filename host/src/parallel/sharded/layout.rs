@@ -90,6 +90,17 @@ impl ParamShard {
         shape
     }
 
+    /// The rows of the whole parameter `rank`'s shard holds; `None` for a
+    /// 0-dimensional parameter (whose one element every checkpoint holds
+    /// whole).
+    pub fn held_rows(&self, rank: usize) -> Option<crate::checkpoint::HeldRows> {
+        (!self.shape.is_empty()).then(|| crate::checkpoint::HeldRows {
+            start: (rank as i64 * self.chunk_rows).min(self.rows),
+            count: self.rows_of(rank),
+            whole: self.shape.clone(),
+        })
+    }
+
     /// This process's rows of `t` (shaped like the whole parameter).
     pub fn own_rows(&self, t: &Tensor, rank: usize) -> Tensor {
         let start = (rank as i64 * self.chunk_rows).min(self.rows);

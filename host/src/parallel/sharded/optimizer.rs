@@ -184,6 +184,11 @@ impl Optimizer for ShardedOptimizer {
         }
         self.inner.load_state_dict(state)
     }
+    /// The rows of its parameter's shard, for state shaped like it.
+    fn held_rows(&self, key: &str) -> Option<crate::checkpoint::HeldRows> {
+        let p = self.sharded_state(key)?;
+        p.held_rows(self.group.process_index())
+    }
     fn replace_parameters(&mut self, _: Vec<Tensor>) -> Result<(), String> {
         Err("a sharded optimizer's parameters are its shards; prepare the model once".into())
     }
