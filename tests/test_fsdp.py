@@ -123,13 +123,17 @@ def test_plan_holds_a_quarter_of_the_gradients_and_state_on_four_processes(heart
         assert abs(four[key] - one[key] / 4) <= 0.01 * one[key], (key, one, four)
 
 
-def mpirun(hearth_bin, n, *args, cwd):
+def mpirun(hearth_bin, n, *args, cwd, machines=1):
+    """`hearth` on `n` processes, spread over `machines` pretend machines
+    (each process told its machine's name by HEARTH_NODE_NAME)."""
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    return subprocess.run(
-        ["mpirun", "--oversubscribe", "-n", str(n), str(hearth_bin), *map(str, args)],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
-    )
+    command = ["mpirun", "--oversubscribe"]
+    for m in range(machines):
+        if m:
+            command.append(":")
+        command += ["-n", str(n // machines), "-x", f"HEARTH_NODE_NAME=machine-{m}", str(hearth_bin), *map(str, args)]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_two_processes_hold_what_the_plan_says_and_save_what_pytorch_loads(hearth, hearth_bin, tmp_path):
@@ -335,12 +339,13 @@ def read_with_torch(folder, like: dict) -> dict:
     return state
 
 
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP"])
-def test_a_sharded_checkpoint_merges_to_the_full_one_and_resumes_on_another_number_of_processes(hearth, hearth_bin, tmp_path, strategy):
+@pytest.mark.parametrize("strategy, machines", [("FULL_SHARD", 1), ("SHARD_GRAD_OP", 1), ("HYBRID_SHARD", 2)])
+def test_a_sharded_checkpoint_merges_to_the_full_one_and_resumes_on_another_number_of_processes(hearth, hearth_bin, tmp_path, strategy, machines):
     """SHARDED_STATE_DICT on 4 processes: merged by hearth it is the
     FULL_STATE_DICT save byte for byte, torch's reader reads the same
     tensors (model and optimizer state), and resumed on 2 processes it ends
-    where a 2-process run resumed from the full checkpoint ends, bit for bit."""
+    where a 2-process run resumed from the full checkpoint ends, bit for bit.
+    HYBRID_SHARD on 2 pretend machines writes one machine's shards (2 files)."""
     table = fsdp_table("transformer-based", 'transformer-cls-names-to-wrap = ["Block"]').replace("SHARD_GRAD_OP", strategy)
     saving = "log-every = 2\nsave-every = 4\n"
     configs = {}
@@ -348,12 +353,12 @@ def test_a_sharded_checkpoint_merges_to_the_full_one_and_resumes_on_another_numb
         text = job(table + f'state-dict-type = "{kind}"\n', steps=8).replace("log-every = 2\n", saving)
         configs[kind] = write_config(tmp_path, text, f"{kind}.toml")
         out = tmp_path / kind
-        first = mpirun(hearth_bin, 4, "run", configs[kind], "--quiet", "--steps", 4, "--output-dir", out, cwd=tmp_path)
+        first = mpirun(hearth_bin, 4, "run", configs[kind], "--quiet", "--steps", 4, "--output-dir", out, cwd=tmp_path, machines=machines)
         assert first.returncode == 0, first.stderr
     full = tmp_path / "FULL_STATE_DICT" / "fsdp" / "checkpoints" / "checkpoint_0"
     sharded = tmp_path / "SHARDED_STATE_DICT" / "fsdp" / "checkpoints" / "checkpoint_0"
     shards = sorted(p.name for p in (sharded / "pytorch_model_fsdp_0").iterdir())
-    assert shards == [f"shard-0000{r}-model-00001-of-00001.safetensors" for r in range(1, 5)]
+    assert shards == [f"shard-0000{r}-model-00001-of-00001.safetensors" for r in range(1, 4 // machines + 1)]
     assert not (sharded / "model.safetensors").exists() and not (sharded / "optimizer.safetensors").exists()
     assert hearth("checkpoint", "verify", sharded).returncode == 0
     assert "1 sharded models, 1 sharded optimizers" in hearth("checkpoint", "inspect", sharded).stdout

@@ -241,6 +241,14 @@ fn child_fsdp() {
         return; // only under mpirun
     };
     let setup = Setup::parse(&mode);
+    if setup.strategy.is_some_and(ShardingStrategy::hybrid) {
+        // Two pretend machines of two processes each.
+        let rank: usize = std::env::var("OMPI_COMM_WORLD_RANK")
+            .unwrap()
+            .parse()
+            .unwrap();
+        std::env::set_var("HEARTH_NODE_NAME", format!("machine-{}", rank / 2));
+    }
     let mut acc = accelerator(setup);
     let r = acc.process_index();
     let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
@@ -394,12 +402,12 @@ fn sharding_matches_ddp_and_one_process(
     // SHARD_GRAD_OP syncs once per optimizer step; FULL_SHARD
     // reduce-scatters each unit as backward finishes it, on every
     // micro-batch (the gradient shards add up).
-    let syncs = match strategy {
-        ShardingStrategy::FullShard => STEPS * accumulation,
-        _ => STEPS,
+    let full_shard = strategy.shards_parameters();
+    let syncs = match full_shard {
+        true => STEPS * accumulation,
+        false => STEPS,
     };
     let micro_steps = STEPS * accumulation;
-    let full_shard = strategy == ShardingStrategy::FullShard;
     for report in &reports {
         assert_eq!(report["syncs"], syncs, "{report}");
         // Each backward recomputes the six units (embedding, four blocks,
@@ -456,13 +464,14 @@ fn shard_grad_op_matches_ddp_and_one_process(
 /// of what one DDP process holds, plus one unit's whole parameters
 /// (FSDP's padding, bounded by one row a parameter, stays below that).
 fn assert_full_shard_memory(n: usize, ddp: &[serde_json::Value], sharded: &[serde_json::Value]) {
+    assert_eq!(ddp.len(), sharded.len());
     let total = |m: &serde_json::Value| {
         ["param_bytes", "grad_bytes", "optimizer_bytes"]
             .iter()
             .map(|k| m[k].as_u64().unwrap())
             .sum::<u64>()
     };
-    for r in 0..n {
+    for r in 0..ddp.len() {
         let (whole, shard) = (total(&ddp[r]["memory"]), total(&sharded[r]["memory"]));
         let unit = sharded[r]["largest_unit_bytes"].as_u64().unwrap();
         assert!(
@@ -502,6 +511,47 @@ fn full_shard_with_activation_checkpointing_on_four_ranks_with_accumulation_trai
         MixedPrecision::No,
     );
     assert_full_shard_memory(4, &ddp, &sharded);
+}
+
+/// Under HYBRID each of the 4 processes holds a half of the optimizer
+/// state: its machine's 2 processes share the shards (not all 4), and the
+/// other machine holds the same halves.
+fn assert_halves_on_each_machine(ddp: &[serde_json::Value], sharded: &[serde_json::Value]) {
+    for (r, (d, s)) in ddp.iter().zip(sharded).enumerate() {
+        let state = |m: &serde_json::Value| m["memory"]["optimizer_bytes"].as_f64().unwrap();
+        let ratio = state(s) / state(d);
+        assert!(
+            (ratio - 0.5).abs() < 0.01,
+            "rank {r}: {ratio} of DDP's optimizer state"
+        );
+    }
+}
+
+#[test]
+fn hybrid_shard_on_two_pretend_machines_trains_what_ddp_and_one_process_do() {
+    let (ddp, sharded) = sharding_matches_ddp_and_one_process(
+        ShardingStrategy::HybridShard,
+        false,
+        4,
+        1,
+        2,
+        MixedPrecision::No,
+    );
+    assert_halves_on_each_machine(&ddp, &sharded);
+    assert_full_shard_memory(2, &ddp, &sharded);
+}
+
+#[test]
+fn hybrid_shard_zero2_on_two_pretend_machines_trains_what_ddp_and_one_process_do() {
+    let (ddp, sharded) = sharding_matches_ddp_and_one_process(
+        ShardingStrategy::HybridShardZero2,
+        false,
+        4,
+        1,
+        1,
+        MixedPrecision::No,
+    );
+    assert_halves_on_each_machine(&ddp, &sharded);
 }
 
 #[test]

@@ -9,12 +9,12 @@
 
 use super::sharding::{plan_units, ShardingError};
 use super::Accelerator;
-use crate::dist::{DistError, ProcessGroup};
+use crate::dist::{DistError, HybridGroup, ProcessGroup};
 use crate::models::ModuleTree;
 use crate::optim::Optimizer;
 use crate::parallel::sharded::{ShardedOptimizer, UnitShard};
 use crate::parallel::{
-    DdpOptions, FsdpSettings, FullShard, GradientSync, Round, ShardingStrategy, SyncStats, Unitwise,
+    DdpOptions, FsdpSettings, FullShard, GradientSync, Round, SyncStats, Unitwise,
 };
 use crate::plugins::SearchPath;
 use std::cell::{Cell, RefCell};
@@ -43,6 +43,14 @@ pub(super) struct ModelSharding {
     pub units: Vec<UnitShard>,
 }
 
+/// The HYBRID strategies' groups: the shards spread over each machine's
+/// processes, replicated across machines.
+struct Hybrid {
+    group: HybridGroup,
+    /// Every process's (replica, rank among its machine's processes).
+    places: Vec<(usize, usize)>,
+}
+
 /// The gradient averaging of every prepared model, and whether it is on.
 pub(super) struct DataParallel {
     options: DdpOptions,
@@ -54,6 +62,8 @@ pub(super) struct DataParallel {
     units: RefCell<Vec<UnitShard>>,
     /// The unit-wise execution of every model that runs so.
     pub(super) unitwise: RefCell<Vec<Rc<Unitwise>>>,
+    /// The HYBRID strategies' groups, made with the first model.
+    hybrid: std::cell::OnceCell<Hybrid>,
     /// Inside `no_sync`.
     pub(super) no_sync: Cell<bool>,
     /// Inside `trigger_sync_in_backward`.
@@ -73,6 +83,7 @@ impl DataParallel {
             models: RefCell::default(),
             units: RefCell::default(),
             unitwise: RefCell::default(),
+            hybrid: std::cell::OnceCell::new(),
             no_sync: Cell::new(false),
             forced: Cell::new(false),
         }
@@ -139,13 +150,18 @@ impl DataParallel {
             self.register(group, tensors)?;
             return Ok(ModelSharding::default());
         };
-        let (rank, world) = (group.process_index(), group.num_processes());
-        let full_shard = settings.sharding_strategy == ShardingStrategy::FullShard;
+        let world = group.num_processes();
+        let full_shard = settings.sharding_strategy.shards_parameters();
         // Refused in a world of one too: a job must not work on one
         // process and fail on two.
         if (full_shard || settings.activation_checkpointing) && !runs_units {
             let (what, instead) = if full_shard {
-                ("FULL_SHARD", "SHARD_GRAD_OP")
+                let strategy = settings.sharding_strategy;
+                let zero2 = match strategy.hybrid() {
+                    true => "HYBRID_SHARD_ZERO2",
+                    false => "SHARD_GRAD_OP",
+                };
+                (strategy.name(), zero2)
             } else {
                 ("activation checkpointing", "no activation checkpointing")
             };
@@ -187,6 +203,13 @@ impl DataParallel {
         if world == 1 || parameters.iter().all(|(_, p)| known(p)) {
             return Ok(checkpointing(Vec::new()));
         }
+        // The processes the shards are spread over: all, or (HYBRID) this
+        // machine's.
+        let group = match settings.sharding_strategy.hybrid() {
+            true => &self.hybrid(group)?.group as &dyn ProcessGroup,
+            false => group,
+        };
+        let (rank, world) = (group.process_index(), group.num_processes());
         let by_name: std::collections::HashMap<&str, &Tensor> =
             parameters.iter().map(|(n, p)| (n.as_str(), p)).collect();
         let units: Vec<UnitShard> = plan
@@ -200,7 +223,7 @@ impl DataParallel {
             })
             .filter(|u| !u.params.is_empty())
             .collect();
-        if full_shard && world > 1 {
+        if full_shard {
             let full = FullShard::new(
                 group.duplicate()?,
                 units,
@@ -222,6 +245,57 @@ impl DataParallel {
         let sync = GradientSync::sharded(group, units, settings.sync_module_states)?;
         self.models.borrow_mut().push(sync);
         Ok(checkpointing(handles))
+    }
+
+    /// The HYBRID groups (made on first use: every process calls it at the
+    /// same point): each machine's processes (by `node_name`) share the
+    /// shards, and the processes of the same rank on every machine hold
+    /// the same shard. Every machine must run as many processes.
+    fn hybrid(&self, world: &dyn ProcessGroup) -> Result<&Hybrid, ShardingError> {
+        if let Some(hybrid) = self.hybrid.get() {
+            return Ok(hybrid);
+        }
+        let names = world.all_gather_bytes(super::node_name().as_bytes())?;
+        let mut machines: Vec<&[u8]> = Vec::new();
+        let mut places = Vec::with_capacity(names.len());
+        for name in &names {
+            let machine = match machines.iter().position(|m| *m == name.as_slice()) {
+                Some(m) => m,
+                None => {
+                    machines.push(name);
+                    machines.len() - 1
+                }
+            };
+            let index = places.iter().filter(|(m, _)| *m == machine).count();
+            places.push((machine, index));
+        }
+        let count = |m: usize| places.iter().filter(|(n, _)| *n == m).count();
+        if let Some(m) = (1..machines.len()).find(|&m| count(m) != count(0)) {
+            return Err(ShardingError::Unitwise(format!(
+                "HYBRID sharding needs as many processes on every machine; machine `{}` runs {}, \
+                 `{}` {} (machines are told apart by HEARTH_NODE_NAME or the host name)",
+                String::from_utf8_lossy(machines[0]),
+                count(0),
+                String::from_utf8_lossy(machines[m]),
+                count(m)
+            )));
+        }
+        let me = world.process_index();
+        let (machine, index) = places[me];
+        let shard = world.split(machine, me)?;
+        let replicas = world.split(index, me)?;
+        let hybrid = Hybrid {
+            group: HybridGroup::new(shard, replicas),
+            places,
+        };
+        Ok(self.hybrid.get_or_init(|| hybrid))
+    }
+
+    /// Process `rank`'s place among the holders of shards: which copy of
+    /// the shards it holds (its machine, under HYBRID; else 0) and its rank
+    /// among the processes sharing them.
+    pub(super) fn shard_place(&self, rank: usize) -> (usize, usize) {
+        self.hybrid.get().map_or((0, rank), |h| h.places[rank])
     }
 
     /// The unit-wise executions that shard (FULL_SHARD).
@@ -319,13 +393,22 @@ impl DataParallel {
                 if units.is_empty() {
                     return Ok(inner);
                 }
-                let channel = group.duplicate()?;
+                let channel = self.shard_group(group).duplicate()?;
                 let sharded = ShardedOptimizer::new(inner, channel, units, gather_after_step)
                     .map_err(ShardingError::Optimizer)?;
                 Ok(Box::new(sharded) as Box<dyn Optimizer>)
             })
             .map_err(|e| ShardingError::Unitwise(crate::error_chain(&e)))?;
         wrapped
+    }
+
+    /// The group sharded models reduce their gradients in: `world`, or the
+    /// HYBRID group.
+    fn shard_group<'a>(&'a self, world: &'a dyn ProcessGroup) -> &'a dyn ProcessGroup {
+        match self.hybrid.get() {
+            Some(h) => &h.group,
+            None => world,
+        }
     }
 
     /// Runs `backward` and averages the gradients of the prepared models,
@@ -336,6 +419,7 @@ impl DataParallel {
         group: &dyn ProcessGroup,
         backward: impl FnOnce() -> Result<(), TchError>,
     ) -> Result<(), BackwardError> {
+        let group = self.shard_group(group);
         let unitwise = self.unitwise.borrow();
         // The loss's own backward, then the recomputation of the units of
         // models that ran unit by unit (whose gradients the round's hooks

@@ -34,12 +34,14 @@ impl Accelerator {
     }
 
     /// The files process `rank` writes in a sharded save: one per prepared
-    /// model and optimizer.
+    /// model and optimizer (none on a machine other than the first under
+    /// HYBRID: its shards are copies).
     pub(super) fn shard_file_names(&self, rank: usize) -> Vec<String> {
-        if !self.saves_sharded() {
+        let (replica, shard_rank) = self.ddp.shard_place(rank);
+        if !self.saves_sharded() || replica != 0 {
             return Vec::new();
         }
-        let file = shard_file_name(rank);
+        let file = shard_file_name(shard_rank);
         let models = (0..self.registered.models.len()).map(model_shards_dir);
         let optimizers = (0..self.optimizers.len()).map(optimizer_shards_dir);
         models
@@ -54,7 +56,7 @@ impl Accelerator {
         let names = self.shard_file_names(self.process_index());
         let models = (0..self.registered.models.len()).map(|i| self.model_pieces(i));
         let optimizers = self.optimizers.iter().map(|o| {
-            let rank = self.process_index();
+            let (_, rank) = self.ddp.shard_place(self.process_index());
             let inner = &lock(o).inner;
             inner
                 .state_dict()
@@ -83,7 +85,7 @@ impl Accelerator {
     /// This process's pieces of prepared model `i`: the rows its shards
     /// hold of each sharded parameter and, on rank 0, the others whole.
     fn model_pieces(&self, i: usize) -> Vec<Piece> {
-        let rank = self.process_index();
+        let (_, rank) = self.ddp.shard_place(self.process_index());
         let shards = self.shards_of(i);
         let mut pieces = Vec::new();
         for (name, t) in &self.registered.models[i] {
@@ -140,7 +142,7 @@ impl Accelerator {
         i: usize,
         folder: &Path,
     ) -> Result<(), CheckpointError> {
-        let rank = self.process_index();
+        let (_, rank) = self.ddp.shard_place(self.process_index());
         let shards = ShardedTensors::open(folder)?;
         let model = &self.registered.models[i];
         let held = self.shards_of(i);

@@ -6,6 +6,7 @@
 //! The strategies that use these groups (DDP, sharding) are in
 //! [`crate::parallel`]; `hearth launch` is in [`crate::launch`].
 
+mod hybrid;
 mod join;
 mod launch_env;
 mod mpi;
@@ -15,6 +16,7 @@ mod process_group;
 mod single;
 mod store;
 
+pub use hybrid::HybridGroup;
 pub use join::{choose_backend, from_environment, Backend, DistributedType, Join, NCCL_BUILT};
 pub use launch_env::{LaunchEnv, LaunchEnvError, Launcher};
 pub use mpi::MpiGroup;

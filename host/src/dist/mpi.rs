@@ -462,6 +462,24 @@ impl ProcessGroup for MpiGroup {
         }))
     }
 
+    fn split(&self, color: usize, key: usize) -> Result<Box<dyn ProcessGroup>, DistError> {
+        let color = i32::try_from(color)
+            .map_err(|_| unsupported("split", format!("color {color} is too large")))?;
+        let key = i32::try_from(key)
+            .map_err(|_| unsupported("split", format!("key {key} is too large")))?;
+        let part = self
+            .world
+            .split_by_color_with_key(mpi::topology::Color::with_value(color), key)
+            .ok_or_else(|| unsupported("split", "MPI gave this process no group".into()))?;
+        Ok(Box::new(Self {
+            rank: part.rank() as usize,
+            size: part.size() as usize,
+            world: std::mem::ManuallyDrop::new(part),
+            _universe: None,
+            ..*self
+        }))
+    }
+
     fn barrier(&self) -> Result<(), DistError> {
         let request = self.world.immediate_barrier();
         self.finish("barrier", request)

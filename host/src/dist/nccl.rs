@@ -725,6 +725,40 @@ impl ProcessGroup for NcclGroup {
         Ok(Box::new(NcclGroup::init(self.place, self.timeout, share)?))
     }
 
+    fn split(&self, color: usize, key: usize) -> Result<Box<dyn ProcessGroup>, DistError> {
+        // Who shares this process's color, in key order; the first of them
+        // makes the new communicator's unique id, which travels over this one.
+        let mine = serde_json::to_vec(&(color, key, self.place.rank)).expect("numbers serialise");
+        let mut members: Vec<(usize, usize, usize)> = Vec::new();
+        for bytes in self.all_gather_bytes(&mine)? {
+            let member: (usize, usize, usize) =
+                serde_json::from_slice(&bytes).map_err(|e| DistError::Mismatch {
+                    op: "split",
+                    rank: self.place.rank,
+                    message: format!("a process sent an unreadable color: {e}"),
+                })?;
+            if member.0 == color {
+                members.push(member);
+            }
+        }
+        members.sort_by_key(|&(_, key, rank)| (key, rank));
+        let rank = members
+            .iter()
+            .position(|m| m.2 == self.place.rank)
+            .expect("this process is among its color");
+        let leader = members[0].2;
+        let place = NcclPlace {
+            rank,
+            world_size: members.len(),
+            ..self.place
+        };
+        let share = |id: Option<Vec<u8>>| {
+            let ids = self.all_gather_bytes(&id.unwrap_or_default())?;
+            Ok(ids[leader].clone())
+        };
+        Ok(Box::new(NcclGroup::init(place, self.timeout, share)?))
+    }
+
     fn barrier(&self) -> Result<(), DistError> {
         let mut one = Tensor::ones([1], (Kind::Float, Device::Cuda(self.place.device)));
         self.all_reduce(&mut one, ReduceOp::Sum)

@@ -186,6 +186,16 @@ pub trait ProcessGroup: Send {
         Ok(Box::new(super::SingleProcess))
     }
 
+    /// The processes that passed the same `color`, as a group of their
+    /// own, ranked by `key` (MPI's `MPI_Comm_split`, torch's
+    /// `new_subgroups_by_enumeration`). Every process must call it at the
+    /// same point.
+    fn split(&self, color: usize, key: usize) -> Result<Box<dyn ProcessGroup>, DistError> {
+        let _ = (color, key);
+        self.only_one("split")?;
+        Ok(Box::new(super::SingleProcess))
+    }
+
     /// Returns once every process has called it.
     fn barrier(&self) -> Result<(), DistError> {
         self.only_one("barrier")

@@ -87,12 +87,11 @@ pub fn plan(
         )],
     };
     let strategy = settings.as_ref().map(|s| s.sharding_strategy);
-    let shards = matches!(
-        strategy,
-        Some(ShardingStrategy::ShardGradOp | ShardingStrategy::FullShard)
-    );
+    // The HYBRID strategies are planned as on one machine (N processes
+    // sharing the shards).
+    let shards = strategy.is_some_and(ShardingStrategy::shards);
     // FULL_SHARD holds only its shards of the parameters between steps.
-    let shards_params = strategy == Some(ShardingStrategy::FullShard);
+    let shards_params = strategy.is_some_and(ShardingStrategy::shards_parameters);
     let sharded: std::collections::HashSet<&str> = units
         .iter()
         .flat_map(|(_, names)| names.iter().map(String::as_str))

@@ -60,6 +60,18 @@ impl ShardingStrategy {
     pub fn shards(self) -> bool {
         self != Self::NoShard
     }
+
+    /// True when the parameters are sharded too between uses (ZeRO-3:
+    /// FULL_SHARD, HYBRID_SHARD).
+    pub fn shards_parameters(self) -> bool {
+        matches!(self, Self::FullShard | Self::HybridShard)
+    }
+
+    /// True when the shards are spread over one machine's processes and
+    /// replicated across machines.
+    pub fn hybrid(self) -> bool {
+        matches!(self, Self::HybridShard | Self::HybridShardZero2)
+    }
 }
 
 /// When the next unit's parameters are gathered in backward (FSDP1's

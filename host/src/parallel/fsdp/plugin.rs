@@ -335,18 +335,6 @@ impl FsdpPlugin {
         };
         const LATER: &str = "is not implemented in hearth yet";
         let strategy = self.strategy();
-        if matches!(
-            strategy,
-            ShardingStrategy::HybridShard | ShardingStrategy::HybridShardZero2
-        ) {
-            return Err(refuse(
-                "sharding-strategy",
-                format!(
-                    "{} {LATER}; use FULL_SHARD (ZeRO-3), SHARD_GRAD_OP (ZeRO-2) or NO_SHARD",
-                    strategy.name(),
-                ),
-            ));
-        }
         let on = |key: &str, value: Option<bool>| -> Result<(), FsdpError> {
             if value == Some(true) {
                 return Err(refuse(key, format!("`true` {LATER}; leave it false")));
@@ -466,14 +454,6 @@ mod tests {
         let default = FsdpPlugin::default().resolve("[fsdp]").unwrap();
         assert_eq!(default.sharding_strategy, ShardingStrategy::FullShard);
         assert!(default.reshard_after_forward);
-        let hybrid = FsdpPlugin {
-            sharding_strategy: Some(ShardingStrategy::HybridShard),
-            ..Default::default()
-        };
-        assert_eq!(
-            hybrid.resolve("[fsdp]").unwrap_err().key,
-            "sharding-strategy"
-        );
         let zero2 = |f: fn(&mut FsdpPlugin)| {
             let mut p = FsdpPlugin {
                 sharding_strategy: Some(ShardingStrategy::ShardGradOp),
