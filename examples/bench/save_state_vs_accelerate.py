@@ -2,11 +2,13 @@
 ~1 GB fp32 model with its AdamW state (~3 GB on disk) on the CPU, in one run.
 
 Runs the peer script (shared/bench/peer_save_state.py) and hearth's
-(host/examples/save_state.rs, sync and async) alternately, ROUNDS times, and
-prints the medians and the ratios. Both time the save up to a finished
+(host/examples/save_state.rs, sync and async, and SHARD_GRAD_OP with
+SHARDED_STATE_DICT on 4 processes under mpirun, each writing its quarter)
+alternately, ROUNDS times, and prints the medians and the ratios. Both time the save up to a finished
 `sync` of the disk. A benchmark, not a test: nothing is asserted.
 Usage: make bench-checkpoint  (or: python save_state_vs_accelerate.py [ROUNDS])
 """
+import os
 import pathlib
 import re
 import statistics
@@ -27,6 +29,10 @@ def parse(line: str) -> dict:
     return out
 
 
+MPIRUN = ["mpirun", "--oversubscribe", "-n", "4"]
+os.environ.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+
+
 def run(cmd) -> dict:
     text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
     print("  " + text[:160])
@@ -37,21 +43,25 @@ def main(rounds: int) -> None:
     peer = shared_bench_file("peer_save_state.py")
     if peer is None:
         sys.exit("shared/bench/peer_save_state.py not found (set HEARTH_SHARED_DIR)")
-    results = {"accelerate": [], "hearth": [], "hearth async": []}
+    results = {"accelerate": [], "hearth": [], "hearth async": [], "hearth sharded×4": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
             print(f"round {r + 1}")
             results["accelerate"].append(run([sys.executable, str(peer), f"{tmp}/peer"]))
             results["hearth"].append(run([str(HEARTH), f"{tmp}/hearth", "sync"]))
             results["hearth async"].append(run([str(HEARTH), f"{tmp}/hearth", "async"]))
+            results["hearth sharded×4"].append(run([*MPIRUN, str(HEARTH), f"{tmp}/sharded", "sharded"]))
     med = {k: {m: statistics.median(r[m] for r in v) for m in ("save", "load", "gbps")} for k, v in results.items()}
     print(f"save_state of 252 M parameters + AdamW state (3.0 GB), median of {rounds}:")
     for k, m in med.items():
-        print(f"  {k:<13} save {m['save']:.2f} s ({m['gbps']:.2f} GB/s), load {m['load']:.2f} s")
+        print(f"  {k:<16} save {m['save']:.2f} s ({m['gbps']:.2f} GB/s), load {m['load']:.2f} s")
     returned = statistics.median(r["returned"] for r in results["hearth async"])
     print(f"  hearth async returns to training after {returned:.2f} s")
     print(f"  ratio save GB/s hearth/accelerate = {med['hearth']['gbps'] / med['accelerate']['gbps']:.2f}")
     print(f"  ratio load time accelerate/hearth = {med['accelerate']['load'] / med['hearth']['load']:.2f}")
+    sharded = med["hearth sharded×4"]
+    print(f"  ratio save time 1 process full / 4 processes sharded = {med['hearth']['save'] / sharded['save']:.2f}")
+    print(f"  ratio load time 1 process full / 4 processes sharded = {med['hearth']['load'] / sharded['load']:.2f}")
 
 
 if __name__ == "__main__":

@@ -2,12 +2,16 @@
 //! the model of Accelerate's peer script (60 × Linear(2048, 2048): 252 M
 //! parameters, ~1 GB of fp32 weights and ~2 GB of AdamW state) on the CPU,
 //! after one AdamW step. Prints one line in the peer's format.
-//! Usage: `save_state OUT_DIR [sync|async] [HOOK]`, HOOK a built-in
-//! checkpoint hook (`manifest-sha256`) to time what it adds.
+//! Usage: `save_state OUT_DIR [sync|async|sharded] [HOOK]`, HOOK a built-in
+//! checkpoint hook (`manifest-sha256`) to time what it adds. `sharded`,
+//! under mpirun: SHARD_GRAD_OP with SHARDED_STATE_DICT, every process
+//! writing its quarter (on 4) of the weights and state; rank 0 prints.
 
 use hearth::accelerator::{Accelerator, ProjectConfiguration};
 use hearth::ops::AdamHyper;
 use hearth::optim::Adam;
+use hearth::parallel::{FsdpPlugin, ShardingStrategy, StateDictType};
+use hearth::plugins::{PluginSource, SearchPath};
 use std::path::PathBuf;
 use std::time::Instant;
 use tch::nn::{self, Module};
@@ -20,7 +24,9 @@ fn sync_disks() {
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let out = PathBuf::from(args.next().unwrap_or_else(|| "/tmp/hearth_ckpt".into()));
-    let async_save = args.next().as_deref() == Some("async");
+    let mode = args.next();
+    let async_save = mode.as_deref() == Some("async");
+    let sharded = mode.as_deref() == Some("sharded");
     let hook = args.next();
     let (layers, d) = (60, 2048);
     let vs = nn::VarStore::new(Device::Cpu);
@@ -33,13 +39,26 @@ fn main() -> anyhow::Result<()> {
         .iter()
         .map(|t| t.numel() as i64)
         .sum();
-    let mut acc = Accelerator::builder()
+    let mut builder = Accelerator::builder()
         .cpu(true)
+        .timeout(std::time::Duration::from_secs(600))
         .project_config(ProjectConfiguration {
             async_save,
             ..Default::default()
-        })
-        .build()?;
+        });
+    if sharded {
+        let plugins = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/plugins");
+        builder = builder
+            .fsdp(FsdpPlugin {
+                sharding_strategy: Some(ShardingStrategy::ShardGradOp),
+                auto_wrap_policy: Some("no-wrap".into()),
+                state_dict_type: Some(StateDictType::ShardedStateDict),
+                sync_module_states: Some(true),
+                ..Default::default()
+            })
+            .plugin_path(SearchPath::only([(PluginSource::BuiltIn, plugins)]));
+    }
+    let mut acc = builder.build()?;
     let hyper = AdamHyper::adamw(1e-3);
     let opt = Adam::new(vs.trainable_variables(), hyper);
     let (_vs, mut opt) = acc.prepare((vs, opt))?;
@@ -57,29 +76,38 @@ fn main() -> anyhow::Result<()> {
         .sum(Kind::Float);
     acc.backward(&loss)?;
     opt.step()?;
-    let _ = std::fs::remove_dir_all(&out);
-
+    if acc.is_main_process() {
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    acc.wait_for_everyone()?;
     sync_disks();
     let t = Instant::now();
     acc.save_state(Some(&out))?;
     let returned = t.elapsed().as_secs_f64();
     acc.wait_for_checkpoint()?;
+    acc.wait_for_everyone()?;
     sync_disks();
     let save = t.elapsed().as_secs_f64();
-    let mut files: Vec<String> = std::fs::read_dir(&out)?
-        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
-        .collect::<Result<_, _>>()?;
+    let manifest = hearth::checkpoint::verify_complete(&out)?;
+    let mut files: Vec<String> = manifest.files.iter().map(|f| f.name.clone()).collect();
     files.sort();
-    let size: u64 = files
-        .iter()
-        .map(|f| std::fs::metadata(out.join(f)).map(|m| m.len()).unwrap_or(0))
-        .sum();
+    let size: u64 = manifest.files.iter().map(|f| f.size).sum();
+    acc.wait_for_everyone()?;
     let t = Instant::now();
     acc.load_state(Some(&out))?;
+    acc.wait_for_everyone()?;
     let load = t.elapsed().as_secs_f64();
+    if !acc.is_main_process() {
+        return Ok(());
+    }
     println!(
-        "hearth save_state{} params={:.0}M bytes={:.2}GB save={save:.2}s ({:.2} GB/s) returned={returned:.2}s load={load:.2}s files={files:?}",
+        "hearth save_state{}{} params={:.0}M bytes={:.2}GB save={save:.2}s ({:.2} GB/s) returned={returned:.2}s load={load:.2}s files={files:?}",
         hook.map(|h| format!(" hook={h}")).unwrap_or_default(),
+        if sharded {
+            format!(" sharded×{}", acc.num_processes())
+        } else {
+            String::new()
+        },
         params as f64 / 1e6,
         size as f64 / 1e9,
         size as f64 / save / 1e9,

@@ -261,6 +261,7 @@ fn child_fsdp() {
     let result = serde_json::json!({
         "syncs": stats.syncs, "reduce_scatters": stats.reduce_scatters,
         "gathers": stats.gathers, "recomputed": stats.recomputed,
+        "most_gathered": stats.most_gathered,
         "all_reduces": stats.all_reduces, "overlapped": stats.overlapped,
         "memory": memory, "largest_unit_bytes": largest_unit_bytes(),
     });
@@ -429,6 +430,10 @@ fn sharding_matches_ddp_and_one_process(
             0
         };
         assert_eq!(report["gathers"], gathers, "{report}");
+        // At most the root and one block whole at once, in training and
+        // in `save_model` and `get_state_dict`, which gather unit by unit.
+        let most = if full_shard { 2 } else { 0 };
+        assert_eq!(report["most_gathered"], most, "{report}");
         if strategy == ShardingStrategy::NoShard {
             assert_eq!(report["reduce_scatters"], 0, "{report}");
             continue;
@@ -595,6 +600,24 @@ fn a_custom_var_store_model_is_sharded_by_its_declared_classes() {
     }
     // Four `Layer` units; the root holds nothing of its own.
     assert_eq!(reports[0]["reduce_scatters"], 4 * STEPS, "{}", reports[0]);
+}
+
+#[test]
+fn cpu_offload_is_refused_on_a_gpu_before_the_gpu_is_touched() {
+    let err = Accelerator::builder()
+        .device(Device::Cuda(0))
+        .fsdp(FsdpPlugin {
+            cpu_offload: Some(true),
+            ..Default::default()
+        })
+        .build()
+        .err()
+        .expect("cpu-offload on a GPU is refused");
+    let message = err.to_string();
+    assert!(
+        message.contains("`cpu-offload`") && message.contains("not implemented in hearth yet"),
+        "{message}"
+    );
 }
 
 #[test]

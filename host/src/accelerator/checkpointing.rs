@@ -414,21 +414,23 @@ impl Accelerator {
         // Otherwise the state is whole: a sharded optimizer's gathered, and
         // FULL_SHARD's parameters too (by every process; released once the
         // snapshot holds them).
-        let (optimizer_states, summoned) = if self.saves_sharded() {
-            (self.optimizer_groups(), None)
+        let (optimizer_states, models) = if self.saves_sharded() {
+            (self.optimizer_groups(), Vec::new())
         } else {
-            (
-                self.full_optimizer_states(&dest)?,
-                Some(self.summon_for(&dest)?),
-            )
+            let me = self.process_index();
+            let writes = self
+                .checkpoint_writers()
+                .map_err(|e| state_err(&dest, format!("the processes could not agree: {e}")))?[me]
+                == me;
+            let optimizers = self.full_optimizer_states(&dest, writes)?;
+            (optimizers, self.whole_models(&dest, writes)?)
         };
         let Some(staged) = self.stage(&dest)? else {
             // A process that writes no checkpoint: its part is written.
             self.project.iteration += 1;
             return Ok(dest);
         };
-        let snapshot = self.snapshot(&dest, self.project.async_save, optimizer_states)?;
-        drop(summoned);
+        let snapshot = self.snapshot(&dest, models, optimizer_states)?;
         let context = self.hook_context(&dest, self.project.iteration);
         let hooks = self.registered.hooks.clone();
         self.project.iteration += 1;
@@ -630,28 +632,60 @@ impl Accelerator {
     }
 
     /// Every optimizer's whole state (a sharded one's gathered: every
-    /// process takes part, the writers keep it).
-    fn full_optimizer_states(&self, dest: &Path) -> Result<Vec<OptimizerState>, CheckpointError> {
+    /// process takes part, the writers `keep` it).
+    fn full_optimizer_states(
+        &self,
+        dest: &Path,
+        keep: bool,
+    ) -> Result<Vec<OptimizerState>, CheckpointError> {
         self.optimizers
             .iter()
             .map(|o| {
                 lock(o)
                     .inner
-                    .full_state_dict()
+                    .full_state_dict(keep)
                     .map_err(|m| state_err(dest, format!("the optimizer state: {m}")))
             })
             .collect()
     }
 
-    /// Everything a checkpoint holds, as owned data. With `copy`, tensors
-    /// are copied even when already on the CPU, so training can go on
-    /// changing them while a background thread writes.
+    /// Every prepared model's parameters on the CPU (FULL_SHARD ones
+    /// gathered unit by unit: every process takes part, the writers `keep`
+    /// them), copied when saves are asynchronous.
+    fn whole_models(
+        &self,
+        dest: &Path,
+        keep: bool,
+    ) -> Result<Vec<Vec<(String, Tensor)>>, CheckpointError> {
+        let copy = self.project.async_save;
+        self.registered
+            .models
+            .iter()
+            .map(|params| {
+                self.ddp.whole_copies(params, keep, copy).map_err(|e| {
+                    state_err(
+                        dest,
+                        format!(
+                            "gathering the sharded parameters failed: {}",
+                            crate::error_chain(&e)
+                        ),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Everything a checkpoint holds, as owned data: the `models` given,
+    /// and the rest copied (when saves are asynchronous, even tensors
+    /// already on the CPU, so training can go on changing them while a
+    /// background thread writes).
     fn snapshot(
         &self,
         dest: &Path,
-        copy: bool,
+        models: Vec<Vec<(String, Tensor)>>,
         optimizer_states: Vec<OptimizerState>,
     ) -> Result<Snapshot, CheckpointError> {
+        let copy = self.project.async_save;
         let own = |t: &Tensor| {
             let cpu = t.detach().to_device(Device::Cpu);
             if copy && t.device() == Device::Cpu {
@@ -668,10 +702,6 @@ impl Accelerator {
         // Saving sharded, the models and the optimizer state are in the
         // processes' shard parts.
         let sharded = self.saves_sharded();
-        let models = match sharded {
-            true => Vec::new(),
-            false => self.registered.models.iter().map(|m| owned(m)).collect(),
-        };
         let mut parts = Vec::new();
         for (i, state) in optimizer_states.into_iter().enumerate() {
             if !sharded {

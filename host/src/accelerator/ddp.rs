@@ -318,6 +318,56 @@ impl DataParallel {
         Ok(f())
     }
 
+    /// `params` (name and tensor) as CPU tensors — what a
+    /// FULL_STATE_DICT save writes. FULL_SHARD parameters are gathered
+    /// unit by unit and copied (every process must call it: it
+    /// all-gathers), so at most one unit more than training holds is ever
+    /// whole; the others are taken as they are, copied when `copy`. With
+    /// `keep` false the process only takes part in the gathers and gets
+    /// nothing.
+    pub(super) fn whole_copies(
+        &self,
+        params: &[(String, Tensor)],
+        keep: bool,
+        copy: bool,
+    ) -> Result<Vec<(String, Tensor)>, crate::parallel::UnitwiseError> {
+        let cpu = |t: &Tensor| t.detach().to_device(tch::Device::Cpu);
+        let mut whole: Vec<Option<Tensor>> = params.iter().map(|_| None).collect();
+        for unitwise in self.full_shards() {
+            unitwise.each_unit_whole(|unit| {
+                if !keep {
+                    return;
+                }
+                // The model's handles see the gathered storage: match by it.
+                let at: std::collections::HashMap<usize, usize> = params
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (_, t))| t.numel() > 0)
+                    .map(|(j, (_, t))| (t.data_ptr() as usize, j))
+                    .collect();
+                for p in &unit.params {
+                    if let Some(&j) = at.get(&(p.full.data_ptr() as usize)) {
+                        whole[j] = Some(cpu(&p.full).copy());
+                    }
+                }
+            })?;
+        }
+        if !keep {
+            return Ok(Vec::new());
+        }
+        Ok(params
+            .iter()
+            .zip(whole)
+            .map(|((name, t), w)| {
+                let t = w.unwrap_or_else(|| match copy {
+                    true => cpu(t).copy(),
+                    false => cpu(t),
+                });
+                (name.clone(), t)
+            })
+            .collect())
+    }
+
     /// Gathers every FULL_SHARD model's parameters whole until the
     /// returned guard drops (every process must call it: it all-gathers).
     pub(super) fn summon(&self) -> Result<Summoned, crate::parallel::UnitwiseError> {
@@ -399,6 +449,10 @@ impl DataParallel {
                 Ok(Box::new(sharded) as Box<dyn Optimizer>)
             })
             .map_err(|e| ShardingError::Unitwise(crate::error_chain(&e)))?;
+        // Training's peak of whole units is counted from here.
+        for unitwise in &full {
+            unitwise.reset_most_gathered();
+        }
         wrapped
     }
 
@@ -490,6 +544,7 @@ impl Accelerator {
                 bytes: a.bytes + s.bytes,
                 gathers: a.gathers + s.gathers,
                 recomputed: a.recomputed + s.recomputed,
+                most_gathered: a.most_gathered.max(s.most_gathered),
             })
     }
 

@@ -417,18 +417,13 @@ impl Accelerator {
         model.into_inner()
     }
 
-    /// The model's parameters by name, copied to the CPU in float32 or
-    /// their own kind (what `save_model` writes; `get_state_dict`). Under
-    /// FULL_SHARD they are gathered whole for it: every process must call it.
+    /// The model's parameters by name, on the CPU (what `save_model`
+    /// writes; `get_state_dict`). Under FULL_SHARD they are gathered and
+    /// copied unit by unit (never more than one unit whole beyond what
+    /// training holds): every process must call it.
     pub fn get_state_dict(&self, model: &impl Model) -> Vec<(String, Tensor)> {
         self.ddp
-            .with_full_params(|| {
-                model
-                    .named_parameters()
-                    .into_iter()
-                    .map(|(n, t)| (n, t.detach().to_device(Device::Cpu)))
-                    .collect()
-            })
+            .whole_copies(&model.named_parameters(), true, false)
             .unwrap_or_else(|e| panic!("get_state_dict: {}", crate::error_chain(&e)))
     }
 
@@ -444,14 +439,21 @@ impl Accelerator {
         dir: &std::path::Path,
         max_shard_size: u64,
     ) -> Result<Option<crate::checkpoint::SavedModel>, crate::checkpoint::CheckpointError> {
-        let sharded = !self.ddp.full_shards().is_empty();
-        if !self.is_main_process() {
-            if sharded {
-                let _ = self.get_state_dict(model);
-            }
+        let main = self.is_main_process();
+        let tensors = self
+            .ddp
+            .whole_copies(&model.named_parameters(), main, false)
+            .map_err(|e| crate::checkpoint::CheckpointError::State {
+                path: dir.into(),
+                message: format!(
+                    "gathering the sharded parameters failed: {}",
+                    crate::error_chain(&e)
+                ),
+            })?;
+        if !main {
             return Ok(None);
         }
-        crate::checkpoint::save_model(dir, &self.get_state_dict(model), max_shard_size).map(Some)
+        crate::checkpoint::save_model(dir, &tensors, max_shard_size).map(Some)
     }
 
     /// Writes `tensors` to `path` (safetensors with `{"format": "pt"}`,

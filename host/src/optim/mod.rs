@@ -124,8 +124,11 @@ pub trait Optimizer: Send {
 
     /// The state a checkpoint holds: [`state_dict`](Self::state_dict),
     /// except for a sharded optimizer, whose state is gathered whole from
-    /// every process (a collective: every process calls it).
-    fn full_state_dict(&self) -> Result<OptimizerState, String> {
+    /// every process, one tensor at a time (a collective: every process
+    /// calls it); where `keep` is false the gathered tensors are dropped
+    /// (the process only takes part) and the state holds none.
+    fn full_state_dict(&self, keep: bool) -> Result<OptimizerState, String> {
+        let _ = keep;
         Ok(self.state_dict())
     }
 

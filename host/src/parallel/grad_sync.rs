@@ -42,6 +42,10 @@ pub struct SyncStats {
     pub gathers: u64,
     /// Units recomputed in backward (activation checkpointing, FULL_SHARD).
     pub recomputed: u64,
+    /// The most units of one model held whole at once since the optimizer
+    /// was prepared (FULL_SHARD): saves and `get_state_dict` gather one at
+    /// a time, so training's own peak bounds it.
+    pub most_gathered: u64,
 }
 
 /// A fresh id for a model's hooks.

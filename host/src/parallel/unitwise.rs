@@ -232,7 +232,11 @@ impl Unitwise {
                         unit: unit.path.clone(),
                         source,
                     })?;
-                self.count(|s| s.gathers += 1);
+                let held = fs.units.iter().filter(|u| u.is_gathered()).count() as u64;
+                self.count(|s| {
+                    s.gathers += 1;
+                    s.most_gathered = s.most_gathered.max(held);
+                });
             }
         }
         Ok(())
@@ -243,6 +247,31 @@ impl Unitwise {
     pub fn gather_all(&self) -> Result<(), UnitwiseError> {
         let n = self.full_shard.as_ref().map_or(0, |f| f.units.len());
         self.gather(&(0..n).collect::<Vec<_>>())
+    }
+
+    /// Runs `f` on each shard unit in turn, its whole parameters gathered
+    /// for it and released after it (unless held before): at most one
+    /// unit more than before is whole at any time. Nothing without
+    /// FULL_SHARD.
+    pub fn each_unit_whole(&self, mut f: impl FnMut(&UnitShard)) -> Result<(), UnitwiseError> {
+        let Some(fs) = &self.full_shard else {
+            return Ok(());
+        };
+        for (i, unit) in fs.units.iter().enumerate() {
+            let held = unit.is_gathered();
+            self.gather(&[i])?;
+            f(unit);
+            if !held {
+                unit.release();
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets the most units held whole so far (summoning them all at
+    /// `prepare` is not training's peak).
+    pub fn reset_most_gathered(&self) {
+        self.count(|s| s.most_gathered = 0);
     }
 
     /// Releases every shard unit, after copying this process's rows of

@@ -138,6 +138,9 @@ pub struct FsdpSettings {
     /// The model runs unit by unit, keeping only each unit's input in
     /// forward and recomputing the unit in backward (FULL_SHARD always does).
     pub activation_checkpointing: bool,
+    /// Shards and optimizer state in host memory (`cpu-offload`): what a
+    /// CPU run does anyway; refused on a GPU, where it is not built yet.
+    pub cpu_offload: bool,
 }
 
 fn parse_bool(value: &str) -> Result<bool, String> {
@@ -341,7 +344,6 @@ impl FsdpPlugin {
             }
             Ok(())
         };
-        on("cpu-offload", self.cpu_offload)?;
         on("cpu-ram-efficient-loading", self.cpu_ram_efficient_loading)?;
         if let Some(policy) = &self.mixed_precision_policy {
             return Err(refuse(
@@ -381,6 +383,7 @@ impl FsdpPlugin {
             state_dict_type,
             reshard_after_forward: self.reshard_after_forward.unwrap_or(true),
             activation_checkpointing: self.activation_checkpointing.unwrap_or(false),
+            cpu_offload: self.cpu_offload.unwrap_or(false),
         })
     }
 }
@@ -463,14 +466,14 @@ mod tests {
             p.resolve("[fsdp]")
         };
         assert!(zero2(|_| {}).is_ok());
+        // On the CPU everything is in host memory already.
+        assert!(zero2(|p| p.cpu_offload = Some(true)).unwrap().cpu_offload);
         for (key, f) in [
             (
-                "cpu-offload",
-                (|p: &mut FsdpPlugin| p.cpu_offload = Some(true)) as fn(&mut FsdpPlugin),
+                "cpu-ram-efficient-loading",
+                (|p: &mut FsdpPlugin| p.cpu_ram_efficient_loading = Some(true))
+                    as fn(&mut FsdpPlugin),
             ),
-            ("cpu-ram-efficient-loading", |p| {
-                p.cpu_ram_efficient_loading = Some(true)
-            }),
             ("mixed-precision-policy", |p| {
                 p.mixed_precision_policy = Some("bf16".into())
             }),

@@ -147,7 +147,7 @@ impl Optimizer for ShardedOptimizer {
     /// The whole state, as a DDP run's optimizer holds it (on the CPU):
     /// every parameter-shaped state tensor of a shard gathered from every
     /// process.
-    fn full_state_dict(&self) -> Result<OptimizerState, String> {
+    fn full_state_dict(&self, keep: bool) -> Result<OptimizerState, String> {
         let mut state = self.inner.state_dict();
         let world = self.group.num_processes() as i64;
         for (key, t) in state.tensors.iter_mut() {
@@ -158,9 +158,14 @@ impl Optimizer for ShardedOptimizer {
             let gathered = self
                 .group
                 .all_gather_into(&padded)
-                .map_err(|e| format!("gathering `{key}` from every process failed: {e}"))?
-                .to_device(tch::Device::Cpu);
-            *t = p.unchunked(&gathered.reshape([world, p.chunk_numel()]));
+                .map_err(|e| format!("gathering `{key}` from every process failed: {e}"))?;
+            if keep {
+                let gathered = gathered.to_device(tch::Device::Cpu);
+                *t = p.unchunked(&gathered.reshape([world, p.chunk_numel()]));
+            }
+        }
+        if !keep {
+            state.tensors.clear();
         }
         Ok(state)
     }
