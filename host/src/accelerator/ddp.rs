@@ -453,6 +453,9 @@ impl DataParallel {
         for unitwise in &full {
             unitwise.reset_most_gathered();
         }
+        if !full.is_empty() {
+            crate::ops::return_freed_host_memory();
+        }
         wrapped
     }
 

@@ -59,6 +59,7 @@ impl FullShard {
             unit.own_shards();
             unit.release();
         }
+        crate::ops::return_freed_host_memory();
         Ok(Self {
             group,
             units,
