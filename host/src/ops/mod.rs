@@ -16,6 +16,22 @@ pub use foreach::{
 pub use jit::{jit_structure, JitStructure};
 pub use rng::{empty_device_cache, randperm, rng_state, set_rng_state};
 
+/// Makes glibc hand blocks of at least `bytes` back to the system as soon
+/// as they are freed (`mallopt(M_MMAP_THRESHOLD)`, which also stops glibc
+/// raising that threshold as large blocks are freed). FULL_SHARD gathers
+/// and frees whole units every step; without it their memory stays in the
+/// heap once the threshold has grown past their size. Process-wide; the
+/// `MALLOC_MMAP_THRESHOLD_` environment variable, when set, wins.
+pub fn free_large_blocks_at_once(bytes: usize) {
+    #[cfg(target_env = "gnu")]
+    if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
+        // SAFETY: mallopt only sets a glibc tunable.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, bytes.min(i32::MAX as usize) as i32);
+        }
+    }
+}
+
 /// Returns the host memory freed so far to the system (glibc's
 /// `malloc_trim`). Freed tensors smaller than glibc's mmap threshold (which
 /// grows to 32 MiB as large blocks are freed) otherwise stay in the
