@@ -371,6 +371,17 @@ def test_a_sharded_checkpoint_merges_to_the_full_one_and_resumes_on_another_numb
     merged = hearth("checkpoint", "merge", sharded, tmp_path / "merged")
     assert merged.returncode == 0, merged.stderr
     assert (tmp_path / "merged" / "model.safetensors").read_bytes() == (full / "model.safetensors").read_bytes()
+    # A whole checkpoint has nothing to merge: the error names it and says what to pass.
+    refused = hearth("checkpoint", "merge", full, tmp_path / "nothing")
+    assert refused.returncode == 1 and str(full) in refused.stderr and "SHARDED_STATE_DICT" in refused.stderr, refused.stderr
+    # --max-shard-size: HF shards with their index, holding the same tensors.
+    split = hearth("checkpoint", "merge", sharded / "pytorch_model_fsdp_0", tmp_path / "split", "--max-shard-size", "300KB")
+    assert split.returncode == 0, split.stderr
+    index = json.loads((tmp_path / "split" / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    merged_whole = load_file(tmp_path / "merged" / "model.safetensors")
+    for name, file in index["weight_map"].items():
+        assert torch.equal(load_file(tmp_path / "split" / file)[name], merged_whole[name]), name
     # torch's reader: the same model tensors, and the optimizer state the full save gathered.
     for folder, whole in (("pytorch_model_fsdp_0", "model.safetensors"), ("optimizer_0", "optimizer.safetensors")):
         want = load_file(full / whole)

@@ -352,10 +352,13 @@ fn shards_folder(checkpoint_dir: &Path) -> Result<PathBuf, CheckpointError> {
     if model.is_dir() && !checkpoint_dir.join(model_shards_dir(1)).exists() {
         return Ok(model);
     }
-    let has_shards = std::fs::read_dir(checkpoint_dir)
-        .map_err(CheckpointError::io(checkpoint_dir))?
-        .flatten()
-        .any(|e| e.path().extension().is_some_and(|x| x == "safetensors"));
+    // A checkpoint folder's own files are whole state, not shards.
+    let checkpoint = checkpoint_dir.join(super::MANIFEST_NAME).exists();
+    let has_shards = !checkpoint
+        && std::fs::read_dir(checkpoint_dir)
+            .map_err(CheckpointError::io(checkpoint_dir))?
+            .flatten()
+            .any(|e| e.path().extension().is_some_and(|x| x == "safetensors"));
     if has_shards {
         return Ok(checkpoint_dir.into());
     }
