@@ -247,48 +247,14 @@ impl DataParallel {
         Ok(checkpointing(handles))
     }
 
-    /// The HYBRID groups (made on first use: every process calls it at the
-    /// same point): each machine's processes (by `node_name`) share the
-    /// shards, and the processes of the same rank on every machine hold
-    /// the same shard. Every machine must run as many processes.
+    /// The HYBRID groups, made on first use (every process calls it at the
+    /// same point), by this process's machine name.
     fn hybrid(&self, world: &dyn ProcessGroup) -> Result<&Hybrid, ShardingError> {
         if let Some(hybrid) = self.hybrid.get() {
             return Ok(hybrid);
         }
-        let names = world.all_gather_bytes(super::node_name().as_bytes())?;
-        let mut machines: Vec<&[u8]> = Vec::new();
-        let mut places = Vec::with_capacity(names.len());
-        for name in &names {
-            let machine = match machines.iter().position(|m| *m == name.as_slice()) {
-                Some(m) => m,
-                None => {
-                    machines.push(name);
-                    machines.len() - 1
-                }
-            };
-            let index = places.iter().filter(|(m, _)| *m == machine).count();
-            places.push((machine, index));
-        }
-        let count = |m: usize| places.iter().filter(|(n, _)| *n == m).count();
-        if let Some(m) = (1..machines.len()).find(|&m| count(m) != count(0)) {
-            return Err(ShardingError::Unitwise(format!(
-                "HYBRID sharding needs as many processes on every machine; machine `{}` runs {}, \
-                 `{}` {} (machines are told apart by HEARTH_NODE_NAME or the host name)",
-                String::from_utf8_lossy(machines[0]),
-                count(0),
-                String::from_utf8_lossy(machines[m]),
-                count(m)
-            )));
-        }
-        let me = world.process_index();
-        let (machine, index) = places[me];
-        let shard = world.split(machine, me)?;
-        let replicas = world.split(index, me)?;
-        let hybrid = Hybrid {
-            group: HybridGroup::new(shard, replicas),
-            places,
-        };
-        Ok(self.hybrid.get_or_init(|| hybrid))
+        let (group, places) = HybridGroup::by_machine(world, &super::node_name())?;
+        Ok(self.hybrid.get_or_init(|| Hybrid { group, places }))
     }
 
     /// Process `rank`'s place among the holders of shards: which copy of

@@ -17,7 +17,6 @@ mod nested;
 mod optimizer;
 mod prepare;
 mod scheduler;
-mod sharded_state;
 mod sharding;
 mod state;
 mod trackers;

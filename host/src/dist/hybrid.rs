@@ -25,10 +25,51 @@ impl HybridGroup {
         Self { shard, replicas }
     }
 
-    /// Which copy of the shards this process holds (its machine's index).
-    pub fn replica_index(&self) -> usize {
-        self.replicas.process_index()
+    /// Splits `world` by machine (`machine` is this process's machine's
+    /// name): each machine's processes share the shards, and the processes
+    /// of the same rank on every machine hold the same shard. Returns the
+    /// group and every process's (machine index, rank on its machine).
+    /// Every machine must run as many processes.
+    pub fn by_machine(
+        world: &dyn ProcessGroup,
+        machine: &str,
+    ) -> Result<(Self, Vec<(usize, usize)>), DistError> {
+        let names = world.all_gather_bytes(machine.as_bytes())?;
+        let mut machines: Vec<&[u8]> = Vec::new();
+        let mut places: Vec<(usize, usize)> = Vec::with_capacity(names.len());
+        for name in &names {
+            let m = match machines.iter().position(|m| *m == name.as_slice()) {
+                Some(m) => m,
+                None => {
+                    machines.push(name);
+                    machines.len() - 1
+                }
+            };
+            let index = places.iter().filter(|(n, _)| *n == m).count();
+            places.push((m, index));
+        }
+        let count = |m: usize| places.iter().filter(|(n, _)| *n == m).count();
+        if let Some(m) = (1..machines.len()).find(|&m| count(m) != count(0)) {
+            return Err(DistError::Mismatch {
+                op: "hybrid sharding",
+                rank: world.process_index(),
+                message: format!(
+                    "every machine must run as many processes; machine `{}` runs {}, `{}` {} \
+                     (machines are told apart by HEARTH_NODE_NAME or the host name)",
+                    String::from_utf8_lossy(machines[0]),
+                    count(0),
+                    String::from_utf8_lossy(machines[m]),
+                    count(m)
+                ),
+            });
+        }
+        let me = world.process_index();
+        let (m, index) = places[me];
+        let shard = world.split(m, me)?;
+        let replicas = world.split(index, me)?;
+        Ok((Self::new(shard, replicas), places))
     }
+
 }
 
 impl ProcessGroup for HybridGroup {

@@ -6,8 +6,8 @@
 //! rows each process holds now — from files written by any number of
 //! processes.
 
-use super::checkpointing::state_err;
-use super::{lock, Accelerator};
+use super::super::{lock, Accelerator};
+use super::state_err;
 use crate::checkpoint::{
     model_shards_dir, optimizer_shards_dir, shard_file_name, CheckpointError, Piece, ShardedTensors,
 };

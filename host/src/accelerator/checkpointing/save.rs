@@ -1,147 +1,20 @@
-//! `save_state` / `load_state`: everything a run needs to continue exactly
-//! where it stopped, in Accelerate's layout with safetensors and JSON in
-//! place of pickle, written as a complete folder or not at all.
-//!
-//! A checkpoint folder holds `model.safetensors` (`model_1.safetensors`, …
-//! per prepared model), `optimizer.safetensors` + `optimizer.json`
-//! (`optimizer_1…`), `scheduler.bin` + `scheduler.json` (the plugin's own
-//! state and the step count), `scaler.json` (fp16), `dataloader.json`
-//! (`dataloader_1…`: epoch, batches taken, seed), `random_states_0.safetensors`
-//! (CPU and CUDA generators), `custom_checkpoint_<i>.bin` for objects given
-//! to `register_for_checkpointing`, `trainer_state.json` and, written last,
-//! `hearth_checkpoint.json` (the manifest that marks it complete).
-//!
-//! Checkpoint hooks (Wasm plugins, [`Accelerator::register_checkpoint_hook`])
-//! run inside that transaction: `save` before the host writes (a hook may
-//! write files and claim model tensors it saved itself), `seal` after every
-//! file is written and before the commit, `load` before anything is
-//! restored. A hook that fails abandons the save or the load.
+//! `save_state`: the state is gathered or copied off the training
+//! tensors (a snapshot), staged in a temporary folder every process writes
+//! its own parts into, and committed with its manifest — on a background
+//! thread with `async_save`.
 
-use super::scheduler::SharedScheduler;
-use super::{lock, Accelerator, RngState};
-use crate::checkpoint::{
-    load_checkpoint_in_model, load_safetensors, model_shards_dir, newest_complete,
-    optimizer_shards_dir, rotate, verify_complete, CheckpointError, StagedCheckpoint, TensorKey,
+use super::super::{lock, Accelerator};
+use super::{
+    custom_file, hook_failed, keyed, node_name, numbered, state_err, ScalerFile, SchedulerFile,
+    TrainerState,
 };
-use crate::data::{LoaderHandle, LoaderState};
-use crate::optim::{GroupState, OptimizerState};
-use crate::plugins::{CheckpointHookPlugin, Entries, HookCheckpoint};
-use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use crate::checkpoint::{rotate, CheckpointError, StagedCheckpoint, TensorKey};
+use crate::optim::OptimizerState;
+use crate::plugins::{CheckpointHookPlugin, HookCheckpoint};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tch::{Device, Tensor};
-
-/// Where a run keeps its checkpoints (Accelerate's `ProjectConfiguration`).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ProjectConfiguration {
-    /// The project folder.
-    pub project_dir: PathBuf,
-    /// Where trackers log (default: `project_dir`).
-    pub logging_dir: Option<PathBuf>,
-    /// `save_state()` without a folder writes
-    /// `project_dir/checkpoints/checkpoint_<iteration>`.
-    pub automatic_checkpoint_naming: bool,
-    /// The number the next automatic checkpoint gets.
-    pub iteration: u64,
-    /// After a save, keep only the newest this many numbered checkpoints.
-    pub total_limit: Option<usize>,
-    /// `save_state` returns once the state is copied; a background thread
-    /// writes it.
-    pub async_save: bool,
-    /// With several machines that share no filesystem: the first process
-    /// of every machine writes a whole checkpoint there, holding the
-    /// generators of its machine's processes (Accelerate's
-    /// `save_on_each_node`). Otherwise rank 0 writes the one checkpoint
-    /// and every process puts its generators into it. Machines are told
-    /// apart by [`node_name`].
-    pub save_on_each_node: bool,
-}
-
-/// The name that tells this process's machine from the others for
-/// `save_on_each_node`: `HEARTH_NODE_NAME` when set, else the host name.
-pub fn node_name() -> String {
-    if let Some(name) = std::env::var("HEARTH_NODE_NAME")
-        .ok()
-        .filter(|n| !n.is_empty())
-    {
-        return name;
-    }
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most buf.len() bytes into buf.
-    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    if ok {
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    } else {
-        "localhost".into()
-    }
-}
-
-impl ProjectConfiguration {
-    /// The folder of numbered checkpoints.
-    pub fn checkpoints_dir(&self) -> PathBuf {
-        self.project_dir.join("checkpoints")
-    }
-
-    /// Where trackers log: `logging_dir`, else the project folder (as
-    /// Accelerate's `ProjectConfiguration.set_directories`).
-    pub fn logging_dir(&self) -> &Path {
-        self.logging_dir.as_deref().unwrap_or(&self.project_dir)
-    }
-}
-
-/// An object saved with every checkpoint (Accelerate's
-/// `register_for_checkpointing`): its state as bytes, in
-/// `custom_checkpoint_<i>.bin` written by the main process, or — for an
-/// object whose state differs between processes — in
-/// `custom_checkpoint_<i>_<rank>.bin` written by each.
-pub trait Checkpointable: Send {
-    /// The state to save.
-    fn state_dict(&self) -> Vec<u8>;
-    /// Restores what [`state_dict`](Self::state_dict) returned.
-    fn load_state_dict(&mut self, state: &[u8]) -> Result<(), String>;
-    /// True when every process holds its own state (a per-process data
-    /// stream, say), saved and restored per rank.
-    fn per_process(&self) -> bool {
-        false
-    }
-}
-
-/// The file of custom object `i` of process `rank`.
-fn custom_file(i: usize, per_process: bool, rank: usize) -> String {
-    if per_process {
-        format!("custom_checkpoint_{i}_{rank}.bin")
-    } else {
-        format!("custom_checkpoint_{i}.bin")
-    }
-}
-
-/// What the accelerator saves besides the objects it prepared.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct TrainerState {
-    /// The checkpoint's number (automatic naming) or the save count.
-    pub iteration: u64,
-    /// Micro-batches run through `accumulate`.
-    pub step: u64,
-    /// The position inside the accumulation group.
-    pub accumulation_position: usize,
-    /// The first prepared loader's epoch, for people reading the file.
-    pub epoch: u64,
-    /// The hearth version that wrote it.
-    pub hearth_version: String,
-}
-
-#[derive(Serialize, Deserialize)]
-struct SchedulerFile {
-    steps: u64,
-}
-
-#[derive(Serialize, Deserialize)]
-struct ScalerFile {
-    scale: f64,
-    growth_tracker: i64,
-}
 
 /// One file of a checkpoint, owned, ready to be written (on a background
 /// thread when saves are asynchronous).
@@ -177,32 +50,6 @@ impl Snapshot {
     /// The models' tensors keyed for checkpoint hooks.
     fn keyed(&self) -> Vec<(TensorKey, Tensor)> {
         keyed(&self.models)
-    }
-}
-
-fn keyed(models: &[Vec<(String, Tensor)>]) -> Vec<(TensorKey, Tensor)> {
-    models
-        .iter()
-        .enumerate()
-        .flat_map(|(i, named)| {
-            named
-                .iter()
-                .map(move |(name, t)| (TensorKey::new(i, name), t.shallow_clone()))
-        })
-        .collect()
-}
-
-fn hook_failed(
-    path: &Path,
-    hook: &CheckpointHookPlugin,
-    outcome: &'static str,
-    source: crate::plugins::PluginError,
-) -> CheckpointError {
-    CheckpointError::Hook {
-        path: path.into(),
-        hook: hook.name().into(),
-        outcome,
-        source: Box::new(source),
     }
 }
 
@@ -294,73 +141,7 @@ fn write_pieces(
     crate::checkpoint::save_pieces(&path, pieces)
 }
 
-/// What prepare remembered for checkpoints.
-#[derive(Default)]
-pub(super) struct Registered {
-    pub models: Vec<Vec<(String, Tensor)>>,
-    /// Each model's sharded units (empty when it is not sharded).
-    pub shards: Vec<Vec<crate::parallel::sharded::UnitShard>>,
-    pub schedulers: Vec<SharedScheduler>,
-    pub loaders: Vec<LoaderHandle>,
-    pub custom: Vec<Arc<Mutex<dyn Checkpointable>>>,
-    pub hooks: Vec<Arc<CheckpointHookPlugin>>,
-    /// The run's configuration (from `init_trackers`), for hooks.
-    pub config: Entries,
-}
-
-fn numbered(stem: &str, i: usize, ext: &str) -> String {
-    if i == 0 {
-        format!("{stem}.{ext}")
-    } else {
-        format!("{stem}_{i}.{ext}")
-    }
-}
-
-pub(super) fn state_err(path: &Path, message: impl Into<String>) -> CheckpointError {
-    CheckpointError::State {
-        path: path.into(),
-        message: message.into(),
-    }
-}
-
-fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, CheckpointError> {
-    let text = std::fs::read(path).map_err(CheckpointError::io(path))?;
-    serde_json::from_slice(&text).map_err(|e| state_err(path, format!("unreadable: {e}")))
-}
-
 impl Accelerator {
-    /// FULL_SHARD models' whole parameters, gathered for a save to or a
-    /// load from `dir` (a failure names it).
-    fn summon_for(&self, dir: &Path) -> Result<super::ddp::Summoned, CheckpointError> {
-        self.ddp.summon().map_err(|e| {
-            state_err(
-                dir,
-                format!(
-                    "gathering the sharded parameters failed: {}",
-                    crate::error_chain(&e)
-                ),
-            )
-        })
-    }
-
-    /// Saves `object` with every checkpoint, after what `prepare` registered.
-    pub fn register_for_checkpointing(&mut self, object: Arc<Mutex<dyn Checkpointable>>) {
-        self.registered.custom.push(object);
-    }
-
-    /// Runs `hook` around every later `save_state` and `load_state`, after
-    /// the hooks registered before it (Accelerate's
-    /// `register_save_state_pre_hook` and `register_load_state_pre_hook`,
-    /// as one sandboxed plugin).
-    pub fn register_checkpoint_hook(&mut self, hook: CheckpointHookPlugin) {
-        self.registered.hooks.push(Arc::new(hook));
-    }
-
-    /// The project configuration.
-    pub fn project_configuration(&self) -> &ProjectConfiguration {
-        &self.project
-    }
-
     /// Saves the state of everything prepared (models, optimizers,
     /// schedulers, the fp16 scaler, data loaders), the random generators and
     /// registered objects into `dir`, or — with `None` and automatic naming —
@@ -610,19 +391,6 @@ impl Accelerator {
         }
     }
 
-    /// What checkpoint hooks are told about the checkpoint in `dir`.
-    fn hook_context(&self, dir: &Path, iteration: u64) -> HookCheckpoint {
-        HookCheckpoint {
-            name: dir
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-            iteration,
-            step: self.micro_steps.load(std::sync::atomic::Ordering::Relaxed),
-            config: self.registered.config.clone(),
-        }
-    }
-
     /// True when a prepared optimizer steps shards (its state must be
     /// gathered to be saved).
     fn sharded_optimizers(&self) -> bool {
@@ -766,191 +534,5 @@ impl Accelerator {
             json(serde_json::to_value(trainer)),
         ));
         Ok(Snapshot { models, parts })
-    }
-
-    /// Restores a checkpoint written by [`save_state`](Self::save_state)
-    /// from `dir`, or — with `None` — the newest complete one of the
-    /// project (incomplete ones are skipped with a warning), and continues
-    /// the iteration count after it. Every prepared object must have its
-    /// counterpart in the checkpoint; nothing is restored when the
-    /// checkpoint is incomplete or a model's tensors do not fit.
-    pub fn load_state(&mut self, dir: Option<&Path>) -> Result<PathBuf, CheckpointError> {
-        self.wait_for_checkpoint()?;
-        let dir = match dir {
-            Some(d) => d.to_path_buf(),
-            None => {
-                let folder = self.project.checkpoints_dir();
-                newest_complete(&folder)
-                    .map(|(_, d)| d)
-                    .ok_or(CheckpointError::NotFound(folder))?
-            }
-        };
-        let manifest = verify_complete(&dir)?;
-        let trainer: TrainerState = read_json(&dir.join("trainer_state.json"))?;
-        // Hooks first: they may refuse the checkpoint before anything is restored.
-        let restored = self.run_load_hooks(&dir, &manifest, &trainer)?;
-        // Then models: their load checks everything before writing. From
-        // a sharded save, each process reads the rows it holds; from a
-        // whole one, into the whole parameters (FULL_SHARD: gathered, their
-        // rows then written back into the shards).
-        let sharded_model = |i: usize| dir.join(model_shards_dir(i)).is_dir();
-        let models = self.registered.models.len();
-        let summoned = match (0..models).all(sharded_model) {
-            true => None,
-            false => Some(self.summon_for(&dir)?),
-        };
-        for i in (0..models).filter(|&i| sharded_model(i)) {
-            self.load_sharded_model(i, &dir.join(model_shards_dir(i)))?;
-        }
-        for (i, model) in self.registered.models.iter().enumerate() {
-            if sharded_model(i) {
-                continue;
-            }
-            let from_file: Vec<(String, Tensor)> = model
-                .iter()
-                .filter(|(name, _)| !restored.contains_key(&TensorKey::new(i, name)))
-                .map(|(n, t)| (n.clone(), t.shallow_clone()))
-                .collect();
-            let path = dir.join(numbered("model", i, "safetensors"));
-            load_checkpoint_in_model(&from_file, &path, true)?;
-        }
-        for (key, source) in &restored {
-            let (_, target) = self.registered.models[key.model as usize]
-                .iter()
-                .find(|(name, _)| *name == key.name)
-                .expect("hooks restore only tensors the model has");
-            let mut target = target.shallow_clone();
-            tch::no_grad(|| target.copy_(source));
-        }
-        if let Some(summoned) = summoned {
-            summoned.write_back();
-        }
-        for (i, opt) in self.optimizers.iter().enumerate() {
-            let path = dir.join(numbered("optimizer", i, "safetensors"));
-            let groups: Vec<GroupState> = read_json(&dir.join(numbered("optimizer", i, "json")))?;
-            let shards = dir.join(optimizer_shards_dir(i));
-            if shards.is_dir() {
-                self.load_sharded_optimizer(i, &shards, groups)?;
-                continue;
-            }
-            let state = OptimizerState {
-                tensors: load_safetensors(&path, Device::Cpu)?,
-                groups,
-            };
-            lock(opt)
-                .inner
-                .load_full_state_dict(state)
-                .map_err(|m| state_err(&path, m))?;
-        }
-        for (i, sched) in self.registered.schedulers.iter().enumerate() {
-            let path = dir.join(numbered("scheduler", i, "bin"));
-            let bytes = std::fs::read(&path).map_err(CheckpointError::io(&path))?;
-            let file: SchedulerFile = read_json(&dir.join(numbered("scheduler", i, "json")))?;
-            lock(sched)
-                .load_state(file.steps, &bytes)
-                .map_err(|e| state_err(&path, format!("the scheduler refused its state: {e}")))?;
-        }
-        if let Some(scaler) = &self.scaler {
-            let path = dir.join("scaler.json");
-            if path.exists() {
-                let s: ScalerFile = read_json(&path)?;
-                lock(scaler).load_state(s.scale, s.growth_tracker, self.device);
-            }
-        }
-        for (i, loader) in self.registered.loaders.iter().enumerate() {
-            let state: LoaderState = read_json(&dir.join(numbered("dataloader", i, "json")))?;
-            loader.load_state(state);
-        }
-        let path = dir.join(format!(
-            "random_states_{}.safetensors",
-            self.process_index()
-        ));
-        let tensors = load_safetensors(&path, Device::Cpu)?;
-        let find = |name: &str| {
-            tensors
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, t)| t.shallow_clone())
-        };
-        let rng = RngState {
-            cpu: find("cpu").ok_or_else(|| state_err(&path, "holds no `cpu` generator state"))?,
-            cuda: (0..).map_while(|i| find(&format!("cuda.{i}"))).collect(),
-        };
-        self.set_rng_state(&rng)
-            .map_err(|e| state_err(&path, format!("cannot restore the generators: {e}")))?;
-        for (i, object) in self.registered.custom.iter().enumerate() {
-            let per_process = lock(object).per_process();
-            let path = dir.join(custom_file(i, per_process, self.process_index()));
-            let bytes = std::fs::read(&path).map_err(CheckpointError::io(&path))?;
-            lock(object)
-                .load_state_dict(&bytes)
-                .map_err(|m| state_err(&path, m))?;
-        }
-        self.micro_steps
-            .store(trainer.step, std::sync::atomic::Ordering::Relaxed);
-        self.state
-            .set_accumulation_position(trainer.accumulation_position);
-        self.project.iteration = trainer.iteration + 1;
-        Ok(dir)
-    }
-
-    /// Calls every registered hook's `load` on `dir`; returns the tensors
-    /// they restored. A tensor a hook saved at save time needs that hook now.
-    fn run_load_hooks(
-        &self,
-        dir: &Path,
-        manifest: &crate::checkpoint::Manifest,
-        trainer: &TrainerState,
-    ) -> Result<HashMap<TensorKey, Tensor>, CheckpointError> {
-        const NOT_LOADED: &str = "loaded (nothing was restored)";
-        let hooks = &self.registered.hooks;
-        for record in &manifest.hooks {
-            let registered = hooks.iter().any(|h| h.name() == record.name);
-            if let (false, Some(first)) = (registered, record.claimed.first()) {
-                return Err(state_err(
-                    dir,
-                    format!(
-                        "checkpoint hook `{}` saved {} tensor(s) itself (e.g. {first}); register that hook to load this checkpoint",
-                        record.name,
-                        record.claimed.len()
-                    ),
-                ));
-            }
-        }
-        let keyed = keyed(&self.registered.models);
-        let context = HookCheckpoint {
-            step: trainer.step,
-            ..self.hook_context(dir, trainer.iteration)
-        };
-        let mut restored = HashMap::new();
-        for hook in hooks {
-            let claimed: &[TensorKey] = manifest
-                .hooks
-                .iter()
-                .find(|r| r.name == hook.name())
-                .map_or(&[], |r| &r.claimed);
-            let tensors = hook
-                .load(dir, &context, &keyed, claimed)
-                .map_err(|e| hook_failed(dir, hook, NOT_LOADED, e))?;
-            restored.extend(tensors);
-        }
-        Ok(restored)
-    }
-
-    pub(super) fn remember_model(
-        &mut self,
-        params: Vec<(String, Tensor)>,
-        shards: Vec<crate::parallel::sharded::UnitShard>,
-    ) {
-        self.registered.models.push(params);
-        self.registered.shards.push(shards);
-    }
-
-    pub(super) fn remember_scheduler(&mut self, scheduler: SharedScheduler) {
-        self.registered.schedulers.push(scheduler);
-    }
-
-    pub(super) fn remember_loader(&mut self, loader: LoaderHandle) {
-        self.registered.loaders.push(loader);
     }
 }
