@@ -278,7 +278,8 @@ impl ShardedTensors {
         }
         let mut shape = entry.whole.clone();
         shape[0] = count;
-        let out = Tensor::zeros(shape.as_slice(), (entry.kind, tch::Device::Cpu));
+        // Every row is written below, or the read fails.
+        let out = Tensor::empty(shape.as_slice(), (entry.kind, tch::Device::Cpu));
         let mut covered: Vec<(i64, i64)> = Vec::new();
         for piece in &entry.pieces {
             if piece.offsets[1..].iter().any(|&o| o != 0) || piece.shape[1..] != entry.whole[1..] {

@@ -69,7 +69,6 @@ impl HybridGroup {
         let replicas = world.split(index, me)?;
         Ok((Self::new(shard, replicas), places))
     }
-
 }
 
 impl ProcessGroup for HybridGroup {

@@ -59,7 +59,7 @@ impl FullShard {
             unit.own_shards();
             unit.release();
         }
-        crate::ops::free_large_blocks_at_once(1 << 20);
+        crate::ops::free_large_blocks_at_once(4 << 20);
         crate::ops::return_freed_host_memory();
         Ok(Self {
             group,
