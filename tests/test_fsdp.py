@@ -467,3 +467,18 @@ def test_a_process_killed_during_a_sharded_save_leaves_the_previous_checkpoint_l
     resumed = mpirun(hearth_bin, 2, "run", config, "--quiet", "--resume", "--steps", int(name.split("_")[1]) * 2 + 2, "--output-dir", tmp_path / "out", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert (checkpoints / name).exists(), "the resumed run saves that step again"
+
+
+def test_a_sharded_checkpoint_of_another_model_is_refused_naming_the_tensor(hearth_bin, tmp_path):
+    """Resuming a 2-layer GPT from a 4-layer one's sharded checkpoint stops
+    before anything is restored, naming the folder and the tensor."""
+    table = '\n[fsdp]\nauto-wrap-policy = "transformer-based"\ntransformer-cls-names-to-wrap = ["Block"]\nstate-dict-type = "SHARDED_STATE_DICT"\n'
+    text = job(table, steps=2).replace("log-every = 2\n", "log-every = 2\nsave-every = 2\n")
+    four = write_config(tmp_path, text, "four.toml")
+    saved = mpirun(hearth_bin, 2, "run", four, "--quiet", "--output-dir", tmp_path / "out", cwd=tmp_path)
+    assert saved.returncode == 0, saved.stderr
+    two = write_config(tmp_path, text.replace("layers = 4", "layers = 2").replace("steps = 2", "steps = 4"), "two.toml")
+    resumed = mpirun(hearth_bin, 2, "run", two, "--quiet", "--resume", "--output-dir", tmp_path / "out", cwd=tmp_path)
+    assert resumed.returncode != 0
+    assert "pytorch_model_fsdp_0" in resumed.stderr and "`blocks.2." in resumed.stderr, resumed.stderr
+    assert "which model 0 does not have" in resumed.stderr, resumed.stderr
