@@ -443,13 +443,7 @@ impl Accelerator {
         let tensors = self
             .ddp
             .whole_copies(&model.named_parameters(), main, false)
-            .map_err(|e| crate::checkpoint::CheckpointError::State {
-                path: dir.into(),
-                message: format!(
-                    "gathering the sharded parameters failed: {}",
-                    crate::error_chain(&e)
-                ),
-            })?;
+            .map_err(|e| super::checkpointing::gather_failed(dir, &e))?;
         if !main {
             return Ok(None);
         }

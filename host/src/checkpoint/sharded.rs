@@ -108,6 +108,8 @@ struct Located {
     file: usize,
     offsets: Vec<i64>,
     shape: Vec<i64>,
+    /// Where its values are in its file.
+    bytes: std::ops::Range<usize>,
 }
 
 /// One tensor of a sharded folder.
@@ -155,8 +157,11 @@ impl ShardedTensors {
         let mut entries: BTreeMap<String, Entry> = BTreeMap::new();
         for (file, path) in paths.into_iter().enumerate() {
             let map = open_mapped(&path)?;
-            let (_, header) = safetensors::SafeTensors::read_metadata(map.bytes())
+            // The header once (it is checked against the file's length);
+            // each piece's bytes are then sliced from the mapping directly.
+            let (header_len, header) = safetensors::SafeTensors::read_metadata(map.bytes())
                 .map_err(|e| format_err(&path, e.to_string()))?;
+            let data_start = 8 + header_len;
             let info: Option<serde_json::Value> = header
                 .metadata()
                 .as_ref()
@@ -164,15 +169,15 @@ impl ShardedTensors {
                 .map(|text| serde_json::from_str(text))
                 .transpose()
                 .map_err(|e| format_err(&path, format!("{SHARDING_INFO} is not JSON: {e}")))?;
-            let st = map.tensors(&path)?;
-            for (name, view) in st.tensors() {
-                let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
-                let kind = kind_of(view.dtype()).ok_or_else(|| {
+            for (name, view) in header.tensors() {
+                let shape: Vec<i64> = view.shape.iter().map(|&d| d as i64).collect();
+                let kind = kind_of(view.dtype).ok_or_else(|| {
                     format_err(
                         &path,
-                        format!("`{name}` has unsupported dtype {:?}", view.dtype()),
+                        format!("`{name}` has unsupported dtype {:?}", view.dtype),
                     )
                 })?;
+                let (begin, end) = view.data_offsets;
                 let offsets: Vec<i64> = match &info {
                     None => vec![0; shape.len()],
                     Some(info) => info
@@ -214,9 +219,9 @@ impl ShardedTensors {
                     file,
                     offsets,
                     shape,
+                    bytes: data_start + begin..data_start + end,
                 });
             }
-            drop(st);
             files.push((path, map));
         }
         Ok(Self {
@@ -252,7 +257,7 @@ impl ShardedTensors {
             Some(&rows) => self.read_rows(name, 0, rows),
             None => {
                 let piece = &entry.pieces[0];
-                self.rows_of_piece(name, piece, 0, 1, &[])
+                Ok(self.rows_of_piece(piece, entry.kind, 0, 1, &[]))
             }
         }
     }
@@ -296,7 +301,7 @@ impl ShardedTensors {
             if lo >= hi {
                 continue;
             }
-            let values = self.rows_of_piece(name, piece, lo - a, hi - lo, &entry.whole[1..])?;
+            let values = self.rows_of_piece(piece, entry.kind, lo - a, hi - lo, &entry.whole[1..]);
             tch::no_grad(|| out.narrow(0, lo - start, hi - lo).copy_(&values));
             covered.push((lo, hi));
         }
@@ -319,30 +324,25 @@ impl ShardedTensors {
         Ok(out)
     }
 
-    /// `count` rows of `piece` from its row `first` (a scalar piece whole).
+    /// `count` rows of `piece` (of kind `kind`) from its row `first` (a
+    /// scalar piece whole).
     fn rows_of_piece(
         &self,
-        name: &str,
         piece: &Located,
+        kind: Kind,
         first: i64,
         count: i64,
         trailing: &[i64],
-    ) -> Result<Tensor, CheckpointError> {
-        let (path, map) = &self.files[piece.file];
-        let st = map.tensors(path)?;
-        let view = st
-            .tensor(name)
-            .map_err(|e| format_err(path, format!("`{name}`: {e}")))?;
-        let kind = kind_of(view.dtype()).expect("checked at open");
-        let data = view.data();
+    ) -> Tensor {
+        let data = &self.files[piece.file].1.bytes()[piece.bytes.clone()];
         if piece.shape.is_empty() {
-            return Ok(Tensor::from_data_size(data, &[], kind));
+            return Tensor::from_data_size(data, &[], kind);
         }
         let row_bytes = trailing.iter().product::<i64>() as usize * kind.elt_size_in_bytes();
         let bytes = &data[first as usize * row_bytes..(first + count) as usize * row_bytes];
         let mut shape = vec![count];
         shape.extend_from_slice(trailing);
-        Ok(Tensor::from_data_size(bytes, &shape, kind))
+        Tensor::from_data_size(bytes, &shape, kind)
     }
 }
 

@@ -4,8 +4,8 @@
 
 use super::super::{lock, Accelerator, RngState};
 use super::{
-    custom_file, hook_failed, keyed, numbered, read_json, state_err, ScalerFile, SchedulerFile,
-    TrainerState,
+    custom_file, gather_failed, hook_failed, keyed, numbered, read_json, state_err, ScalerFile,
+    SchedulerFile, TrainerState,
 };
 use crate::checkpoint::{
     load_checkpoint_in_model, load_safetensors, model_shards_dir, newest_complete,
@@ -22,15 +22,7 @@ impl Accelerator {
     /// FULL_SHARD models' whole parameters, gathered for a save to or a
     /// load from `dir` (a failure names it).
     fn summon_for(&self, dir: &Path) -> Result<super::super::ddp::Summoned, CheckpointError> {
-        self.ddp.summon().map_err(|e| {
-            state_err(
-                dir,
-                format!(
-                    "gathering the sharded parameters failed: {}",
-                    crate::error_chain(&e)
-                ),
-            )
-        })
+        self.ddp.summon().map_err(|e| gather_failed(dir, &e))
     }
 
     /// Restores a checkpoint written by [`save_state`](Self::save_state)

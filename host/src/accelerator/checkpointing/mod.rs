@@ -193,6 +193,17 @@ fn numbered(stem: &str, i: usize, ext: &str) -> String {
     }
 }
 
+/// A save to or load from `path` failed gathering sharded parameters.
+pub(super) fn gather_failed(path: &Path, e: &crate::parallel::UnitwiseError) -> CheckpointError {
+    state_err(
+        path,
+        format!(
+            "gathering the sharded parameters failed: {}",
+            crate::error_chain(e)
+        ),
+    )
+}
+
 pub(super) fn state_err(path: &Path, message: impl Into<String>) -> CheckpointError {
     CheckpointError::State {
         path: path.into(),

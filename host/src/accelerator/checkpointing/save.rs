@@ -5,8 +5,8 @@
 
 use super::super::{lock, Accelerator};
 use super::{
-    custom_file, hook_failed, keyed, node_name, numbered, state_err, ScalerFile, SchedulerFile,
-    TrainerState,
+    custom_file, gather_failed, hook_failed, keyed, node_name, numbered, state_err, ScalerFile,
+    SchedulerFile, TrainerState,
 };
 use crate::checkpoint::{rotate, CheckpointError, StagedCheckpoint, TensorKey};
 use crate::optim::OptimizerState;
@@ -430,15 +430,9 @@ impl Accelerator {
             .models
             .iter()
             .map(|params| {
-                self.ddp.whole_copies(params, keep, copy).map_err(|e| {
-                    state_err(
-                        dest,
-                        format!(
-                            "gathering the sharded parameters failed: {}",
-                            crate::error_chain(&e)
-                        ),
-                    )
-                })
+                self.ddp
+                    .whole_copies(params, keep, copy)
+                    .map_err(|e| gather_failed(dest, &e))
             })
             .collect()
     }
