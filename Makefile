@@ -18,7 +18,7 @@ CARGO_FEATURES := $(if $(CUDA),--features hearth/cuda,)
 # Plugin crates are unit-tested natively (their .wasm is built for wasm32-wasip2).
 HOST_TARGET = $(shell rustc -vV | sed -n 's/host: //p')
 
-.PHONY: run test setup system-packages wasm-target python-env build plugins example-plugins bench bench-plugins bench-checkpoint bench-fsdp lint
+.PHONY: run test setup system-packages wasm-target python-env build plugins example-plugins bench bench-plugins bench-checkpoint bench-fsdp gpu-bundle lint
 
 run: build
 	$(HEARTH) run examples/sort-digits.toml
@@ -107,6 +107,12 @@ $(EXAMPLES)/js-tracker/js-tracker.wasm: $(JS_EXAMPLE)/tracker.js $(JS_EXAMPLE)/w
 bench: build
 	$(PY) examples/bench/gpt_vs_accelerate.py
 	$(PY) examples/bench/gpt_vs_accelerate.py 3 2
+
+# What a GPU machine with torch but no Rust needs, in .gpu/: there run
+# tests/gpu/checklist.sh OUT (shared/GPU-CHECKLIST.md; the GPU benchmark is
+# its `bench` step, examples/bench/gpu_gpt_vs_accelerate.py).
+gpu-bundle: python-env
+	tests/gpu/bundle.sh
 
 # Sharded data parallel: SHARD_GRAD_OP vs NO_SHARD vs PyTorch FSDP (gloo) on
 # 2 processes, and peak RSS of a ~100M-parameter GPT on 4, DDP vs sharded.

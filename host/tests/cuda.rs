@@ -60,14 +60,21 @@ fn fp16_on_cuda_scales_skips_and_backs_off() {
         opt.zero_grad();
         (opt.step_was_skipped(), acc.loss_scale().unwrap(), norm)
     };
-    let (skipped, scale, norm) = step(1.0);
+    // The loss is scaled by 8 below 1 so that its scaled gradients fit in
+    // fp16: at the initial scale 2^16 a gradient of 1 is 65536, past fp16's
+    // largest finite 65504, and PyTorch's GradScaler skips that step too.
+    let (skipped, scale, norm) = step(0.125);
     assert!(!skipped);
     assert_eq!(scale, 65536.0);
-    assert!((norm - 8.0).abs() < 1e-3, "unscaled gradient norm {norm}");
+    assert!((norm - 1.0).abs() < 1e-3, "unscaled gradient norm {norm}");
     let (skipped, scale, _) = step(f64::NAN);
     assert!(skipped && scale == 32768.0);
-    let (skipped, _, _) = step(1.0);
+    let (skipped, _, _) = step(0.125);
     assert!(!skipped);
+    // A gradient of 1 overflows at 2^15 too (×4 through the matmul):
+    // skipped, and the scale halves again.
+    let (skipped, scale, _) = step(1.0);
+    assert!(skipped && scale == 16384.0);
 }
 
 #[test]
@@ -207,4 +214,34 @@ fn nccl_world_of_one_runs_every_collective() {
         .err()
         .unwrap();
     assert!(e.to_string().contains("convert it to float32"), "{e}");
+}
+
+/// `find_executable_batch_size` on a real CUDA out-of-memory error: each
+/// try asks the caching allocator for `batch size × 4 GiB`, so the first
+/// sizes exceed any GPU of today and the search backs off (emptying the
+/// cache between tries) to the first size that fits.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn find_executable_batch_size_backs_off_on_a_real_cuda_out_of_memory() {
+    use hearth::accelerator::find_executable_batch_size;
+    let device = cuda();
+    const GIB4: i64 = 1 << 30; // float32 elements: 4 GiB
+    let mut tried = Vec::new();
+    let fits = find_executable_batch_size(256, |bs| {
+        tried.push(bs);
+        Tensor::f_empty([bs as i64 * GIB4], (Kind::Float, device)).map(|mut t| {
+            let _ = t.f_fill_(1.0).unwrap();
+            bs
+        })
+    })
+    .unwrap();
+    assert!(tried.len() > 1, "256 × 4 GiB fitted: {tried:?}");
+    assert_eq!(tried.last(), Some(&fits));
+    assert!(
+        fits >= 2,
+        "2 × 4 GiB should fit on any GPU this runs on: {tried:?}"
+    );
+    eprintln!("tried {tried:?}: {fits} × 4 GiB fits");
+    // The failed tries left nothing behind: the same size fits again.
+    assert!(Tensor::f_empty([fits as i64 * GIB4], (Kind::Float, device)).is_ok());
 }

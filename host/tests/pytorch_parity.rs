@@ -2,7 +2,9 @@
 //! oracle (`tests/oracles/gpt_train_steps.py`) builds the peer benchmark's
 //! own GPT class, loads hearth's initial weights, and replays the same
 //! training steps with `torch.optim`; logits, losses and final weights must
-//! agree to fp32 tolerance.
+//! agree to fp32 tolerance. The `_on_cuda` tests do the same on a GPU
+//! (both sides in fp32 with TF32 off, libtorch's and PyTorch's default);
+//! they are ignored without one.
 
 use hearth::checkpoint::save_safetensors;
 use hearth::data::{SortDigits, TokenDataset};
@@ -19,9 +21,21 @@ use tch::{Device, Kind, Tensor};
 
 const STEPS: usize = 20;
 
-/// Trains a tiny GPT for a few steps with `make_opt`, writes everything the
-/// oracle needs to `dir`, and runs the oracle with `optimizer_json`.
+/// Trains a tiny GPT on the CPU for a few steps with `make_opt`, writes
+/// everything the oracle needs to `dir`, and runs the oracle with
+/// `optimizer_json`.
 fn check_against_pytorch(
+    name: &str,
+    optimizer_json: &str,
+    max_grad_norm: Option<f64>,
+    make_opt: impl Fn(Vec<(String, Tensor)>) -> Box<dyn Optimizer>,
+) {
+    check_on(Device::Cpu, name, optimizer_json, max_grad_norm, make_opt)
+}
+
+/// [`check_against_pytorch`] with hearth and the oracle both on `device`.
+fn check_on(
+    device: Device,
     name: &str,
     optimizer_json: &str,
     max_grad_norm: Option<f64>,
@@ -36,17 +50,21 @@ fn check_against_pytorch(
         layers: 2,
         heads: 4,
     };
-    let model = Gpt::new(config, Device::Cpu);
+    let model = Gpt::new(config, device);
     save_safetensors(&dir.join("init.safetensors"), &model.named_parameters()).unwrap();
 
     let batch = SortDigits::new(8).sample_batch(6, &mut rand_chacha::ChaCha8Rng::seed_from_u64(3));
-    let logits = tch::no_grad(|| model.forward_t(&batch.inputs, false));
+    let (inputs, targets) = (
+        batch.inputs.to_device(device),
+        batch.targets.to_device(device),
+    );
+    let logits = tch::no_grad(|| model.forward_t(&inputs, false));
 
     let mut opt = make_opt(model.named_parameters());
     let mut losses = Vec::new();
     let mut norms = Vec::new();
     for _ in 0..STEPS {
-        let loss = lm_loss(&model.forward_t(&batch.inputs, true), &batch.targets);
+        let loss = lm_loss(&model.forward_t(&inputs, true), &targets);
         loss.backward();
         if let Some(max) = max_grad_norm {
             norms.push(
@@ -64,8 +82,8 @@ fn check_against_pytorch(
     save_safetensors(
         &dir.join("io.safetensors"),
         &[
-            ("inputs".into(), batch.inputs),
-            ("targets".into(), batch.targets),
+            ("inputs".into(), inputs),
+            ("targets".into(), targets),
             ("logits".into(), logits),
             ("losses".into(), Tensor::from_slice(&losses)),
             (
@@ -76,8 +94,9 @@ fn check_against_pytorch(
     )
     .unwrap();
     let spec = format!(
-        r#"{{"vocab_size": 11, "block_size": 16, "d_model": 32, "layers": 2, "heads": 4, "steps": {STEPS}, "max_grad_norm": {}, "optimizer": {optimizer_json}}}"#,
-        max_grad_norm.map_or("null".to_string(), |m| m.to_string())
+        r#"{{"vocab_size": 11, "block_size": 16, "d_model": 32, "layers": 2, "heads": 4, "steps": {STEPS}, "max_grad_norm": {}, "optimizer": {optimizer_json}, "device": "{}"}}"#,
+        max_grad_norm.map_or("null".to_string(), |m| m.to_string()),
+        if device.is_cuda() { "cuda" } else { "cpu" }
     );
     std::fs::write(dir.join("spec.json"), spec).unwrap();
 
@@ -201,6 +220,49 @@ fn gpt_with_plain_sgd_matches_pytorch() {
         "sgd",
         r#"{"kind": "sgd", "lr": 0.05, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": false}"#,
         Some(1.0),
+        |p| Box::new(Sgd::new(tensors(p), hyper)),
+    );
+}
+
+/// The AdamW case on a GPU: hearth's CUDA kernels (its fused AdamW,
+/// clipping, SDPA) against PyTorch's on the same GPU.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpt_with_adamw_and_clipping_matches_pytorch_on_cuda() {
+    assert!(tch::Cuda::is_available(), "this test needs a CUDA GPU");
+    let hyper = AdamHyper {
+        lr: 1e-2,
+        betas: (0.9, 0.95),
+        weight_decay: 0.1,
+        eps: 1e-8,
+        decoupled: true,
+    };
+    check_on(
+        Device::Cuda(0),
+        "adamw-cuda",
+        r#"{"kind": "adamw", "lr": 0.01, "betas": [0.9, 0.95], "weight_decay": 0.1, "eps": 1e-8}"#,
+        Some(0.5),
+        |p| Box::new(Adam::new(tensors(p), hyper)),
+    );
+}
+
+/// Nesterov SGD on a GPU, against PyTorch's on the same GPU.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpt_with_nesterov_sgd_matches_pytorch_on_cuda() {
+    assert!(tch::Cuda::is_available(), "this test needs a CUDA GPU");
+    let hyper = SgdHyper {
+        lr: 0.1,
+        momentum: 0.9,
+        dampening: 0.0,
+        weight_decay: 1e-3,
+        nesterov: true,
+    };
+    check_on(
+        Device::Cuda(0),
+        "sgd-nesterov-cuda",
+        r#"{"kind": "sgd", "lr": 0.1, "momentum": 0.9, "dampening": 0.0, "weight_decay": 0.001, "nesterov": true}"#,
+        None,
         |p| Box::new(Sgd::new(tensors(p), hyper)),
     );
 }

@@ -20,17 +20,22 @@ def main(folder: pathlib.Path) -> int:
     io = load_file(folder / "io.safetensors")
     model = peer_gpt.build(spec["vocab_size"], spec["block_size"], spec["d_model"], spec["layers"], spec["heads"])
     model.load_state_dict(init, strict=True)  # same names, same shapes, or this raises
+    # Replayed on the device hearth trained on; compared on the CPU.
+    device = torch.device(spec.get("device", "cpu"))
+    torch.set_default_device(device)  # the peer's GPT makes its positions with torch.arange
+    model.to(device)
 
     failures = []
 
     def close(what, ours, theirs, atol=1e-5, rtol=1e-4):
+        ours, theirs = ours.cpu(), theirs.cpu()
         if not torch.allclose(ours, theirs, atol=atol, rtol=rtol):
             err = (ours - theirs).abs().max().item()
             failures.append(f"{what}: max abs difference {err:.3e}")
 
-    x, y = io["inputs"], io["targets"]
+    x, y = io["inputs"].to(device), io["targets"].to(device)
     with torch.no_grad():
-        close("logits", io["logits"], model(x))
+        close("logits", io["logits"], model(x).cpu())
 
     o = spec["optimizer"]
     params = model.parameters()
@@ -62,7 +67,7 @@ def main(folder: pathlib.Path) -> int:
         close("gradient norms", io["norms"], torch.tensor(norms, dtype=torch.float64), atol=1e-5, rtol=1e-5)
     d = spec["d_model"]
     for name, value in model.state_dict().items():
-        ours = after[name]
+        ours, value = after[name], value.cpu()
         if o["kind"] in ("adamw", "adam") and name.endswith("qkv.bias"):
             # The key third of a qkv bias has a gradient that is zero in exact
             # arithmetic (softmax ignores a shift shared by all keys) and pure

@@ -5,6 +5,7 @@
 //! | started by | trains on | backend | rendezvous |
 //! |---|---|---|---|
 //! | nothing (or a world of one) | any | single | — |
+//! | torchrun's variables, a world of one, NCCL asked for by name | GPU | NCCL | the TCP store (as `init_process_group("nccl")` makes a communicator of one) |
 //! | `mpirun`, `srun --mpi=pmix` | CPU | MPI | MPI |
 //! | `mpirun`, `srun --mpi=pmix` | GPU | NCCL | the unique id broadcast over MPI |
 //! | torchrun's variables (`hearth launch` on GPUs) | GPU | NCCL | the TCP store at `MASTER_ADDR:MASTER_PORT` |
@@ -91,7 +92,10 @@ pub fn choose_backend(
     // started several tasks.
     let mpi_world =
         env.launcher == Launcher::Mpirun || (env.launcher == Launcher::Slurm && env.world_size > 1);
-    if !mpi_world && env.world_size == 1 {
+    // A world of one needs no collectives, unless a launcher started it and
+    // NCCL was asked for by name (a one-GPU check of the NCCL path).
+    let nccl_by_name = requested == Some(Backend::Nccl) && env.launcher == Launcher::Torchrun;
+    if !mpi_world && env.world_size == 1 && !nccl_by_name {
         return Ok(Join::Single);
     }
     let backend = requested.unwrap_or(if cuda_device.is_some() {
@@ -274,6 +278,18 @@ mod tests {
             choose_backend(&torchrun, None, Some(0), true),
             Ok(store(29501)),
             "torchrun's agent holds MASTER_PORT"
+        );
+        let one = env(Launcher::Torchrun, 0, 1, Some("10.0.0.1:29500"));
+        assert_eq!(choose_backend(&one, None, Some(0), false), Ok(Join::Single));
+        assert_eq!(
+            choose_backend(&one, Some(Backend::Nccl), Some(0), false),
+            Ok(store(29500)),
+            "NCCL asked for by name in a world of one"
+        );
+        assert_eq!(
+            choose_backend(&alone, Some(Backend::Nccl), Some(0), false),
+            Ok(Join::Single),
+            "no launcher, no rendezvous"
         );
         let slurm = env(Launcher::Slurm, 0, 4, None);
         assert_eq!(choose_backend(&slurm, None, None, false), Ok(Join::Mpi));

@@ -329,11 +329,18 @@ impl Job {
     fn announce(&self, acc: &Accelerator, config: &TrainConfig) {
         let accumulation = acc.gradient_accumulation_steps();
         acc.print(format!(
-            "hearth run {}: {:?} with {} parameters on {:?}, {} steps of {}{} × {} tokens{}{}",
+            "hearth run {}: {:?} with {} parameters on {:?}{}, {} steps of {}{} × {} tokens{}{}",
             config.run.name,
             config.model.kind,
             self.model.num_parameters(),
             acc.device(),
+            match acc.process_group().backend() {
+                "single" => String::new(),
+                backend => match acc.num_processes() {
+                    1 => format!(" (1 process, {backend})"),
+                    n => format!(" ({n} processes, {backend})"),
+                },
+            },
             self.steps,
             if accumulation > 1 {
                 format!("{accumulation} × ")

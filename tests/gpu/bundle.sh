@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds what ../shared/GPU-CHECKLIST.md runs on a GPU machine that has
+# torch but no Rust: stripped release binaries of hearth (cuda feature) and
+# of the GPU test suites, and the Open MPI libraries hearth links, in
+# .gpu/ (git-ignored; carry it to the machine and run
+# tests/gpu/checklist.sh there). Usage: make gpu-bundle
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
+cargo build --release --features hearth/cuda --bin hearth
+cp target/release/hearth .gpu/bin/
+# The test binaries, by the name of their test file (cuda, pytorch_parity).
+cargo test --release --features hearth/cuda --no-run --message-format=json \
+    --test cuda --test pytorch_parity 2>/dev/null |
+    python3 -c '
+import json, shutil, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        shutil.copy(m["executable"], ".gpu/bin/" + m["target"]["name"])
+'
+strip .gpu/bin/*
+# The built-in plugins (wrap policies, trackers, schedules), where hearth
+# looks for them beside its bin/ folder.
+make plugins
+cp -r target/plugins .gpu/plugins
+# Open MPI and what it needs beyond glibc (the GPU image has no MPI).
+ldd target/release/hearth | awk '/=> \// {print $3}' |
+    grep -E 'libmpi|libopen-|libhwloc|libevent|libudev' | xargs -I{} cp -L {} .gpu/lib/
+du -sh .gpu/bin/* .gpu/lib .gpu/plugins

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# ../shared/GPU-CHECKLIST.md, run on a GPU machine with torch but no Rust,
+# from the repository root, with the bundle tests/gpu/bundle.sh made in
+# .gpu/. Each step's output goes to OUT/<step>.log and a PASS/FAIL line to
+# stdout. Usage: tests/gpu/checklist.sh OUT [STEP...]   (steps: env cuda
+# parity run launch fsdp bench; default all)
+set -u
+OUT=${1:?usage: checklist.sh OUT [STEP...]}; shift
+STEPS=${*:-env cuda parity run launch fsdp bench}
+ROOT=$PWD
+mkdir -p "$OUT" /tmp/gpu-lib
+TORCH=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))')
+NCCL=$(ls "$TORCH"/../nvidia/nccl/lib/libnccl.so.2 2>/dev/null | head -1)
+[ -n "$NCCL" ] && ln -sf "$NCCL" /tmp/gpu-lib/libnccl.so
+export LD_LIBRARY_PATH=$TORCH/lib:/tmp/gpu-lib:$ROOT/.gpu/lib:${LD_LIBRARY_PATH:-}
+export HEARTH_PYTHON=python3 HEARTH_BIN=$ROOT/.gpu/bin/hearth PYTHONUNBUFFERED=1
+# The test binaries find the repository where it was built.
+mkdir -p /work && [ -e /work/main ] || ln -s "$ROOT" /work/main
+H=$ROOT/.gpu/bin/hearth
+
+step() {  # step NAME COMMAND...: runs it, logs it, says PASS or FAIL with its time
+    local name=$1; shift
+    local t0=$SECONDS
+    if "$@" >"$OUT/$name.log" 2>&1; then echo "PASS $name ($((SECONDS - t0)) s)"
+    else echo "FAIL $name ($((SECONDS - t0)) s): tail of $name.log"; tail -15 "$OUT/$name.log"; fi
+}
+
+# A copy of CONFIG with KEY = VALUE lines added to its [run] table.
+with_run_keys() {
+    local config=$1 out=$2; shift 2
+    python3 - "$config" "$out" "$@" <<'PY'
+import sys
+src, dst, *keys = sys.argv[1:]
+text = open(src).read().replace("[run]\n", "[run]\n" + "".join(k + "\n" for k in keys), 1)
+open(dst, "w").write(text)
+PY
+}
+
+sort_digits() {  # sort_digits MP: the default job on the GPU, accuracy printed
+    with_run_keys examples/sort-digits.toml /tmp/sd-$1.toml 'device = "cuda"' "mixed-precision = \"$1\"" "output-dir = \"/tmp/sd-$1\""
+    "$H" run /tmp/sd-$1.toml --quiet
+}
+
+for s in $STEPS; do case $s in
+env) step env "$H" env ;;
+cuda) step cuda .gpu/bin/cuda --include-ignored --test-threads=1 --nocapture ;;
+parity) step parity .gpu/bin/pytorch_parity --include-ignored --test-threads=1 ;;
+run) for mp in no bf16 fp16; do step run-$mp sort_digits $mp; grep -iE "accuracy|tokens/s" "$OUT/run-$mp.log" | tail -2; done ;;
+launch)
+    # NCCL by name: a world of one otherwise needs no collectives.
+    with_run_keys examples/sort-digits.toml /tmp/launch.toml 'output-dir = "/tmp/launch"'
+    printf '\n[distributed]\nbackend = "nccl"\n' >> /tmp/launch.toml
+    step launch "$H" launch -n 1 /tmp/launch.toml -- --quiet --steps 300
+    grep -iE "nccl|accuracy" "$OUT/launch.log" | head -5 ;;
+fsdp)
+    with_run_keys examples/sort-digits.toml /tmp/fsdp.toml 'output-dir = "/tmp/fsdp"' 'save-every = 150' 'mixed-precision = "bf16"'
+    printf '\n[distributed]\nbackend = "nccl"\n' >> /tmp/fsdp.toml
+    printf '\n[fsdp]\nsharding-strategy = "FULL_SHARD"\nauto-wrap-policy = "transformer-based"\ntransformer-cls-names-to-wrap = ["Block"]\nactivation-checkpointing = true\nstate-dict-type = "SHARDED_STATE_DICT"\n' >> /tmp/fsdp.toml
+    step fsdp "$H" launch -n 1 /tmp/fsdp.toml -- --quiet --steps 300
+    ls /tmp/fsdp/sort-digits/checkpoints/*/ >> "$OUT/fsdp.log"
+    grep -iE "nccl|accuracy|shard" "$OUT/fsdp.log" | head -5 ;;
+bench) step bench python3 examples/bench/gpu_gpt_vs_accelerate.py 3; grep -E "^[a-z0-9-]+:|hearth |accelerate |ratio" "$OUT/bench.log" ;;
+*) echo "unknown step $s" ;;
+esac; done
