@@ -198,6 +198,16 @@ char *hearth_randperm(int64_t n, uint64_t seed, at::Tensor **out) {
   });
 }
 
+// A copy of `t` (on any device) in page-locked host memory, copied straight
+// into it (tch's pin_memory copies CPU tensors only and passes a deprecated
+// device argument); a GPU copies from and to such memory at full speed.
+char *hearth_to_pinned_host(at::Tensor *t, at::Tensor **out) {
+  return guarded([&] {
+    *out = new at::Tensor(t->to(t->options().device(at::kCPU).pinned_memory(true),
+                                /*non_blocking=*/false, /*copy=*/true));
+  });
+}
+
 // Drops the gradients of `n` tensors (PyTorch's zero_grad(set_to_none=True)).
 char *hearth_clear_grads(at::Tensor **tensors, size_t n) {
   return guarded([&] {

@@ -603,24 +603,6 @@ fn a_custom_var_store_model_is_sharded_by_its_declared_classes() {
 }
 
 #[test]
-fn cpu_offload_is_refused_on_a_gpu_before_the_gpu_is_touched() {
-    let err = Accelerator::builder()
-        .device(Device::Cuda(0))
-        .fsdp(FsdpPlugin {
-            cpu_offload: Some(true),
-            ..Default::default()
-        })
-        .build()
-        .err()
-        .expect("cpu-offload on a GPU is refused");
-    let message = err.to_string();
-    assert!(
-        message.contains("`cpu-offload`") && message.contains("not implemented in hearth yet"),
-        "{message}"
-    );
-}
-
-#[test]
 fn an_optimizer_prepared_before_its_sharded_model_is_refused() {
     let setup = Setup {
         strategy: Some(ShardingStrategy::ShardGradOp),

@@ -3,10 +3,10 @@
 # from the repository root, with the bundle tests/gpu/bundle.sh made in
 # .gpu/. Each step's output goes to OUT/<step>.log and a PASS/FAIL line to
 # stdout. Usage: tests/gpu/checklist.sh OUT [STEP...]   (steps: env cuda
-# parity run launch fsdp bench; default all)
+# parity run launch fsdp bench offload; default all)
 set -u
 OUT=${1:?usage: checklist.sh OUT [STEP...]}; shift
-STEPS=${*:-env cuda parity run launch fsdp bench}
+STEPS=${*:-env cuda parity run launch fsdp bench offload}
 ROOT=$PWD
 mkdir -p "$OUT" /tmp/gpu-lib
 TORCH=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))')
@@ -60,5 +60,6 @@ fsdp)
     ls /tmp/fsdp/sort-digits/checkpoints/*/ >> "$OUT/fsdp.log"
     grep -iE "nccl|accuracy|shard" "$OUT/fsdp.log" | head -5 ;;
 bench) step bench python3 examples/bench/gpu_gpt_vs_accelerate.py 3; grep -E "^[a-z0-9-]+:|hearth |accelerate |ratio" "$OUT/bench.log" ;;
+offload) step offload python3 examples/bench/gpu_offload_memory.py 6; cat "$OUT/offload.log" ;;
 *) echo "unknown step $s" ;;
 esac; done

@@ -292,18 +292,6 @@ impl AcceleratorBuilder {
             }
             None => Device::Cpu,
         };
-        if let (Some(settings), Device::Cuda(_)) = (&fsdp, device) {
-            if settings.cpu_offload {
-                return Err(BuildError::Fsdp(crate::parallel::FsdpError {
-                    source_name: "the FSDP plugin".into(),
-                    key: "cpu-offload".into(),
-                    message: "`true` on a GPU is not implemented in hearth yet (the shards and \
-                              optimizer state would live in host memory and move to the GPU \
-                              unit by unit); leave it false"
-                        .into(),
-                }));
-            }
-        }
         let group = match self.group {
             Some(group) => group,
             None => crate::dist::from_environment(

@@ -144,6 +144,7 @@ impl DataParallel {
         tree: &ModuleTree,
         parameters: Vec<(String, Tensor)>,
         runs_units: bool,
+        device: tch::Device,
     ) -> Result<ModelSharding, ShardingError> {
         let Some(settings) = &self.fsdp else {
             let tensors = parameters.into_iter().map(|(_, p)| p).collect();
@@ -200,7 +201,11 @@ impl DataParallel {
                 .flat_map(|u| u.params.iter().map(|q| q.full.data_ptr()))
                 .any(|q| q == p.data_ptr())
         };
-        if world == 1 || parameters.iter().all(|(_, p)| known(p)) {
+        // cpu-offload on a GPU shards a world of one too: its shards,
+        // gradients and optimizer state then live in host memory (what
+        // ZeRO-Offload does for one GPU); on the CPU they are there anyway.
+        let offload = settings.cpu_offload && device.is_cuda();
+        if (world == 1 && !offload) || parameters.iter().all(|(_, p)| known(p)) {
             return Ok(checkpointing(Vec::new()));
         }
         // The processes the shards are spread over: all, or (HYBRID) this
@@ -229,6 +234,8 @@ impl DataParallel {
                 units,
                 settings.reshard_after_forward,
                 settings.sync_module_states,
+                device,
+                offload,
             )?;
             let units = full.units();
             let unitwise = Rc::new(Unitwise::new(Some(full)));
@@ -237,6 +244,10 @@ impl DataParallel {
                 unitwise: Some(unitwise),
                 units,
             });
+        }
+        let mut units = units;
+        if offload {
+            units.iter_mut().for_each(|u| u.own_shards(device, true));
         }
         let handles: Vec<UnitShard> = units.iter().map(UnitShard::shallow_clone).collect();
         self.units
@@ -532,8 +543,13 @@ impl Accelerator {
             .flat_map(|o| super::lock(o).inner.parameters())
             .collect();
         let result = self.ddp.check_not_held(&held, &parameters).and_then(|()| {
-            self.ddp
-                .register_model(self.process_group(), tree, parameters, runs_units)
+            self.ddp.register_model(
+                self.process_group(),
+                tree,
+                parameters,
+                runs_units,
+                self.device(),
+            )
         });
         result.map_err(|e| match e {
             ShardingError::Dist(e) => super::PrepareError::Dist(e),

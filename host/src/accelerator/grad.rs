@@ -65,7 +65,16 @@ pub(super) fn clip_grad_norm_across(
     }
     let total = total.to_device(grads[0].device());
     let coef = (max_norm / (&total + 1e-6)).f_clamp_max(1.0)?;
-    ops::foreach_mul_(&grads, &coef.to_kind(grads[0].kind()))?;
+    // Offloaded shards' gradients are in host memory, the others on the
+    // GPU: one multiply per device.
+    let mut rest = grads;
+    while !rest.is_empty() {
+        let device = rest[0].device();
+        let (here, there): (Vec<Tensor>, Vec<Tensor>) =
+            rest.into_iter().partition(|g| g.device() == device);
+        ops::foreach_mul_(&here, &coef.to_device(device).to_kind(here[0].kind()))?;
+        rest = there;
+    }
     Ok(total.to_kind(Kind::Float))
 }
 

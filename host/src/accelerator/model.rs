@@ -26,9 +26,16 @@ pub struct PreparedModel<M> {
 }
 
 impl<M: Model> PreparedModel<M> {
-    pub(super) fn new(inner: M, device: Device, precision: MixedPrecision) -> Self {
+    /// `inner`, of `num_parameters` parameters, on `device`.
+    pub(super) fn new(
+        inner: M,
+        num_parameters: i64,
+        device: Device,
+        precision: MixedPrecision,
+    ) -> Self {
         // Parameters not yet on the device move there (in place, so every
-        // handle to them, the optimizer's included, sees the move).
+        // handle to them, the optimizer's included, sees the move; those
+        // FULL_SHARD released on the device already are empty there).
         tch::no_grad(|| {
             for (_, mut p) in inner.named_parameters() {
                 if p.device() != device {
@@ -38,7 +45,7 @@ impl<M: Model> PreparedModel<M> {
             }
         });
         Self {
-            num_parameters: inner.num_parameters(),
+            num_parameters,
             inner: Rc::new(inner),
             device,
             precision,

@@ -80,19 +80,50 @@ macro_rules! model {
         impl Prepare for $t {
             type Prepared = PreparedModel<$t>;
             fn prepare_with(self, acc: &mut Accelerator) -> Result<PreparedModel<$t>, PrepareError> {
-                let mut model = PreparedModel::new(self, acc.device(), acc.mixed_precision());
-                let parameters = model.named_parameters();
-                let handles = parameters.iter().map(|(n, p)| (n.clone(), p.shallow_clone())).collect();
-                let sharding = acc.register_for_sync(model.module_tree(), handles, true)?;
-                if let Some(unitwise) = sharding.unitwise {
-                    model.set_unitwise(unitwise);
-                }
-                acc.remember_model(parameters, sharding.units);
-                Ok(model)
+                prepare_model(self, acc)
             }
         }
     )*};
 }
+
+/// Places `model` on the accelerator's device and registers it for
+/// gradient averaging or sharding. A model that FULL_SHARD shards, or whose
+/// shards cpu-offload keeps in host memory, is sharded where it is first
+/// (unit by unit, each unit's shard then moved), so that the device never
+/// holds the whole model; any other is moved first, then registered.
+fn prepare_model<M: Model + 'static>(
+    model: M,
+    acc: &mut Accelerator,
+) -> Result<PreparedModel<M>, PrepareError> {
+    let shard_first = acc.shards_before_placing();
+    let count = model.num_parameters();
+    let register = |acc: &mut Accelerator, model: &M| {
+        let parameters = model.named_parameters();
+        let handles = parameters
+            .iter()
+            .map(|(n, p)| (n.clone(), p.shallow_clone()))
+            .collect();
+        acc.register_for_sync(model.module_tree(), handles, true)
+            .map(|sharding| (parameters, sharding))
+    };
+    let (mut prepared, (parameters, sharding)) = if shard_first {
+        let registered = register(acc, &model)?;
+        (
+            PreparedModel::new(model, count, acc.device(), acc.mixed_precision()),
+            registered,
+        )
+    } else {
+        let prepared = PreparedModel::new(model, count, acc.device(), acc.mixed_precision());
+        let registered = register(acc, prepared.inner())?;
+        (prepared, registered)
+    };
+    if let Some(unitwise) = sharding.unitwise {
+        prepared.set_unitwise(unitwise);
+    }
+    acc.remember_model(parameters, sharding.units);
+    Ok(prepared)
+}
+
 model!(Gpt, Mlp, TorchScriptModel, Box<dyn Model>);
 
 /// A custom model's variables: moved to the accelerator's device. Run its

@@ -110,4 +110,23 @@ impl super::Accelerator {
     pub fn fsdp_settings(&self) -> Option<&FsdpSettings> {
         self.ddp.fsdp.as_ref()
     }
+
+    /// True when `prepare` shards a model where it is before placing it on
+    /// the device (FULL_SHARD, or cpu-offload on a GPU): each unit's shard
+    /// is moved on its own, so the device never holds the whole model.
+    pub(super) fn shards_before_placing(&self) -> bool {
+        self.fsdp_settings().is_some_and(|f| {
+            f.sharding_strategy.shards_parameters() || (f.cpu_offload && self.device().is_cuda())
+        })
+    }
+
+    /// Where to build a model before `prepare`: the CPU when `prepare`
+    /// shards it onto the GPU unit by unit (FULL_SHARD, cpu-offload; as
+    /// Accelerate's FSDP models are built on the CPU), else the device.
+    pub fn model_init_device(&self) -> tch::Device {
+        match self.shards_before_placing() {
+            true => tch::Device::Cpu,
+            false => self.device(),
+        }
+    }
 }

@@ -14,7 +14,7 @@ pub use foreach::{
     AdamHyper, SgdHyper,
 };
 pub use jit::{jit_structure, JitStructure};
-pub use rng::{empty_device_cache, randperm, rng_state, set_rng_state};
+pub use rng::{empty_device_cache, randperm, rng_state, set_rng_state, to_pinned_host};
 
 /// Makes glibc hand blocks of at least `bytes` back to the system as soon
 /// as they are freed (`mallopt(M_MMAP_THRESHOLD)`, which also stops glibc

@@ -40,6 +40,16 @@ pub fn randperm(n: i64, seed: u64) -> Result<Tensor, TchError> {
     Ok(unsafe { Tensor::from_ptr(out) })
 }
 
+/// A copy of `t` (on any device) in page-locked (pinned) host memory,
+/// which a GPU copies from and to at full speed; needs a GPU.
+pub fn to_pinned_host(t: &Tensor) -> Result<Tensor, TchError> {
+    let mut out: *mut C_tensor = std::ptr::null_mut();
+    // SAFETY: `t` is a live handle borrowed for the call; on success `out`
+    // is a new at::Tensor owned by us from here on.
+    check(unsafe { ffi::hearth_to_pinned_host(t.as_ptr() as *mut C_tensor, &mut out) })?;
+    Ok(unsafe { Tensor::from_ptr(out) })
+}
+
 /// Releases the GPU's cached, unused memory (`torch.cuda.empty_cache`);
 /// nothing without a GPU.
 pub fn empty_device_cache() -> Result<(), TchError> {

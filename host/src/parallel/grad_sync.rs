@@ -141,6 +141,10 @@ impl GradientSync {
         sync.index_buckets();
         if sync_module_states {
             sync.start_from_rank_0(group)?;
+            // Offloaded shards are copies: they take rank 0's values too.
+            for unit in sync.units().iter().filter(|u| u.offloaded()) {
+                unit.write_back(group.process_index());
+            }
         }
         sync.hook(id);
         Ok(sync)

@@ -40,12 +40,17 @@ pub struct FullShard {
 impl FullShard {
     /// Takes `units` (laid out for this process, parameters whole) and
     /// releases their whole parameters; with `sync_module_states` every
-    /// process first takes rank 0's values.
+    /// process first takes rank 0's values. The shards go to `device`
+    /// (the whole parameters may still be elsewhere: they are released onto
+    /// `device`), or with `offload` to host memory (see
+    /// [`UnitShard::own_shards`]).
     pub fn new(
         group: Box<dyn ProcessGroup>,
         mut units: Vec<UnitShard>,
         reshard_after_forward: bool,
         sync_module_states: bool,
+        device: Device,
+        offload: bool,
     ) -> Result<Self, DistError> {
         if sync_module_states {
             for unit in &units {
@@ -56,8 +61,8 @@ impl FullShard {
             }
         }
         for unit in &mut units {
-            unit.own_shards();
-            unit.release();
+            unit.own_shards(device, offload);
+            unit.release_on(Some(device));
         }
         crate::ops::free_large_blocks_at_once(4 << 20);
         crate::ops::return_freed_host_memory();

@@ -130,12 +130,14 @@ impl GradScaler {
             .filter(|g| g.defined())
             .map(Tensor::shallow_clone)
             .collect();
+        // Where the gradients are: on the GPU, or in host memory under
+        // cpu-offload while the scale stays on the GPU with the loss.
         let device = match (&self.scale, grads.first()) {
-            (Some(scale), _) => scale.device(),
-            (None, Some(g)) => g.device(),
+            (_, Some(g)) => g.device(),
+            (Some(scale), None) => scale.device(),
             (None, None) => Device::Cpu,
         };
-        let scale = self.scale_on(device);
+        let scale = self.scale_on(device).to_device(device);
         let inv = scale
             .to_kind(Kind::Double)
             .reciprocal()
@@ -147,7 +149,11 @@ impl GradScaler {
 
     /// Updates the scale after a step given what `unscale_` found.
     pub fn update(&mut self, found_inf: &Tensor) -> Result<(), TchError> {
-        let device = found_inf.device();
+        let device = self
+            .scale
+            .as_ref()
+            .map_or(found_inf.device(), Tensor::device);
+        let found_inf = found_inf.to_device(device);
         self.scale_on(device);
         let (Some(scale), Some(tracker)) = (&self.scale, &self.growth_tracker) else {
             unreachable!("scale_on made both");
@@ -156,7 +162,7 @@ impl GradScaler {
         amp_update_scale_(
             scale,
             tracker,
-            found_inf,
+            &found_inf,
             c.growth_factor,
             c.backoff_factor,
             c.growth_interval,

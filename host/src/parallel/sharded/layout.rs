@@ -5,7 +5,7 @@
 //! size, so every process's flat shard has the same length and one
 //! reduce-scatter or all-gather moves a whole unit.
 
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 /// One parameter's place in the layout, on this process.
 pub struct ParamShard {
@@ -234,8 +234,19 @@ impl UnitShard {
     }
 
     /// This process's padded shards of the whole parameters, as one flat
-    /// tensor (the input of the all-gather after a step).
+    /// tensor on the whole parameters' device (the input of an all-gather;
+    /// offloaded shards are copied over).
     pub fn pack_shards(&self) -> Tensor {
+        if self.offloaded() {
+            // Each pinned shard copied straight to its place on the GPU.
+            let full = &self.params[0].full;
+            let flat = Tensor::zeros([self.shard_numel], (full.kind(), full.device()));
+            for p in &self.params {
+                let n = p.shard.numel() as i64;
+                flat.narrow(0, p.offset, n).copy_(&p.shard.reshape([-1]));
+            }
+            return flat;
+        }
         let parts: Vec<Tensor> = self
             .params
             .iter()
@@ -255,12 +266,29 @@ impl UnitShard {
         })
     }
 
-    /// Gives every shard storage of its own, so that the whole parameters
-    /// can be released (FULL_SHARD).
-    pub fn own_shards(&mut self) {
+    /// Gives every shard storage of its own on `device` (where the model
+    /// trains), so that the whole parameters can be released (FULL_SHARD).
+    /// With `offload` the shards stay in host memory instead (FSDP's
+    /// `cpu_offload`), pinned when `device` is a GPU so that gathers copy
+    /// them over asynchronously at full speed.
+    pub fn own_shards(&mut self, device: Device, offload: bool) {
         for p in &mut self.params {
-            p.shard = tch::no_grad(|| p.shard.detach().copy());
+            let shard = p.shard.detach();
+            p.shard = tch::no_grad(|| match device {
+                Device::Cuda(_) if offload => crate::ops::to_pinned_host(&shard)
+                    .expect("pinned host memory with a GPU present"),
+                _ if shard.device() == device => shard.copy(),
+                _ => shard.to_device(device),
+            });
         }
+    }
+
+    /// True when the shards live in host memory while the whole
+    /// parameters are on a GPU (cpu-offload).
+    pub fn offloaded(&self) -> bool {
+        self.params
+            .first()
+            .is_some_and(|p| p.shard.device() != p.full.device())
     }
 
     /// True while the whole parameters hold their values.
@@ -274,11 +302,17 @@ impl UnitShard {
     /// empty tensor of its kind on its device (the model's handles stay
     /// valid and see the values again after [`gather`](Self::gather)).
     pub fn release(&self) {
+        self.release_on(None)
+    }
+
+    /// [`release`](Self::release), the empty tensors put on `device` when
+    /// given (a model sharded before it was placed on its device).
+    pub fn release_on(&self, device: Option<Device>) {
         let mut full: Vec<Tensor> = self.params.iter().map(|p| p.full.shallow_clone()).collect();
         crate::ops::clear_grads(&full).expect("dropping gradients cannot fail");
         tch::no_grad(|| {
             for f in &mut full {
-                let empty = Tensor::empty([0], (f.kind(), f.device()));
+                let empty = Tensor::empty([0], (f.kind(), device.unwrap_or(f.device())));
                 f.set_data(&empty);
             }
         });
@@ -330,7 +364,6 @@ impl UnitShard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tch::Device;
 
     fn param(shape: &[i64]) -> Tensor {
         let n: i64 = shape.iter().product::<i64>().max(1);

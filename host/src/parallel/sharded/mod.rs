@@ -55,6 +55,15 @@ pub(super) fn write_gradient_shard(
         message: e.to_string(),
     };
     let had = unit.had_gradients(reduced);
+    // Offloaded shards take their gradients in (pinned) host memory.
+    let host;
+    let reduced = match unit.offloaded() {
+        true => {
+            host = crate::ops::to_pinned_host(reduced).map_err(fail)?;
+            &host
+        }
+        false => reduced,
+    };
     for ((p, g), had) in unit.gradient_shards(reduced).zip(had) {
         if !had {
             continue;
