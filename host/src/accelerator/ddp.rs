@@ -205,7 +205,10 @@ impl DataParallel {
         // gradients and optimizer state then live in host memory (what
         // ZeRO-Offload does for one GPU); on the CPU they are there anyway.
         let offload = settings.cpu_offload && device.is_cuda();
-        if (world == 1 && !offload) || parameters.iter().all(|(_, p)| known(p)) {
+        // So does a mixed-precision policy (FSDP casts in a world of one).
+        let policy = settings.mixed_precision_policy;
+        if (world == 1 && !offload && policy.is_none()) || parameters.iter().all(|(_, p)| known(p))
+        {
             return Ok(checkpointing(Vec::new()));
         }
         // The processes the shards are spread over: all, or (HYBRID) this
@@ -236,6 +239,7 @@ impl DataParallel {
                 settings.sync_module_states,
                 device,
                 offload,
+                policy,
             )?;
             let units = full.units();
             let unitwise = Rc::new(Unitwise::new(Some(full)));
@@ -523,6 +527,7 @@ impl Accelerator {
                 overlapped: a.overlapped + s.overlapped,
                 bytes: a.bytes + s.bytes,
                 gathers: a.gathers + s.gathers,
+                gather_bytes: a.gather_bytes + s.gather_bytes,
                 recomputed: a.recomputed + s.recomputed,
                 most_gathered: a.most_gathered.max(s.most_gathered),
             })

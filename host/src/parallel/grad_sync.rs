@@ -40,6 +40,8 @@ pub struct SyncStats {
     pub bytes: u64,
     /// Units all-gathered whole before a use (FULL_SHARD).
     pub gathers: u64,
+    /// Bytes this process sent into those all-gathers.
+    pub gather_bytes: u64,
     /// Units recomputed in backward (activation checkpointing, FULL_SHARD).
     pub recomputed: u64,
     /// The most units of one model held whole at once since the optimizer
@@ -448,7 +450,7 @@ impl<'s, 'g> Round<'s, 'g> {
                 (pending, kind)
             }
             Reduction::ReduceScatter(units) => {
-                let (pending, kind, bytes) = super::sharded::start(self.group, &units[b])?;
+                let (pending, kind, bytes) = super::sharded::start(self.group, &units[b], None)?;
                 model.stats.reduce_scatters += 1;
                 model.stats.bytes += bytes;
                 (pending, kind)

@@ -16,8 +16,8 @@ mod unitwise;
 
 pub use ddp::{CommHook, DdpOptions, FIRST_BUCKET_MB};
 pub use fsdp::{
-    policy_name, BackwardPrefetch, FsdpError, FsdpPlugin, FsdpSettings, ShardingStrategy,
-    StateDictType, FIELDS as FSDP_FIELDS, USE_FSDP_ENV,
+    policy_name, BackwardPrefetch, FsdpError, FsdpPlugin, FsdpSettings, MixedPrecisionPolicy,
+    PolicyDtype, ShardingStrategy, StateDictType, FIELDS as FSDP_FIELDS, USE_FSDP_ENV,
 };
 pub(crate) use grad_sync::Round;
 pub use grad_sync::{GradientSync, SyncStats};

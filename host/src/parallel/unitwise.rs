@@ -16,6 +16,7 @@
 //! Randomness replays: the generator's state before each unit is kept and
 //! restored for its recomputation, so dropout masks are the same twice.
 
+use super::fsdp::MixedPrecisionPolicy;
 use super::sharded::{self, UnitShard};
 use super::SyncStats;
 use crate::dist::{DistError, ProcessGroup};
@@ -35,6 +36,9 @@ pub struct FullShard {
     /// False keeps gathered units whole from forward until backward
     /// released them (FSDP2's `reshard_after_forward=False`).
     reshard_after_forward: bool,
+    /// FSDP's mixed precision: what units are gathered in for use and
+    /// what their gradients are reduced in.
+    policy: Option<MixedPrecisionPolicy>,
 }
 
 impl FullShard {
@@ -51,6 +55,7 @@ impl FullShard {
         sync_module_states: bool,
         device: Device,
         offload: bool,
+        policy: Option<MixedPrecisionPolicy>,
     ) -> Result<Self, DistError> {
         if sync_module_states {
             for unit in &units {
@@ -70,6 +75,7 @@ impl FullShard {
             group,
             units,
             reshard_after_forward,
+            policy,
         })
     }
 
@@ -226,22 +232,35 @@ impl Unitwise {
         });
     }
 
+    /// Gathers the units `which` for use: in the policy's param dtype.
     fn gather(&self, which: &[usize]) -> Result<(), UnitwiseError> {
+        self.gather_as(which, false)
+    }
+
+    /// Gathers the units `which`: `exact`ly (in the shards' own kind, for
+    /// saving and loading), else for use.
+    fn gather_as(&self, which: &[usize], exact: bool) -> Result<(), UnitwiseError> {
         let Some(fs) = &self.full_shard else {
             return Ok(());
         };
         for &i in which {
             let unit = &fs.units[i];
-            if !unit.is_gathered() {
-                unit.gather(fs.group.as_ref())
-                    .map_err(|source| UnitwiseError::Dist {
-                        op: "all-gather",
-                        unit: unit.path.clone(),
-                        source,
-                    })?;
+            let kind = match fs.policy {
+                Some(policy) if !exact => policy.param_dtype.kind(),
+                _ => unit.shard_kind(),
+            };
+            if !unit.is_gathered_in(kind) {
+                let bytes =
+                    unit.gather(fs.group.as_ref(), kind)
+                        .map_err(|source| UnitwiseError::Dist {
+                            op: "all-gather",
+                            unit: unit.path.clone(),
+                            source,
+                        })?;
                 let held = fs.units.iter().filter(|u| u.is_gathered()).count() as u64;
                 self.count(|s| {
                     s.gathers += 1;
+                    s.gather_bytes += bytes;
                     s.most_gathered = s.most_gathered.max(held);
                 });
             }
@@ -253,7 +272,7 @@ impl Unitwise {
     /// saving, loading and unwrapping. Nothing without FULL_SHARD.
     pub fn gather_all(&self) -> Result<(), UnitwiseError> {
         let n = self.full_shard.as_ref().map_or(0, |f| f.units.len());
-        self.gather(&(0..n).collect::<Vec<_>>())
+        self.gather_as(&(0..n).collect::<Vec<_>>(), true)
     }
 
     /// Runs `f` on each shard unit in turn, its whole parameters gathered
@@ -265,8 +284,8 @@ impl Unitwise {
             return Ok(());
         };
         for (i, unit) in fs.units.iter().enumerate() {
-            let held = unit.is_gathered();
-            self.gather(&[i])?;
+            let held = unit.is_gathered_in(unit.shard_kind());
+            self.gather_as(&[i], true)?;
             f(unit);
             if !held {
                 unit.release();
@@ -467,7 +486,8 @@ impl Unitwise {
                 unit: unit.path.clone(),
                 source,
             };
-            let (pending, _, bytes) = sharded::start(group, unit).map_err(dist)?;
+            let reduce = fs.policy.map(|p| p.reduce_dtype.kind());
+            let (pending, _, bytes) = sharded::start(group, unit, reduce).map_err(dist)?;
             let reduced = pending.wait().map_err(dist)?;
             sharded::write_gradient_shard(group, unit, &reduced).map_err(dist)?;
             unit.release();

@@ -355,9 +355,17 @@ impl Job {
             },
             match acc.fsdp_settings() {
                 Some(f) => format!(
-                    ", FSDP {} ({})",
+                    ", FSDP {} ({}{})",
                     f.sharding_strategy.name(),
-                    f.auto_wrap_policy
+                    f.auto_wrap_policy,
+                    match f.mixed_precision_policy {
+                        Some(p) => format!(
+                            "; parameters in {}, gradients reduced in {}",
+                            p.param_dtype.name(),
+                            p.reduce_dtype.name()
+                        ),
+                        None => String::new(),
+                    }
                 ),
                 None => String::new(),
             }

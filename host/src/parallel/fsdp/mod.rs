@@ -5,5 +5,7 @@
 mod kinds;
 mod plugin;
 
-pub use kinds::{BackwardPrefetch, ShardingStrategy, StateDictType};
+pub use kinds::{
+    BackwardPrefetch, MixedPrecisionPolicy, PolicyDtype, ShardingStrategy, StateDictType,
+};
 pub use plugin::{policy_name, FsdpError, FsdpPlugin, FsdpSettings, FIELDS, USE_FSDP_ENV};

@@ -9,7 +9,7 @@
 //! dicts, RAM-efficient loading) is refused by [`FsdpPlugin::resolve`]
 //! with a message that says so, never ignored.
 
-use super::kinds::{BackwardPrefetch, ShardingStrategy, StateDictType};
+use super::kinds::{BackwardPrefetch, MixedPrecisionPolicy, ShardingStrategy, StateDictType};
 
 /// Accelerate's `FullyShardedDataParallelPlugin`: `None` is "not set"
 /// (the environment, then the default, decides).
@@ -42,7 +42,8 @@ pub struct FsdpPlugin {
     pub forward_prefetch: Option<bool>,
     /// `limit-all-gathers` (default true); as `backward-prefetch`.
     pub limit_all_gathers: Option<bool>,
-    /// `mixed-precision-policy`: param, reduce and buffer dtypes (part 2).
+    /// `mixed-precision-policy`: `"bf16"` (param and reduce dtypes), or
+    /// `"param_dtype=bf16,reduce_dtype=fp32"`.
     pub mixed_precision_policy: Option<String>,
     /// `cpu-offload` (default false; part 2).
     pub cpu_offload: Option<bool>,
@@ -138,9 +139,13 @@ pub struct FsdpSettings {
     /// The model runs unit by unit, keeping only each unit's input in
     /// forward and recomputing the unit in backward (FULL_SHARD always does).
     pub activation_checkpointing: bool,
-    /// Shards and optimizer state in host memory (`cpu-offload`): what a
-    /// CPU run does anyway; refused on a GPU, where it is not built yet.
+    /// Shards, their gradients and the optimizer state in host memory
+    /// (`cpu-offload`), copied to the GPU unit by unit; a CPU run has them
+    /// there anyway.
     pub cpu_offload: bool,
+    /// FSDP's mixed precision (float32 throughout casts nothing, but like
+    /// any policy it shards a world of one, as FSDP does).
+    pub mixed_precision_policy: Option<MixedPrecisionPolicy>,
 }
 
 fn parse_bool(value: &str) -> Result<bool, String> {
@@ -345,11 +350,21 @@ impl FsdpPlugin {
             Ok(())
         };
         on("cpu-ram-efficient-loading", self.cpu_ram_efficient_loading)?;
-        if let Some(policy) = &self.mixed_precision_policy {
+        let mixed_precision_policy = match &self.mixed_precision_policy {
+            None => None,
+            Some(value) => Some(
+                MixedPrecisionPolicy::parse(value)
+                    .map_err(|m| refuse("mixed-precision-policy", m))?,
+            ),
+        };
+        if mixed_precision_policy.is_some_and(|p| p.casts()) && !strategy.shards_parameters() {
             return Err(refuse(
                 "mixed-precision-policy",
                 format!(
-                    "`{policy}` {LATER}; leave it unset and use `[run] mixed-precision` (autocast)"
+                    "with {} the whole parameters stay float32 in hearth, so the policy would not \
+                     apply; use FULL_SHARD or HYBRID_SHARD, or leave it unset and use `[run] \
+                     mixed-precision` (autocast)",
+                    strategy.name()
                 ),
             ));
         }
@@ -384,6 +399,7 @@ impl FsdpPlugin {
             reshard_after_forward: self.reshard_after_forward.unwrap_or(true),
             activation_checkpointing: self.activation_checkpointing.unwrap_or(false),
             cpu_offload: self.cpu_offload.unwrap_or(false),
+            mixed_precision_policy,
         })
     }
 }
@@ -474,9 +490,6 @@ mod tests {
                 (|p: &mut FsdpPlugin| p.cpu_ram_efficient_loading = Some(true))
                     as fn(&mut FsdpPlugin),
             ),
-            ("mixed-precision-policy", |p| {
-                p.mixed_precision_policy = Some("bf16".into())
-            }),
             ("state-dict-type", |p| {
                 p.state_dict_type = Some(StateDictType::LocalStateDict)
             }),
@@ -488,6 +501,10 @@ mod tests {
                 "{err}"
             );
         }
+        // A policy needs the whole parameters gathered per use.
+        let err = zero2(|p| p.mixed_precision_policy = Some("bf16".into())).unwrap_err();
+        assert_eq!(err.key, "mixed-precision-policy");
+        assert!(err.message.contains("use FULL_SHARD"), "{err}");
         let v2_zero2 = FsdpPlugin {
             fsdp_version: Some(2),
             reshard_after_forward: Some(false),
@@ -497,5 +514,39 @@ mod tests {
             v2_zero2.resolve("[fsdp]").unwrap().sharding_strategy,
             ShardingStrategy::ShardGradOp
         );
+    }
+
+    #[test]
+    fn mixed_precision_policies_parse_accelerates_forms() {
+        use super::super::kinds::PolicyDtype::{BFloat16, Float16, Float32};
+        let policy = |value: &str| {
+            FsdpPlugin {
+                mixed_precision_policy: Some(value.into()),
+                ..Default::default()
+            }
+            .resolve("[fsdp]")
+            .map(|s| {
+                s.mixed_precision_policy
+                    .map(|p| (p.param_dtype, p.reduce_dtype))
+            })
+        };
+        assert_eq!(policy("bf16"), Ok(Some((BFloat16, BFloat16))));
+        assert_eq!(policy("torch.float16"), Ok(Some((Float16, Float16))));
+        assert_eq!(
+            policy("param_dtype=bf16, reduce_dtype=fp32"),
+            Ok(Some((BFloat16, Float32)))
+        );
+        assert_eq!(policy("param=fp16"), Ok(Some((Float16, Float16))));
+        assert_eq!(policy("fp32"), Ok(Some((Float32, Float32))));
+        for (bad, says) in [
+            ("bf17", "not a dtype"),
+            ("fp8", "FP8"),
+            ("reduce_dtype=fp32", "param_dtype is missing"),
+            ("param_dtype=bf16,buffer_dtype=bf16", "buffers"),
+        ] {
+            let err = policy(bad).unwrap_err();
+            assert_eq!(err.key, "mixed-precision-policy");
+            assert!(err.message.contains(says), "{bad}: {err}");
+        }
     }
 }

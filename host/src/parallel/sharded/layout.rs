@@ -239,8 +239,8 @@ impl UnitShard {
     pub fn pack_shards(&self) -> Tensor {
         if self.offloaded() {
             // Each pinned shard copied straight to its place on the GPU.
-            let full = &self.params[0].full;
-            let flat = Tensor::zeros([self.shard_numel], (full.kind(), full.device()));
+            let (kind, device) = (self.params[0].shard.kind(), self.params[0].full.device());
+            let flat = Tensor::zeros([self.shard_numel], (kind, device));
             for p in &self.params {
                 let n = p.shard.numel() as i64;
                 flat.narrow(0, p.offset, n).copy_(&p.shard.reshape([-1]));
@@ -318,14 +318,26 @@ impl UnitShard {
         });
     }
 
-    /// Rebuilds the whole parameters from every process's shards: one
-    /// all-gather of the unit, then a copy out per parameter. Returns the
-    /// bytes this process sent.
+    /// True while the whole parameters hold their values in `kind`.
+    pub fn is_gathered_in(&self, kind: Kind) -> bool {
+        self.is_gathered() && self.params[0].full.kind() == kind
+    }
+
+    /// The kind of the shards (float32 under a mixed-precision policy).
+    pub fn shard_kind(&self) -> Kind {
+        self.params[0].shard.kind()
+    }
+
+    /// Rebuilds the whole parameters from every process's shards, in
+    /// `kind` (the shards are cast before the all-gather, as FSDP2 does):
+    /// one all-gather of the unit, then a copy out per parameter. Returns
+    /// the bytes this process sent.
     pub fn gather(
         &self,
         group: &dyn crate::dist::ProcessGroup,
+        kind: Kind,
     ) -> Result<u64, crate::dist::DistError> {
-        let flat = tch::no_grad(|| self.pack_shards());
+        let flat = tch::no_grad(|| self.pack_shards().to_kind(kind));
         let gathered = group.all_gather_into(&flat)?;
         tch::no_grad(|| {
             for p in &self.params {

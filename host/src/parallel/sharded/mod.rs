@@ -16,13 +16,15 @@ pub use units::{assign, assign_except, UnitError};
 use crate::dist::{DistError, Pending, ProcessGroup, ReduceOp};
 use tch::{Kind, Tensor};
 
-/// Starts the reduce-scatter of `unit`'s gradients; returns it, the
-/// gradients' kind and the bytes this process sends.
+/// Starts the reduce-scatter of `unit`'s gradients, in `reduce` when given
+/// (a mixed-precision policy's reduce dtype), else in the parameters'
+/// kind; returns it, the kind and the bytes this process sends.
 pub(super) fn start<'g>(
     group: &'g dyn ProcessGroup,
     unit: &UnitShard,
+    reduce: Option<Kind>,
 ) -> Result<(Pending<'g>, Kind, u64), DistError> {
-    let kind = unit.params[0].full.kind();
+    let kind = reduce.unwrap_or(unit.params[0].full.kind());
     let world = group.num_processes();
     let flat = tch::no_grad(|| unit.pack_gradients(world, kind));
     // The whole gradients are in the packed copy: drop them now, so that
@@ -68,6 +70,8 @@ pub(super) fn write_gradient_shard(
         if !had {
             continue;
         }
+        // Reduced in a policy's reduce dtype, stepped in the shards' own.
+        let g = g.to_kind(p.shard.kind());
         let mut existing = p.shard.grad();
         if existing.defined() {
             // A second synced backward before zero_grad adds up, as DDP's.
