@@ -482,3 +482,26 @@ def test_a_sharded_checkpoint_of_another_model_is_refused_naming_the_tensor(hear
     assert resumed.returncode != 0
     assert "pytorch_model_fsdp_0" in resumed.stderr and "`blocks.2." in resumed.stderr, resumed.stderr
     assert "which model 0 does not have" in resumed.stderr, resumed.stderr
+
+
+@pytest.mark.parametrize("prefetch", ['forward-prefetch = true\nbackward-prefetch = "BACKWARD_PRE"', 'backward-prefetch = "BACKWARD_POST"'])
+def test_prefetching_gathers_ahead_and_trains_the_same_weights(hearth_bin, tmp_path, prefetch):
+    base = '\n[fsdp]\nauto-wrap-policy = "transformer-based"\ntransformer-cls-names-to-wrap = ["Block"]\n'
+    summaries = {}
+    for name, table in [("plain", base), ("ahead", base + prefetch + "\n")]:
+        config = write_config(tmp_path, job(table), f"{name}.toml")
+        run = mpirun(hearth_bin, 2, "run", config, "--quiet", "--output-dir", tmp_path / name, cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+        summaries[name] = json.loads((tmp_path / name / "fsdp" / "summary.json").read_text())["gradient_sync"]
+    plain, ahead = summaries["plain"], summaries["ahead"]
+    # The same values are gathered, only earlier: the same weights, bit for bit.
+    assert (tmp_path / "plain" / "fsdp" / "model.safetensors").read_bytes() == (tmp_path / "ahead" / "fsdp" / "model.safetensors").read_bytes()
+    assert plain["prefetched"] == 0
+    # The four blocks' gathers start ahead, in forward and in backward (the
+    # root, used first and last, stays gathered in between); 4 steps.
+    forward = 4 * 4 if "forward-prefetch" in prefetch else 0
+    assert ahead["prefetched"] == forward + 4 * 4, ahead
+    assert ahead["gathers"] == plain["gathers"] and ahead["gather_bytes"] == plain["gather_bytes"]
+    # limit-all-gathers: at most the unit at work and the next one beyond
+    # what is held anyway.
+    assert ahead["most_gathered"] <= plain["most_gathered"] + 1, (plain, ahead)

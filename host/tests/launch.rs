@@ -268,3 +268,17 @@ fn a_line_a_process_writes_in_pieces_arrives_whole_under_mpirun() {
     }
     assert!(!stdout.contains("<stdout>") && !stderr.contains("<stderr>"));
 }
+
+/// `hearth env` in words: a process no launcher started says so (it
+/// printed Rust's `None` once).
+#[test]
+fn env_says_in_words_who_started_the_process() {
+    let out = hearth(&["env"]).output().unwrap();
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("rank 0 of 1 (local 0 of 1), started by no launcher"),
+        "{said}"
+    );
+    assert!(!said.contains("None"), "{said}");
+}

@@ -14,7 +14,8 @@ use crate::models::ModuleTree;
 use crate::optim::Optimizer;
 use crate::parallel::sharded::{ShardedOptimizer, UnitShard};
 use crate::parallel::{
-    DdpOptions, FsdpSettings, FullShard, GradientSync, Round, SyncStats, Unitwise,
+    BackwardPrefetch, DdpOptions, FsdpSettings, FullShard, FullShardOptions, GradientSync,
+    Prefetch, Round, SyncStats, Unitwise,
 };
 use crate::plugins::SearchPath;
 use std::cell::{Cell, RefCell};
@@ -235,11 +236,21 @@ impl DataParallel {
             let full = FullShard::new(
                 group.duplicate()?,
                 units,
-                settings.reshard_after_forward,
-                settings.sync_module_states,
-                device,
-                offload,
-                policy,
+                FullShardOptions {
+                    reshard_after_forward: settings.reshard_after_forward,
+                    sync_module_states: settings.sync_module_states,
+                    device,
+                    offload,
+                    policy,
+                    prefetch: Prefetch {
+                        forward: settings.forward_prefetch,
+                        backward: match settings.backward_prefetch {
+                            BackwardPrefetch::BackwardPre => Some(true),
+                            BackwardPrefetch::BackwardPost => Some(false),
+                            BackwardPrefetch::NoPrefetch => None,
+                        },
+                    },
+                },
             )?;
             let units = full.units();
             let unitwise = Rc::new(Unitwise::new(Some(full)));
@@ -528,6 +539,7 @@ impl Accelerator {
                 bytes: a.bytes + s.bytes,
                 gathers: a.gathers + s.gathers,
                 gather_bytes: a.gather_bytes + s.gather_bytes,
+                prefetched: a.prefetched + s.prefetched,
                 recomputed: a.recomputed + s.recomputed,
                 most_gathered: a.most_gathered.max(s.most_gathered),
             })

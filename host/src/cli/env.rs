@@ -2,7 +2,7 @@
 //! its job — what to paste into a bug report.
 
 use super::Failure;
-use crate::dist::LaunchEnv;
+use crate::dist::{LaunchEnv, Launcher};
 
 /// Arguments of `hearth env`.
 #[derive(Debug, clap::Args)]
@@ -52,12 +52,17 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
     println!("backends: {} (NCCL: {nccl})", backends.join(", "));
     println!("MPI library: {mpi_library}");
     println!(
-        "this process: rank {} of {} (local {} of {}), started by {:?}{}",
+        "this process: rank {} of {} (local {} of {}), {}{}",
         launch.rank,
         launch.world_size,
         launch.local_rank,
         launch.local_world_size,
-        launch.launcher,
+        match launch.launcher {
+            Launcher::Mpirun => "started by mpirun",
+            Launcher::Torchrun => "started by torchrun (or its variables)",
+            Launcher::Slurm => "started by SLURM's srun",
+            Launcher::None => "started by no launcher",
+        },
         launch
             .master
             .as_ref()

@@ -113,6 +113,9 @@ impl ProcessGroup for HybridGroup {
     fn all_gather_into(&self, tensor: &Tensor) -> Result<Tensor, DistError> {
         self.shard.all_gather_into(tensor)
     }
+    fn all_gather_into_start(&self, tensor: &Tensor) -> Result<Pending<'_>, DistError> {
+        self.shard.all_gather_into_start(tensor)
+    }
     fn all_gather(&self, tensor: &Tensor) -> Result<Tensor, DistError> {
         self.shard.all_gather(tensor)
     }

@@ -396,24 +396,42 @@ impl ProcessGroup for MpiGroup {
     }
 
     fn all_gather_into(&self, tensor: &Tensor) -> Result<Tensor, DistError> {
+        self.all_gather_into_start(tensor)?.wait()
+    }
+
+    fn all_gather_into_start(&self, tensor: &Tensor) -> Result<Pending<'_>, DistError> {
         let cpu = on_cpu("all_gather", tensor)?;
         let bytes = crate::checkpoint::tensor_bytes(&cpu).to_vec();
         let len = bytes.len();
         let send = Leaked::new(bytes);
         let recv = Leaked::new(vec![0u8; len * self.size]);
+        let deadline = Instant::now() + self.timeout;
         // SAFETY: as in start_reduce: the buffers are taken back only after
-        // the collective completed.
-        let joined = unsafe {
-            let request =
-                self.world
-                    .immediate_all_gather_into(StaticScope, &*send.get(), recv.get());
-            self.finish("all_gather", request)?;
-            drop(send.take());
-            recv.take()
+        // the collective completed, when the result is waited for, and
+        // leaked with the request if it never is.
+        let request = unsafe {
+            std::mem::ManuallyDrop::new(self.world.immediate_all_gather_into(
+                StaticScope,
+                &*send.get(),
+                recv.get(),
+            ))
         };
         let mut shape = vec![self.size as i64];
         shape.extend(cpu.size());
-        Ok(Tensor::from_data_size(&joined, &shape, cpu.kind()))
+        let kind = cpu.kind();
+        Ok(Pending::new(move || {
+            self.finish_by(
+                "all_gather",
+                std::mem::ManuallyDrop::into_inner(request),
+                deadline,
+            )?;
+            // SAFETY: the collective completed.
+            let joined = unsafe {
+                drop(send.take());
+                recv.take()
+            };
+            Ok(Tensor::from_data_size(&joined, &shape, kind))
+        }))
     }
 
     fn all_gather(&self, tensor: &Tensor) -> Result<Tensor, DistError> {

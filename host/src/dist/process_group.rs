@@ -163,6 +163,13 @@ pub trait ProcessGroup: Send {
             .reshape(shape.as_slice()))
     }
 
+    /// [`all_gather_into`](Self::all_gather_into) started without waiting
+    /// (as [`all_reduce_start`](Self::all_reduce_start)): FULL_SHARD's
+    /// prefetch. The default completes it at once.
+    fn all_gather_into_start(&self, tensor: &Tensor) -> Result<Pending<'_>, DistError> {
+        Ok(Pending::ready(self.all_gather_into(tensor)?))
+    }
+
     /// Every process's `tensor` concatenated along dimension 0, in rank
     /// order; the sizes along dimension 0 may differ between processes,
     /// the other dimensions may not.

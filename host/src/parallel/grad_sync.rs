@@ -42,6 +42,8 @@ pub struct SyncStats {
     pub gathers: u64,
     /// Bytes this process sent into those all-gathers.
     pub gather_bytes: u64,
+    /// Of those, the ones started ahead of use (FULL_SHARD's prefetch).
+    pub prefetched: u64,
     /// Units recomputed in backward (activation checkpointing, FULL_SHARD).
     pub recomputed: u64,
     /// The most units of one model held whole at once since the optimizer

@@ -21,4 +21,4 @@ pub use fsdp::{
 };
 pub(crate) use grad_sync::Round;
 pub use grad_sync::{GradientSync, SyncStats};
-pub use unitwise::{FullShard, Unitwise, UnitwiseError};
+pub use unitwise::{FullShard, FullShardOptions, Prefetch, Unitwise, UnitwiseError};

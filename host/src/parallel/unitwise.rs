@@ -39,25 +39,55 @@ pub struct FullShard {
     /// FSDP's mixed precision: what units are gathered in for use and
     /// what their gradients are reduced in.
     policy: Option<MixedPrecisionPolicy>,
+    /// When the next unit's gather starts, ahead of its use.
+    prefetch: Prefetch,
+}
+
+/// FULL_SHARD's prefetching: the all-gather of the units the next model
+/// unit needs starts before the current one computes, so it can overlap
+/// (FSDP's `forward_prefetch` and `backward_prefetch`). At most the
+/// current unit and the next are gathered or in flight at once (what
+/// FSDP1's `limit_all_gathers` guarantees).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Prefetch {
+    /// In forward, before the current unit runs.
+    pub forward: bool,
+    /// In backward: `Some(true)` before the current unit's gradients are
+    /// computed (BACKWARD_PRE), `Some(false)` after (BACKWARD_POST).
+    pub backward: Option<bool>,
+}
+
+/// All-gathers started ahead of use, by shard unit.
+type Ahead<'g> = Vec<(usize, crate::dist::Pending<'g>)>;
+
+/// How FULL_SHARD places, casts and prefetches (from the FSDP settings).
+#[derive(Debug, Clone, Copy)]
+pub struct FullShardOptions {
+    /// False keeps gathered units whole from forward until backward.
+    pub reshard_after_forward: bool,
+    /// Every process first takes rank 0's values.
+    pub sync_module_states: bool,
+    /// Where the model trains: the shards go there (the whole parameters
+    /// may still be elsewhere: they are released onto it).
+    pub device: Device,
+    /// The shards live in host memory instead (see [`UnitShard::own_shards`]).
+    pub offload: bool,
+    /// FSDP's mixed precision.
+    pub policy: Option<MixedPrecisionPolicy>,
+    /// When gathers start ahead of use.
+    pub prefetch: Prefetch,
 }
 
 impl FullShard {
-    /// Takes `units` (laid out for this process, parameters whole) and
-    /// releases their whole parameters; with `sync_module_states` every
-    /// process first takes rank 0's values. The shards go to `device`
-    /// (the whole parameters may still be elsewhere: they are released onto
-    /// `device`), or with `offload` to host memory (see
-    /// [`UnitShard::own_shards`]).
+    /// Takes `units` (laid out for this process, parameters whole), gives
+    /// their shards storage of their own and releases their whole
+    /// parameters, as `options` say.
     pub fn new(
         group: Box<dyn ProcessGroup>,
         mut units: Vec<UnitShard>,
-        reshard_after_forward: bool,
-        sync_module_states: bool,
-        device: Device,
-        offload: bool,
-        policy: Option<MixedPrecisionPolicy>,
+        options: FullShardOptions,
     ) -> Result<Self, DistError> {
-        if sync_module_states {
+        if options.sync_module_states {
             for unit in &units {
                 for p in &unit.params {
                     let mut t = p.full.detach();
@@ -66,16 +96,17 @@ impl FullShard {
             }
         }
         for unit in &mut units {
-            unit.own_shards(device, offload);
-            unit.release_on(Some(device));
+            unit.own_shards(options.device, options.offload);
+            unit.release_on(Some(options.device));
         }
         crate::ops::free_large_blocks_at_once(4 << 20);
         crate::ops::return_freed_host_memory();
         Ok(Self {
             group,
             units,
-            reshard_after_forward,
-            policy,
+            reshard_after_forward: options.reshard_after_forward,
+            policy: options.policy,
+            prefetch: options.prefetch,
         })
     }
 
@@ -232,47 +263,94 @@ impl Unitwise {
         });
     }
 
-    /// Gathers the units `which` for use: in the policy's param dtype.
-    fn gather(&self, which: &[usize]) -> Result<(), UnitwiseError> {
-        self.gather_as(which, false)
+    /// The kind shard unit `unit` is gathered in: `exact`ly (the shards'
+    /// own kind, for saving and loading), else for use.
+    fn gather_kind(fs: &FullShard, unit: &UnitShard, exact: bool) -> Kind {
+        match fs.policy {
+            Some(policy) if !exact => policy.param_dtype.kind(),
+            _ => unit.shard_kind(),
+        }
     }
 
-    /// Gathers the units `which`: `exact`ly (in the shards' own kind, for
-    /// saving and loading), else for use.
-    fn gather_as(&self, which: &[usize], exact: bool) -> Result<(), UnitwiseError> {
+    /// Gathers the units `which` (see [`gather_kind`](Self::gather_kind)),
+    /// finishing those whose all-gather is in `ahead` (prefetched).
+    fn gather_as<'g>(
+        &'g self,
+        which: &[usize],
+        exact: bool,
+        ahead: &mut Ahead<'g>,
+    ) -> Result<(), UnitwiseError> {
         let Some(fs) = &self.full_shard else {
             return Ok(());
         };
         for &i in which {
             let unit = &fs.units[i];
-            let kind = match fs.policy {
-                Some(policy) if !exact => policy.param_dtype.kind(),
-                _ => unit.shard_kind(),
+            let dist = |source| UnitwiseError::Dist {
+                op: "all-gather",
+                unit: unit.path.clone(),
+                source,
             };
-            if !unit.is_gathered_in(kind) {
-                let bytes =
-                    unit.gather(fs.group.as_ref(), kind)
-                        .map_err(|source| UnitwiseError::Dist {
-                            op: "all-gather",
-                            unit: unit.path.clone(),
-                            source,
-                        })?;
-                let held = fs.units.iter().filter(|u| u.is_gathered()).count() as u64;
-                self.count(|s| {
-                    s.gathers += 1;
-                    s.gather_bytes += bytes;
-                    s.most_gathered = s.most_gathered.max(held);
-                });
-            }
+            let bytes = match ahead.iter().position(|(j, _)| *j == i) {
+                Some(at) => {
+                    let (_, pending) = ahead.remove(at);
+                    unit.gather_finish(pending.wait().map_err(dist)?);
+                    0 // counted when it started
+                }
+                None if unit.is_gathered_in(Self::gather_kind(fs, unit, exact)) => continue,
+                None => unit
+                    .gather(fs.group.as_ref(), Self::gather_kind(fs, unit, exact))
+                    .map_err(dist)?,
+            };
+            let held = fs.units.iter().filter(|u| u.is_gathered()).count() as u64;
+            self.count(|s| {
+                s.gathers += 1;
+                s.gather_bytes += bytes;
+                s.most_gathered = s.most_gathered.max(held);
+            });
         }
         Ok(())
+    }
+
+    /// Starts the all-gathers, for use, of the units `which` that are
+    /// neither gathered nor started yet (a prefetch), into `ahead`.
+    fn prefetch<'g>(&'g self, which: &[usize], ahead: &mut Ahead<'g>) -> Result<(), UnitwiseError> {
+        let Some(fs) = &self.full_shard else {
+            return Ok(());
+        };
+        for &i in which {
+            let unit = &fs.units[i];
+            let kind = Self::gather_kind(fs, unit, false);
+            if unit.is_gathered_in(kind) || ahead.iter().any(|(j, _)| *j == i) {
+                continue;
+            }
+            let (pending, bytes) =
+                unit.gather_start(fs.group.as_ref(), kind)
+                    .map_err(|source| UnitwiseError::Dist {
+                        op: "all-gather",
+                        unit: unit.path.clone(),
+                        source,
+                    })?;
+            ahead.push((i, pending));
+            self.count(|s| {
+                s.prefetched += 1;
+                s.gather_bytes += bytes;
+            });
+        }
+        Ok(())
+    }
+
+    /// The forward and backward prefetch settings (none without FULL_SHARD).
+    fn prefetching(&self) -> Prefetch {
+        self.full_shard
+            .as_ref()
+            .map_or(Prefetch::default(), |f| f.prefetch)
     }
 
     /// Gathers every shard unit whole (FSDP's `summon_full_params`): for
     /// saving, loading and unwrapping. Nothing without FULL_SHARD.
     pub fn gather_all(&self) -> Result<(), UnitwiseError> {
         let n = self.full_shard.as_ref().map_or(0, |f| f.units.len());
-        self.gather_as(&(0..n).collect::<Vec<_>>(), true)
+        self.gather_as(&(0..n).collect::<Vec<_>>(), true, &mut Vec::new())
     }
 
     /// Runs `f` on each shard unit in turn, its whole parameters gathered
@@ -285,7 +363,7 @@ impl Unitwise {
         };
         for (i, unit) in fs.units.iter().enumerate() {
             let held = unit.is_gathered_in(unit.shard_kind());
-            self.gather_as(&[i], true)?;
+            self.gather_as(&[i], true, &mut Vec::new())?;
             f(unit);
             if !held {
                 unit.release();
@@ -356,8 +434,13 @@ impl Unitwise {
         } else {
             uses.last.clone()
         };
+        let prefetch = self.prefetching();
+        let mut ahead = Vec::new();
         for (k, unit) in units.iter().enumerate() {
-            self.gather(&uses.per_unit[k])?;
+            self.gather_as(&uses.per_unit[k], false, &mut ahead)?;
+            if let Some(next) = uses.per_unit.get(k + 1).filter(|_| prefetch.forward) {
+                self.prefetch(next, &mut ahead)?;
+            }
             if record {
                 inputs.push(x.shallow_clone());
                 rng.push(
@@ -433,8 +516,14 @@ impl Unitwise {
             if self.full_shard.is_some() {
                 self.count(|s| s.syncs += 1);
             }
+            let prefetch = self.prefetching();
+            let mut ahead = Vec::new();
+            let previous = |k: usize| k.checked_sub(1).map(|p| &uses.per_unit[p][..]);
             for k in (0..units.len()).rev() {
-                self.gather(&uses.per_unit[k])?;
+                self.gather_as(&uses.per_unit[k], false, &mut ahead)?;
+                if let (Some(true), Some(before)) = (prefetch.backward, previous(k)) {
+                    self.prefetch(before, &mut ahead)?;
+                }
                 let input = &tape.inputs[k];
                 let input = if input.is_floating_point() {
                     input.detach().set_requires_grad(true)
@@ -456,6 +545,9 @@ impl Unitwise {
                 if output.requires_grad() {
                     let surrogate = (output.to_kind(grad.kind()) * &grad).sum(Kind::Float);
                     surrogate.f_backward().map_err(torch)?;
+                }
+                if let (Some(false), Some(before)) = (prefetch.backward, previous(k)) {
+                    self.prefetch(before, &mut ahead)?;
                 }
                 if k > 0 {
                     grad = input.grad();

@@ -143,6 +143,15 @@ pub struct FsdpSettings {
     /// (`cpu-offload`), copied to the GPU unit by unit; a CPU run has them
     /// there anyway.
     pub cpu_offload: bool,
+    /// FULL_SHARD starts the next unit's all-gather before the current unit
+    /// runs in forward (`forward-prefetch`, default false).
+    pub forward_prefetch: bool,
+    /// ... and in backward (`backward-prefetch`, default NO_PREFETCH).
+    pub backward_prefetch: BackwardPrefetch,
+    /// `limit-all-gathers` (default true): hearth never has more than the
+    /// current unit and the next gathered or in flight, so its bound always
+    /// holds; false changes nothing.
+    pub limit_all_gathers: bool,
     /// FSDP's mixed precision (float32 throughout casts nothing, but like
     /// any policy it shards a world of one, as FSDP does).
     pub mixed_precision_policy: Option<MixedPrecisionPolicy>,
@@ -399,6 +408,11 @@ impl FsdpPlugin {
             reshard_after_forward: self.reshard_after_forward.unwrap_or(true),
             activation_checkpointing: self.activation_checkpointing.unwrap_or(false),
             cpu_offload: self.cpu_offload.unwrap_or(false),
+            forward_prefetch: self.forward_prefetch.unwrap_or(false),
+            backward_prefetch: self
+                .backward_prefetch
+                .unwrap_or(BackwardPrefetch::NoPrefetch),
+            limit_all_gathers: self.limit_all_gathers.unwrap_or(true),
             mixed_precision_policy,
         })
     }

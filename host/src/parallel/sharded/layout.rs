@@ -337,8 +337,27 @@ impl UnitShard {
         group: &dyn crate::dist::ProcessGroup,
         kind: Kind,
     ) -> Result<u64, crate::dist::DistError> {
+        let (pending, bytes) = self.gather_start(group, kind)?;
+        self.gather_finish(pending.wait()?);
+        Ok(bytes)
+    }
+
+    /// Starts [`gather`](Self::gather)'s all-gather (a prefetch): returns
+    /// it and the bytes this process sends; [`gather_finish`](Self::gather_finish)
+    /// takes its result.
+    pub fn gather_start<'g>(
+        &self,
+        group: &'g dyn crate::dist::ProcessGroup,
+        kind: Kind,
+    ) -> Result<(crate::dist::Pending<'g>, u64), crate::dist::DistError> {
         let flat = tch::no_grad(|| self.pack_shards().to_kind(kind));
-        let gathered = group.all_gather_into(&flat)?;
+        let bytes = (flat.numel() * flat.kind().elt_size_in_bytes()) as u64;
+        Ok((group.all_gather_into_start(&flat)?, bytes))
+    }
+
+    /// Makes the whole parameters the all-gathered shards `gathered`
+    /// (`[world, shard_numel]`).
+    pub fn gather_finish(&self, gathered: Tensor) {
         tch::no_grad(|| {
             for p in &self.params {
                 let chunks = gathered.narrow(1, p.offset, p.chunk_numel());
@@ -346,7 +365,6 @@ impl UnitShard {
                 full.set_data(&p.unchunked(&chunks).contiguous());
             }
         });
-        Ok((flat.numel() * flat.kind().elt_size_in_bytes()) as u64)
     }
 
     /// Copies this process's rows of the whole parameters into its shards
