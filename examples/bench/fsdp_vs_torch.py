@@ -2,7 +2,8 @@
 
 1. Throughput: the bench GPT (shared/bench/peer_gpt_accelerate.py's model,
    B=16 per process) on PROCS processes: `hearth launch` with `[fsdp]`
-   SHARD_GRAD_OP, NO_SHARD and FULL_SHARD, then torchrun + PyTorch FSDP1
+   SHARD_GRAD_OP, NO_SHARD and FULL_SHARD (also prefetching: forward and
+   BACKWARD_PRE), then torchrun + PyTorch FSDP1
    (ShardingStrategy.SHARD_GRAD_OP, Block units, gloo) and torchrun +
    PyTorch FSDP2 (`fully_shard` on every Block and the root, gloo), ROUNDS
    rounds alternately; tokens/s and ratios.
@@ -95,6 +96,7 @@ lr = 3e-4
 SHARDED = '[fsdp]\nsharding-strategy = "SHARD_GRAD_OP"\nauto-wrap-policy = "transformer-based"\ntransformer-cls-names-to-wrap = ["Block"]\n'
 NO_SHARD = '[fsdp]\nsharding-strategy = "NO_SHARD"\n'
 FULL_SHARD = SHARDED.replace("SHARD_GRAD_OP", "FULL_SHARD")
+PREFETCH = FULL_SHARD + 'forward-prefetch = true\nbackward-prefetch = "BACKWARD_PRE"\n'
 
 
 def peak_rss_of_children(proc: subprocess.Popen, name: str) -> dict:
@@ -141,23 +143,25 @@ def torch_fsdp_tokens_per_sec(tmp: pathlib.Path, procs: int, version: str = "fsd
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     procs = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-    zero2, ddp, zero3, torch_fsdp, torch_fsdp2 = [], [], [], [], []
+    zero2, ddp, zero3, ahead, torch_fsdp, torch_fsdp2 = [], [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         for i in range(rounds):
             zero2.append(hearth_run(tmp, job(SHARDED), procs)[0]["tokens_per_sec"])
             ddp.append(hearth_run(tmp, job(NO_SHARD), procs)[0]["tokens_per_sec"])
             zero3.append(hearth_run(tmp, job(FULL_SHARD), procs)[0]["tokens_per_sec"])
+            ahead.append(hearth_run(tmp, job(PREFETCH), procs)[0]["tokens_per_sec"])
             torch_fsdp.append(torch_fsdp_tokens_per_sec(tmp, procs))
             torch_fsdp2.append(torch_fsdp_tokens_per_sec(tmp, procs, "fsdp2"))
             print(f"round {i + 1}: hearth SHARD_GRAD_OP {zero2[-1]:.0f}, hearth NO_SHARD {ddp[-1]:.0f}, "
-                  f"hearth FULL_SHARD {zero3[-1]:.0f}, PyTorch FSDP1 SHARD_GRAD_OP {torch_fsdp[-1]:.0f}, "
+                  f"hearth FULL_SHARD {zero3[-1]:.0f} (prefetching {ahead[-1]:.0f}), PyTorch FSDP1 SHARD_GRAD_OP {torch_fsdp[-1]:.0f}, "
                   f"PyTorch FSDP2 fully_shard {torch_fsdp2[-1]:.0f} tokens/s")
-        z, d, f, t, t2 = (statistics.median(v) for v in (zero2, ddp, zero3, torch_fsdp, torch_fsdp2))
+        z, d, f, a, t, t2 = (statistics.median(v) for v in (zero2, ddp, zero3, ahead, torch_fsdp, torch_fsdp2))
         print(f"bench GPT, {procs} processes, median of {rounds}:")
         print(f"  SHARD_GRAD_OP / NO_SHARD (hearth)                 = {z / d:.2f}")
         print(f"  hearth SHARD_GRAD_OP / PyTorch FSDP1 (gloo)        = {z / t:.2f}")
         print(f"  hearth FULL_SHARD / PyTorch FSDP2 fully_shard      = {f / t2:.2f}")
+        print(f"  FULL_SHARD prefetching / not (hearth)              = {a / f:.2f}")
         big = dict(d=768, layers=12, heads=12, vocab=8192, seq=128, batch=2)
         for name, table in (("DDP", ""), ("SHARD_GRAD_OP", SHARDED), ("FULL_SHARD", FULL_SHARD)):
             summary, peaks = hearth_run(tmp, job(table, **big), 4, steps=3, watch=True)
