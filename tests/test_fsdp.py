@@ -506,3 +506,19 @@ def test_prefetching_gathers_ahead_and_trains_the_same_weights(hearth_bin, tmp_p
     # limit-all-gathers: at most the unit at work and the next one beyond
     # what is held anyway.
     assert ahead["most_gathered"] <= plain["most_gathered"] + 1, (plain, ahead)
+
+
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP"])
+def test_ram_efficient_loading_trains_from_rank_0s_weights_alone(hearth, hearth_bin, tmp_path, strategy):
+    # Rank 1 never builds its weights (allocated, never written): were any
+    # of them used instead of rank 0's, the weights would differ.
+    base = f'\n[fsdp]\nsharding-strategy = "{strategy}"\nauto-wrap-policy = "transformer-based"\ntransformer-cls-names-to-wrap = ["Block"]\nsync-module-states = true\n'
+    for name, table in [("synced", base), ("efficient", base + "cpu-ram-efficient-loading = true\n")]:
+        config = write_config(tmp_path, job(table), f"{name}.toml")
+        run = mpirun(hearth_bin, 2, "run", config, "--quiet", "--output-dir", tmp_path / name, cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+    assert (tmp_path / "synced" / "fsdp" / "model.safetensors").read_bytes() == (tmp_path / "efficient" / "fsdp" / "model.safetensors").read_bytes()
+    # Without the broadcast that brings rank 0's weights it is refused.
+    config = write_config(tmp_path, job(base.replace("sync-module-states = true", "cpu-ram-efficient-loading = true")), "bad.toml")
+    out = hearth("run", config)
+    assert out.returncode == 2 and "`fsdp.cpu-ram-efficient-loading`" in out.stderr and "sync-module-states = true" in out.stderr, out.stderr

@@ -8,7 +8,9 @@
    PyTorch FSDP2 (`fully_shard` on every Block and the root, gloo), ROUNDS
    rounds alternately; tokens/s and ratios.
 2. Memory: a ~100M-parameter GPT (d=768, 12 layers, vocab 8192, T=128,
-   B=2) for a few steps on 4 processes, DDP vs SHARD_GRAD_OP vs FULL_SHARD:
+   B=2) for a few steps on 4 processes, DDP vs SHARD_GRAD_OP vs FULL_SHARD
+   (and FULL_SHARD with sync-module-states, with and without
+   cpu-ram-efficient-loading, where only rank 0 builds the weights):
    peak RSS per process (from /proc, sampled) and summary.json's memory.
 A benchmark, not a test: nothing is asserted.
 Usage: make bench-fsdp  (or: python fsdp_vs_torch.py [ROUNDS] [PROCS])
@@ -96,6 +98,8 @@ lr = 3e-4
 SHARDED = '[fsdp]\nsharding-strategy = "SHARD_GRAD_OP"\nauto-wrap-policy = "transformer-based"\ntransformer-cls-names-to-wrap = ["Block"]\n'
 NO_SHARD = '[fsdp]\nsharding-strategy = "NO_SHARD"\n'
 FULL_SHARD = SHARDED.replace("SHARD_GRAD_OP", "FULL_SHARD")
+SYNCED = FULL_SHARD + "sync-module-states = true\n"
+EFFICIENT = SYNCED + "cpu-ram-efficient-loading = true\n"
 PREFETCH = FULL_SHARD + 'forward-prefetch = true\nbackward-prefetch = "BACKWARD_PRE"\n'
 
 
@@ -163,11 +167,13 @@ def main() -> None:
         print(f"  hearth FULL_SHARD / PyTorch FSDP2 fully_shard      = {f / t2:.2f}")
         print(f"  FULL_SHARD prefetching / not (hearth)              = {a / f:.2f}")
         big = dict(d=768, layers=12, heads=12, vocab=8192, seq=128, batch=2)
-        for name, table in (("DDP", ""), ("SHARD_GRAD_OP", SHARDED), ("FULL_SHARD", FULL_SHARD)):
+        for name, table in (("DDP", ""), ("SHARD_GRAD_OP", SHARDED), ("FULL_SHARD", FULL_SHARD),
+                            ("FULL_SHARD synced", SYNCED), ("FULL_SHARD RAM-efficient", EFFICIENT)):
             summary, peaks = hearth_run(tmp, job(table, **big), 4, steps=3, watch=True)
             gib = [p / 2**30 for p in peaks.values()]
             print(f"~100M GPT ({summary['num_parameters'] / 1e6:.0f}M parameters), 4 processes, {name}: "
-                  f"peak RSS per process {max(gib):.2f} GiB (mean {statistics.mean(gib):.2f}); memory {summary['memory']}")
+                  f"peak RSS per process {max(gib):.2f} GiB (mean {statistics.mean(gib):.2f}, least {min(gib):.2f}); "
+                  f"memory {summary['memory']}")
 
 
 if __name__ == "__main__":

@@ -182,6 +182,21 @@ impl DataParallel {
             }),
             units,
         };
+        if settings.sync_module_states && world > 1 {
+            // Parameters no unit holds (ignored modules') take rank 0's
+            // values too: under cpu-ram-efficient-loading the other
+            // processes never built them.
+            let in_units: std::collections::HashSet<&str> = plan
+                .iter()
+                .flat_map(|(_, names)| names.iter().map(String::as_str))
+                .collect();
+            for (_, p) in parameters
+                .iter()
+                .filter(|(n, _)| !in_units.contains(n.as_str()))
+            {
+                group.broadcast(&mut p.detach(), 0)?;
+            }
+        }
         if !settings.sharding_strategy.shards() {
             let kept: std::collections::HashSet<&str> = plan
                 .iter()

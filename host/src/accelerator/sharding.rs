@@ -120,6 +120,24 @@ impl super::Accelerator {
         })
     }
 
+    /// How this process builds a model's weights before `prepare`:
+    /// unmaterialised under `cpu-ram-efficient-loading` on every process
+    /// but the one `sync-module-states` broadcasts from (the first of the
+    /// world, or of each machine under HYBRID), which alone builds them.
+    pub fn model_weights(&self) -> crate::models::Weights {
+        let receives = self.fsdp_settings().is_some_and(|f| {
+            f.cpu_ram_efficient_loading
+                && match f.sharding_strategy.hybrid() {
+                    true => self.local_process_index() != 0,
+                    false => self.process_index() != 0,
+                }
+        });
+        match receives {
+            true => crate::models::Weights::Unmaterialised,
+            false => crate::models::Weights::Initialised,
+        }
+    }
+
     /// Where to build a model before `prepare`: the CPU when `prepare`
     /// shards it onto the GPU unit by unit (FULL_SHARD, cpu-offload; as
     /// Accelerate's FSDP models are built on the CPU), else the device.

@@ -3,6 +3,7 @@
 //! Linear and causal scaled-dot-product attention, a GELU MLP of width 4d, a
 //! final LayerNorm and a separate head. Parameter names are PyTorch's.
 
+use super::weights::{embed, Weights};
 use super::{Model, ModuleTree, Unit};
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
@@ -23,8 +24,8 @@ pub struct GptConfig {
 }
 
 struct Embedding {
-    tok: nn::Embedding,
-    pos: nn::Embedding,
+    tok: Tensor,
+    pos: Tensor,
 }
 
 impl Unit for Embedding {
@@ -34,7 +35,7 @@ impl Unit for Embedding {
     fn forward_t(&self, tokens: &Tensor, _train: bool) -> Tensor {
         let t = tokens.size()[1];
         let positions = Tensor::arange(t, (Kind::Int64, tokens.device()));
-        self.tok.forward(tokens) + self.pos.forward(&positions)
+        embed(&self.tok, tokens) + embed(&self.pos, &positions)
     }
 }
 
@@ -109,6 +110,21 @@ impl Gpt {
     /// # Panics
     /// If `heads` does not divide `d_model` (configs are validated before).
     pub fn new(config: GptConfig, device: Device) -> Self {
+        Self::with_weights(config, device, Weights::Initialised)
+    }
+
+    /// A GPT whose weights are allocated but never written (see
+    /// [`Weights::Unmaterialised`]): for the processes that receive rank
+    /// 0's weights under `cpu-ram-efficient-loading`.
+    pub fn unmaterialised(config: GptConfig, device: Device) -> Self {
+        Self::with_weights(config, device, Weights::Unmaterialised)
+    }
+
+    /// A GPT whose weights start as `weights` says.
+    ///
+    /// # Panics
+    /// If `heads` does not divide `d_model` (configs are validated before).
+    pub fn with_weights(config: GptConfig, device: Device, weights: Weights) -> Self {
         assert!(
             config.d_model % config.heads == 0,
             "heads must divide d_model"
@@ -122,20 +138,18 @@ impl Gpt {
             path
         };
         let ln = |p: nn::Path| nn::layer_norm(p, vec![d], Default::default());
-        let linear = |p: nn::Path, i, o| nn::linear(p, i, o, Default::default());
+        let linear = |p: nn::Path, i, o| weights.linear(p, i, o);
 
         let embedding = Embedding {
-            tok: nn::embedding(
+            tok: weights.embedding(
                 &root / declare("tok".into(), "Embedding"),
                 config.vocab_size,
                 d,
-                Default::default(),
             ),
-            pos: nn::embedding(
+            pos: weights.embedding(
                 &root / declare("pos".into(), "Embedding"),
                 config.block_size,
                 d,
-                Default::default(),
             ),
         };
         declare("blocks".into(), "Sequential");
@@ -266,5 +280,44 @@ mod tests {
         assert!(!la
             .narrow(1, 3, 1)
             .allclose(&lb.narrow(1, 3, 1), 1e-6, 1e-6, false));
+    }
+}
+
+#[cfg(test)]
+mod weights_tests {
+    use super::*;
+
+    #[test]
+    fn an_unmaterialised_gpt_has_the_names_shapes_and_tree_of_an_initialised_one() {
+        let config = GptConfig {
+            vocab_size: 11,
+            block_size: 8,
+            d_model: 16,
+            layers: 2,
+            heads: 4,
+        };
+        let shapes = |m: &Gpt| -> Vec<(String, Vec<i64>, bool)> {
+            m.named_parameters()
+                .into_iter()
+                .map(|(n, t)| (n, t.size(), t.requires_grad()))
+                .collect()
+        };
+        let (a, b) = (
+            Gpt::new(config, Device::Cpu),
+            Gpt::unmaterialised(config, Device::Cpu),
+        );
+        assert_eq!(shapes(&a), shapes(&b));
+        assert_eq!(
+            a.module_tree().modules().len(),
+            b.module_tree().modules().len()
+        );
+        // Once given the first one's values, it computes what it computes.
+        tch::no_grad(|| {
+            for ((_, p), (_, q)) in b.named_parameters().iter().zip(a.named_parameters()) {
+                p.detach().copy_(&q);
+            }
+        });
+        let x = Tensor::randint(11, [2, 8], (Kind::Int64, Device::Cpu));
+        assert!(a.forward_t(&x, false).equal(&b.forward_t(&x, false)));
     }
 }

@@ -3,6 +3,7 @@
 //! tokens ending at it (earlier positions are zero-padded), so it is causal
 //! like the GPT and trains on the same datasets.
 
+use super::weights::{embed, Weights};
 use super::{Model, ModuleTree, Unit};
 use tch::nn::{self, Module};
 use tch::{Device, Tensor};
@@ -23,7 +24,7 @@ pub struct MlpConfig {
 struct Context {
     path: String,
     context: i64,
-    tok: nn::Embedding,
+    tok: Tensor,
 }
 
 impl Unit for Context {
@@ -31,7 +32,7 @@ impl Unit for Context {
         vec![&self.path]
     }
     fn forward_t(&self, tokens: &Tensor, _train: bool) -> Tensor {
-        let emb = self.tok.forward(tokens);
+        let emb = embed(&self.tok, tokens);
         let t = emb.size()[1];
         let shifted: Vec<Tensor> = (0..self.context)
             .map(|k| emb.constant_pad_nd([0, 0, k, 0]).narrow(1, 0, t))
@@ -72,6 +73,11 @@ pub struct Mlp {
 impl Mlp {
     /// Creates the model with PyTorch's default initialisation on `device`.
     pub fn new(config: MlpConfig, device: Device) -> Self {
+        Self::with_weights(config, device, Weights::Initialised)
+    }
+
+    /// The model with its weights starting as `weights` says.
+    pub fn with_weights(config: MlpConfig, device: Device, weights: Weights) -> Self {
         let vs = nn::VarStore::new(device);
         let root = vs.root();
         let declared = vec![
@@ -83,31 +89,16 @@ impl Mlp {
         let context = Context {
             path: "tok".into(),
             context: config.context,
-            tok: nn::embedding(
-                &root / "tok",
-                config.vocab_size,
-                config.d_model,
-                Default::default(),
-            ),
+            tok: weights.embedding(&root / "tok", config.vocab_size, config.d_model),
         };
         let fc = Layer {
             path: "fc".into(),
-            linear: nn::linear(
-                &root / "fc",
-                config.context * config.d_model,
-                config.hidden,
-                Default::default(),
-            ),
+            linear: weights.linear(&root / "fc", config.context * config.d_model, config.hidden),
             gelu: true,
         };
         let head = Layer {
             path: "head".into(),
-            linear: nn::linear(
-                &root / "head",
-                config.hidden,
-                config.vocab_size,
-                Default::default(),
-            ),
+            linear: weights.linear(&root / "head", config.hidden, config.vocab_size),
             gelu: false,
         };
         let tree = ModuleTree::new(&declared, &vs.variables());

@@ -9,9 +9,11 @@ mod mlp;
 mod model;
 mod torchscript;
 mod tree;
+mod weights;
 
 pub use gpt::{Gpt, GptConfig};
 pub use mlp::{Mlp, MlpConfig};
 pub use model::{sorted_variables, Model, Unit, VarStoreModel};
 pub use torchscript::{TorchScriptError, TorchScriptModel};
 pub use tree::{ModuleInfo, ModuleTree};
+pub use weights::Weights;

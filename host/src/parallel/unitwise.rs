@@ -87,19 +87,22 @@ impl FullShard {
         mut units: Vec<UnitShard>,
         options: FullShardOptions,
     ) -> Result<Self, DistError> {
-        if options.sync_module_states {
-            for unit in &units {
+        // Blocks this large go back to the system once freed, so that a
+        // unit released below no longer counts (see free_large_blocks_at_once).
+        crate::ops::free_large_blocks_at_once(4 << 20);
+        // Unit by unit: rank 0's values received, the shards taken, the
+        // whole parameters freed, so that a process that never built its
+        // weights (cpu-ram-efficient-loading) holds one unit whole at most.
+        for unit in &mut units {
+            if options.sync_module_states {
                 for p in &unit.params {
                     let mut t = p.full.detach();
                     group.broadcast(&mut t, 0)?;
                 }
             }
-        }
-        for unit in &mut units {
             unit.own_shards(options.device, options.offload);
             unit.release_on(Some(options.device));
         }
-        crate::ops::free_large_blocks_at_once(4 << 20);
         crate::ops::return_freed_host_memory();
         Ok(Self {
             group,

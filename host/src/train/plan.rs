@@ -67,7 +67,15 @@ pub fn plan(
     processes: usize,
 ) -> Result<Plan, TrainError> {
     let data = setup::dataset(config)?;
-    let model = tch::no_grad(|| setup::model(config, data.as_ref(), tch::Device::Cpu))?;
+    let model = tch::no_grad(|| {
+        setup::model(
+            config,
+            data.as_ref(),
+            tch::Device::Cpu,
+            // Only the shapes and names are read.
+            crate::models::Weights::Unmaterialised,
+        )
+    })?;
     let tree = model.module_tree();
     let params: Vec<(String, Tensor)> = model.named_parameters();
     let settings: Option<FsdpSettings> = match &config.fsdp {

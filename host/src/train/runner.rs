@@ -218,7 +218,12 @@ impl Job {
         let seed = config.run.seed;
         acc.set_seed(seed, false);
         let data = setup::dataset(config)?;
-        let model = setup::model(config, data.as_ref(), acc.model_init_device())?;
+        let model = setup::model(
+            config,
+            data.as_ref(),
+            acc.model_init_device(),
+            acc.model_weights(),
+        )?;
         let opt = setup::optimizer(config, model.as_ref());
         let schedule = setup::scheduler(config, registry, &opt.lrs(), steps)?;
         let (model, opt) = acc.prepare((model, opt))?;

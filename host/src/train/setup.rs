@@ -102,10 +102,13 @@ pub(super) fn dataset(config: &TrainConfig) -> Result<Box<dyn TokenDataset>, Tra
     })
 }
 
+/// The configured model on `device`, its weights starting as `weights`
+/// says (a TorchScript model's are the file's, on every process).
 pub(super) fn model(
     config: &TrainConfig,
     data: &dyn TokenDataset,
     device: tch::Device,
+    weights: crate::models::Weights,
 ) -> Result<Box<dyn Model>, TrainError> {
     let m = &config.model;
     Ok(match m.kind {
@@ -117,7 +120,7 @@ pub(super) fn model(
             );
             Box::new(TorchScriptModel::load(&path, device)?)
         }
-        ModelKind::Gpt => Box::new(Gpt::new(
+        ModelKind::Gpt => Box::new(Gpt::with_weights(
             GptConfig {
                 vocab_size: data.vocab_size(),
                 block_size: data.seq_len(),
@@ -126,8 +129,9 @@ pub(super) fn model(
                 heads: m.heads,
             },
             device,
+            weights,
         )),
-        ModelKind::Mlp => Box::new(Mlp::new(
+        ModelKind::Mlp => Box::new(Mlp::with_weights(
             MlpConfig {
                 vocab_size: data.vocab_size(),
                 context: m.context(),
@@ -135,6 +139,7 @@ pub(super) fn model(
                 hidden: m.hidden(),
             },
             device,
+            weights,
         )),
     })
 }

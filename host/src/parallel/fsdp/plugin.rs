@@ -61,7 +61,7 @@ pub struct FsdpPlugin {
     pub use_orig_params: Option<bool>,
     /// `activation-checkpointing` (default false; part 2).
     pub activation_checkpointing: Option<bool>,
-    /// `cpu-ram-efficient-loading` (default false; part 2).
+    /// `cpu-ram-efficient-loading` (default false; needs `sync-module-states`).
     pub cpu_ram_efficient_loading: Option<bool>,
     /// `policy-options`: a JSON object of options for a third-party wrap
     /// policy (hearth's own; Accelerate's policies take only the two
@@ -152,6 +152,10 @@ pub struct FsdpSettings {
     /// current unit and the next gathered or in flight, so its bound always
     /// holds; false changes nothing.
     pub limit_all_gathers: bool,
+    /// Only the process whose weights `sync-module-states` broadcasts builds
+    /// them; the others' stay unmaterialised until they receive their
+    /// shards (`cpu-ram-efficient-loading`).
+    pub cpu_ram_efficient_loading: bool,
     /// FSDP's mixed precision (float32 throughout casts nothing, but like
     /// any policy it shards a world of one, as FSDP does).
     pub mixed_precision_policy: Option<MixedPrecisionPolicy>,
@@ -352,13 +356,16 @@ impl FsdpPlugin {
         };
         const LATER: &str = "is not implemented in hearth yet";
         let strategy = self.strategy();
-        let on = |key: &str, value: Option<bool>| -> Result<(), FsdpError> {
-            if value == Some(true) {
-                return Err(refuse(key, format!("`true` {LATER}; leave it false")));
-            }
-            Ok(())
-        };
-        on("cpu-ram-efficient-loading", self.cpu_ram_efficient_loading)?;
+        let cpu_ram_efficient_loading = self.cpu_ram_efficient_loading.unwrap_or(false);
+        if cpu_ram_efficient_loading && self.sync_module_states != Some(true) {
+            // Accelerate's rule: the others receive rank 0's weights through it.
+            return Err(refuse(
+                "cpu-ram-efficient-loading",
+                "`true` needs `sync-module-states = true`: only rank 0 builds the initial \
+                 weights, and the other processes receive theirs through it"
+                    .into(),
+            ));
+        }
         let mixed_precision_policy = match &self.mixed_precision_policy {
             None => None,
             Some(value) => Some(
@@ -413,6 +420,7 @@ impl FsdpPlugin {
                 .backward_prefetch
                 .unwrap_or(BackwardPrefetch::NoPrefetch),
             limit_all_gathers: self.limit_all_gathers.unwrap_or(true),
+            cpu_ram_efficient_loading,
             mixed_precision_policy,
         })
     }
@@ -498,23 +506,24 @@ mod tests {
         assert!(zero2(|_| {}).is_ok());
         // On the CPU everything is in host memory already.
         assert!(zero2(|p| p.cpu_offload = Some(true)).unwrap().cpu_offload);
-        for (key, f) in [
-            (
-                "cpu-ram-efficient-loading",
-                (|p: &mut FsdpPlugin| p.cpu_ram_efficient_loading = Some(true))
-                    as fn(&mut FsdpPlugin),
-            ),
-            ("state-dict-type", |p| {
-                p.state_dict_type = Some(StateDictType::LocalStateDict)
-            }),
-        ] {
-            let err = zero2(f).unwrap_err();
-            assert_eq!(err.key, key);
-            assert!(
-                err.message.contains("not implemented in hearth yet"),
-                "{err}"
-            );
-        }
+        let err = zero2(|p| p.state_dict_type = Some(StateDictType::LocalStateDict)).unwrap_err();
+        assert_eq!(err.key, "state-dict-type");
+        assert!(
+            err.message.contains("not implemented in hearth yet"),
+            "{err}"
+        );
+        // RAM-efficient loading needs the broadcast that brings rank 0's weights.
+        let err = zero2(|p| p.cpu_ram_efficient_loading = Some(true)).unwrap_err();
+        assert_eq!(err.key, "cpu-ram-efficient-loading");
+        assert!(err.message.contains("sync-module-states = true"), "{err}");
+        assert!(
+            zero2(|p| {
+                p.cpu_ram_efficient_loading = Some(true);
+                p.sync_module_states = Some(true);
+            })
+            .unwrap()
+            .cpu_ram_efficient_loading
+        );
         // A policy needs the whole parameters gathered per use.
         let err = zero2(|p| p.mixed_precision_policy = Some("bf16".into())).unwrap_err();
         assert_eq!(err.key, "mixed-precision-policy");
