@@ -54,11 +54,13 @@ launch)
     grep -iE "nccl|accuracy" "$OUT/launch.log" | head -5 ;;
 fsdp)
     with_run_keys examples/sort-digits.toml /tmp/fsdp.toml 'output-dir = "/tmp/fsdp"' 'save-every = 150' 'mixed-precision = "bf16"'
+    # A policy shards a world of one: NCCL gathers (prefetched) and reduce-scatters.
     printf '\n[distributed]\nbackend = "nccl"\n' >> /tmp/fsdp.toml
-    printf '\n[fsdp]\nsharding-strategy = "FULL_SHARD"\nauto-wrap-policy = "transformer-based"\ntransformer-cls-names-to-wrap = ["Block"]\nactivation-checkpointing = true\nstate-dict-type = "SHARDED_STATE_DICT"\n' >> /tmp/fsdp.toml
+    printf '\n[fsdp]\nsharding-strategy = "FULL_SHARD"\nauto-wrap-policy = "transformer-based"\ntransformer-cls-names-to-wrap = ["Block"]\nactivation-checkpointing = true\nstate-dict-type = "SHARDED_STATE_DICT"\nmixed-precision-policy = "param_dtype=bf16,reduce_dtype=fp32"\nforward-prefetch = true\nbackward-prefetch = "BACKWARD_PRE"\n' >> /tmp/fsdp.toml
     step fsdp "$H" launch -n 1 /tmp/fsdp.toml -- --quiet --steps 300
     ls /tmp/fsdp/sort-digits/checkpoints/*/ >> "$OUT/fsdp.log"
-    grep -iE "nccl|accuracy|shard" "$OUT/fsdp.log" | head -5 ;;
+    grep -oE "\"(prefetched|gathers|gather_bytes|reduce_scatters)\": ?[0-9]+" /tmp/fsdp/sort-digits/summary.json | tr "\n" " " >> "$OUT/fsdp.log"
+    grep -iE "nccl|accuracy|shard|prefetched" "$OUT/fsdp.log" | head -6 ;;
 bench) step bench python3 examples/bench/gpu_gpt_vs_accelerate.py 3; grep -E "^[a-z0-9-]+:|hearth |accelerate |ratio" "$OUT/bench.log" ;;
 offload) step offload python3 examples/bench/gpu_offload_memory.py 6; cat "$OUT/offload.log" ;;
 *) echo "unknown step $s" ;;

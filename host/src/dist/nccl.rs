@@ -462,6 +462,20 @@ impl NcclGroup {
     /// Every process's `tensor` (all the same shape), stacked along
     /// dimension 0 in rank order.
     fn gather_equal(&self, op: &'static str, tensor: &Tensor) -> Result<Tensor, DistError> {
+        let deadline = Instant::now() + self.timeout;
+        let (launched, recv) = self.start_gather(op, tensor, deadline)?;
+        self.finish(op, launched, deadline)?;
+        Ok(recv)
+    }
+
+    /// Launches [`gather_equal`](Self::gather_equal)'s all-gather on the
+    /// group's stream; returns it and the tensor it fills.
+    fn start_gather(
+        &self,
+        op: &'static str,
+        tensor: &Tensor,
+        deadline: Instant,
+    ) -> Result<(Launched, Tensor), DistError> {
         let send = self.on_device(op, tensor)?;
         let send = if send.dim() == 0 {
             send.view([1])
@@ -475,10 +489,13 @@ impl NcclGroup {
         let count = send.numel();
         let (s, r) = (send.data_ptr(), recv.data_ptr());
         let comm = self.comm;
-        self.run(op, vec![send, recv.shallow_clone()], |stream| unsafe {
-            nc::all_gather(s, r, count, dtype, comm, stream)
-        })?;
-        Ok(recv)
+        let launched = self.launch(
+            op,
+            vec![send, recv.shallow_clone()],
+            deadline,
+            |stream| unsafe { nc::all_gather(s, r, count, dtype, comm, stream) },
+        )?;
+        Ok((launched, recv))
     }
 
     /// `tensor` on every process as `root` has it.
@@ -660,11 +677,20 @@ impl ProcessGroup for NcclGroup {
     }
 
     fn all_gather_into(&self, tensor: &Tensor) -> Result<Tensor, DistError> {
+        self.all_gather_into_start(tensor)?.wait()
+    }
+
+    fn all_gather_into_start(&self, tensor: &Tensor) -> Result<Pending<'_>, DistError> {
         let mut shape = vec![self.place.world_size as i64];
         shape.extend(tensor.size());
-        let flat = tensor.reshape([1, -1]);
-        let all = self.gather_equal("all_gather", &flat)?;
-        Ok(back_to(all.reshape(shape.as_slice()), tensor))
+        let deadline = Instant::now() + self.timeout;
+        let (launched, all) =
+            self.start_gather("all_gather", &tensor.reshape([1, -1]), deadline)?;
+        let like = tensor.shallow_clone();
+        Ok(Pending::new(move || {
+            self.finish("all_gather", launched, deadline)?;
+            Ok(back_to(all.reshape(shape.as_slice()), &like))
+        }))
     }
 
     fn all_gather(&self, tensor: &Tensor) -> Result<Tensor, DistError> {
