@@ -126,6 +126,11 @@ fn tensors(named: Vec<(String, Tensor)>) -> Vec<Tensor> {
 
 #[test]
 fn gpt_with_adamw_and_clipping_matches_pytorch() {
+    adamw_and_clipping(Device::Cpu, "adamw");
+}
+
+/// AdamW with weight decay and gradient clipping at 0.5, on `device`.
+fn adamw_and_clipping(device: Device, name: &str) {
     let hyper = AdamHyper {
         lr: 1e-2,
         betas: (0.9, 0.95),
@@ -133,8 +138,9 @@ fn gpt_with_adamw_and_clipping_matches_pytorch() {
         eps: 1e-8,
         decoupled: true,
     };
-    check_against_pytorch(
-        "adamw",
+    check_on(
+        device,
+        name,
         r#"{"kind": "adamw", "lr": 0.01, "betas": [0.9, 0.95], "weight_decay": 0.1, "eps": 1e-8}"#,
         Some(0.5),
         |p| Box::new(Adam::new(tensors(p), hyper)),
@@ -192,6 +198,11 @@ fn adamw_param_groups_match_pytorch() {
 
 #[test]
 fn gpt_with_nesterov_sgd_matches_pytorch() {
+    nesterov_sgd(Device::Cpu, "sgd-nesterov");
+}
+
+/// SGD with Nesterov momentum and weight decay, on `device`.
+fn nesterov_sgd(device: Device, name: &str) {
     let hyper = SgdHyper {
         lr: 0.1,
         momentum: 0.9,
@@ -199,8 +210,9 @@ fn gpt_with_nesterov_sgd_matches_pytorch() {
         weight_decay: 1e-3,
         nesterov: true,
     };
-    check_against_pytorch(
-        "sgd-nesterov",
+    check_on(
+        device,
+        name,
         r#"{"kind": "sgd", "lr": 0.1, "momentum": 0.9, "dampening": 0.0, "weight_decay": 0.001, "nesterov": true}"#,
         None,
         |p| Box::new(Sgd::new(tensors(p), hyper)),
@@ -230,20 +242,7 @@ fn gpt_with_plain_sgd_matches_pytorch() {
 #[ignore = "needs a CUDA GPU"]
 fn gpt_with_adamw_and_clipping_matches_pytorch_on_cuda() {
     assert!(tch::Cuda::is_available(), "this test needs a CUDA GPU");
-    let hyper = AdamHyper {
-        lr: 1e-2,
-        betas: (0.9, 0.95),
-        weight_decay: 0.1,
-        eps: 1e-8,
-        decoupled: true,
-    };
-    check_on(
-        Device::Cuda(0),
-        "adamw-cuda",
-        r#"{"kind": "adamw", "lr": 0.01, "betas": [0.9, 0.95], "weight_decay": 0.1, "eps": 1e-8}"#,
-        Some(0.5),
-        |p| Box::new(Adam::new(tensors(p), hyper)),
-    );
+    adamw_and_clipping(Device::Cuda(0), "adamw-cuda");
 }
 
 /// Nesterov SGD on a GPU, against PyTorch's on the same GPU.
@@ -251,18 +250,5 @@ fn gpt_with_adamw_and_clipping_matches_pytorch_on_cuda() {
 #[ignore = "needs a CUDA GPU"]
 fn gpt_with_nesterov_sgd_matches_pytorch_on_cuda() {
     assert!(tch::Cuda::is_available(), "this test needs a CUDA GPU");
-    let hyper = SgdHyper {
-        lr: 0.1,
-        momentum: 0.9,
-        dampening: 0.0,
-        weight_decay: 1e-3,
-        nesterov: true,
-    };
-    check_on(
-        Device::Cuda(0),
-        "sgd-nesterov-cuda",
-        r#"{"kind": "sgd", "lr": 0.1, "momentum": 0.9, "dampening": 0.0, "weight_decay": 0.001, "nesterov": true}"#,
-        None,
-        |p| Box::new(Sgd::new(tensors(p), hyper)),
-    );
+    nesterov_sgd(Device::Cuda(0), "sgd-nesterov-cuda");
 }
