@@ -10,6 +10,15 @@ use hearth::plugins::PluginError;
 use hearth::precision::MixedPrecision;
 use tch::{Device, Kind, Tensor};
 
+/// The GPT the training tests use: 16 tokens, 8 positions, d=64, 2 layers.
+const SMALL_GPT: GptConfig = GptConfig {
+    vocab_size: 16,
+    block_size: 8,
+    d_model: 64,
+    layers: 2,
+    heads: 4,
+};
+
 fn cuda() -> Device {
     assert!(tch::Cuda::is_available(), "this test needs a CUDA GPU");
     Device::Cuda(0)
@@ -88,13 +97,7 @@ fn a_gpt_trains_under_bf16_and_fp16_on_cuda() {
             .gradient_accumulation_steps(2)
             .build()
             .unwrap();
-        let config = GptConfig {
-            vocab_size: 16,
-            block_size: 8,
-            d_model: 64,
-            layers: 2,
-            heads: 4,
-        };
+        let config = SMALL_GPT;
         let model = Gpt::new(config, Device::Cpu);
         let opt = Adam::new(
             model
@@ -268,13 +271,7 @@ fn train_offloaded(
     }
     let mut acc = builder.build().unwrap();
     tch::manual_seed(0);
-    let config = GptConfig {
-        vocab_size: 16,
-        block_size: 8,
-        d_model: 64,
-        layers: 2,
-        heads: 4,
-    };
+    let config = SMALL_GPT;
     let model = Gpt::new(config, Device::Cpu);
     let params = model
         .named_parameters()

@@ -14,8 +14,8 @@ use crate::models::ModuleTree;
 use crate::optim::Optimizer;
 use crate::parallel::sharded::{ShardedOptimizer, UnitShard};
 use crate::parallel::{
-    BackwardPrefetch, DdpOptions, FsdpSettings, FullShard, FullShardOptions, GradientSync,
-    Prefetch, Round, SyncStats, Unitwise,
+    DdpOptions, FsdpSettings, FullShard, FullShardOptions, GradientSync, Prefetch, Round,
+    SyncStats, Unitwise,
 };
 use crate::plugins::SearchPath;
 use std::cell::{Cell, RefCell};
@@ -259,11 +259,7 @@ impl DataParallel {
                     policy,
                     prefetch: Prefetch {
                         forward: settings.forward_prefetch,
-                        backward: match settings.backward_prefetch {
-                            BackwardPrefetch::BackwardPre => Some(true),
-                            BackwardPrefetch::BackwardPost => Some(false),
-                            BackwardPrefetch::NoPrefetch => None,
-                        },
+                        backward: settings.backward_prefetch,
                     },
                 },
             )?;

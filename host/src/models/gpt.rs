@@ -217,15 +217,16 @@ impl Model for Gpt {
 mod tests {
     use super::*;
 
+    const TINY: GptConfig = GptConfig {
+        vocab_size: 11,
+        block_size: 8,
+        d_model: 16,
+        layers: 2,
+        heads: 4,
+    };
+
     fn tiny() -> Gpt {
-        let config = GptConfig {
-            vocab_size: 11,
-            block_size: 8,
-            d_model: 16,
-            layers: 2,
-            heads: 4,
-        };
-        Gpt::new(config, Device::Cpu)
+        Gpt::new(TINY, Device::Cpu)
     }
 
     #[test]
@@ -281,21 +282,10 @@ mod tests {
             .narrow(1, 3, 1)
             .allclose(&lb.narrow(1, 3, 1), 1e-6, 1e-6, false));
     }
-}
-
-#[cfg(test)]
-mod weights_tests {
-    use super::*;
 
     #[test]
     fn an_unmaterialised_gpt_has_the_names_shapes_and_tree_of_an_initialised_one() {
-        let config = GptConfig {
-            vocab_size: 11,
-            block_size: 8,
-            d_model: 16,
-            layers: 2,
-            heads: 4,
-        };
+        let config = TINY;
         let shapes = |m: &Gpt| -> Vec<(String, Vec<i64>, bool)> {
             m.named_parameters()
                 .into_iter()

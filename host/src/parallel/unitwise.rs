@@ -16,7 +16,7 @@
 //! Randomness replays: the generator's state before each unit is kept and
 //! restored for its recomputation, so dropout masks are the same twice.
 
-use super::fsdp::MixedPrecisionPolicy;
+use super::fsdp::{BackwardPrefetch, MixedPrecisionPolicy};
 use super::sharded::{self, UnitShard};
 use super::SyncStats;
 use crate::dist::{DistError, ProcessGroup};
@@ -48,13 +48,22 @@ pub struct FullShard {
 /// (FSDP's `forward_prefetch` and `backward_prefetch`). At most the
 /// current unit and the next are gathered or in flight at once (what
 /// FSDP1's `limit_all_gathers` guarantees).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Prefetch {
     /// In forward, before the current unit runs.
     pub forward: bool,
-    /// In backward: `Some(true)` before the current unit's gradients are
-    /// computed (BACKWARD_PRE), `Some(false)` after (BACKWARD_POST).
-    pub backward: Option<bool>,
+    /// In backward, before (BACKWARD_PRE) or after (BACKWARD_POST) the
+    /// current unit's gradients are computed.
+    pub backward: BackwardPrefetch,
+}
+
+impl Default for Prefetch {
+    fn default() -> Self {
+        Self {
+            forward: false,
+            backward: BackwardPrefetch::NoPrefetch,
+        }
+    }
 }
 
 /// All-gathers started ahead of use, by shard unit.
@@ -524,7 +533,9 @@ impl Unitwise {
             let previous = |k: usize| k.checked_sub(1).map(|p| &uses.per_unit[p][..]);
             for k in (0..units.len()).rev() {
                 self.gather_as(&uses.per_unit[k], false, &mut ahead)?;
-                if let (Some(true), Some(before)) = (prefetch.backward, previous(k)) {
+                if let (BackwardPrefetch::BackwardPre, Some(before)) =
+                    (prefetch.backward, previous(k))
+                {
                     self.prefetch(before, &mut ahead)?;
                 }
                 let input = &tape.inputs[k];
@@ -549,7 +560,9 @@ impl Unitwise {
                     let surrogate = (output.to_kind(grad.kind()) * &grad).sum(Kind::Float);
                     surrogate.f_backward().map_err(torch)?;
                 }
-                if let (Some(false), Some(before)) = (prefetch.backward, previous(k)) {
+                if let (BackwardPrefetch::BackwardPost, Some(before)) =
+                    (prefetch.backward, previous(k))
+                {
                     self.prefetch(before, &mut ahead)?;
                 }
                 if k > 0 {
