@@ -508,11 +508,12 @@ def test_prefetching_gathers_ahead_and_trains_the_same_weights(hearth_bin, tmp_p
     assert ahead["most_gathered"] <= plain["most_gathered"] + 1, (plain, ahead)
 
 
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP"])
-def test_ram_efficient_loading_trains_from_rank_0s_weights_alone(hearth, hearth_bin, tmp_path, strategy):
+@pytest.mark.parametrize("strategy, extra", [("FULL_SHARD", ""), ("SHARD_GRAD_OP", ""), ("FULL_SHARD", 'ignored-modules = ["head"]')])
+def test_ram_efficient_loading_trains_from_rank_0s_weights_alone(hearth, hearth_bin, tmp_path, strategy, extra):
     # Rank 1 never builds its weights (allocated, never written): were any
-    # of them used instead of rank 0's, the weights would differ.
-    base = f'\n[fsdp]\nsharding-strategy = "{strategy}"\nauto-wrap-policy = "transformer-based"\ntransformer-cls-names-to-wrap = ["Block"]\nsync-module-states = true\n'
+    # of them used instead of rank 0's (an ignored module's too), the
+    # weights would differ.
+    base = f'\n[fsdp]\nsharding-strategy = "{strategy}"\nauto-wrap-policy = "transformer-based"\ntransformer-cls-names-to-wrap = ["Block"]\nsync-module-states = true\n{extra}\n'
     for name, table in [("synced", base), ("efficient", base + "cpu-ram-efficient-loading = true\n")]:
         config = write_config(tmp_path, job(table), f"{name}.toml")
         run = mpirun(hearth_bin, 2, "run", config, "--quiet", "--output-dir", tmp_path / name, cwd=tmp_path)
@@ -522,3 +523,21 @@ def test_ram_efficient_loading_trains_from_rank_0s_weights_alone(hearth, hearth_
     config = write_config(tmp_path, job(base.replace("sync-module-states = true", "cpu-ram-efficient-loading = true")), "bad.toml")
     out = hearth("run", config)
     assert out.returncode == 2 and "`fsdp.cpu-ram-efficient-loading`" in out.stderr and "sync-module-states = true" in out.stderr, out.stderr
+
+
+def test_a_mixed_precision_policy_on_two_processes_reduces_in_its_dtype_and_saves_float32(hearth_bin, tmp_path):
+    # The oracle run against PyTorch FSDP2 is host/tests/fsdp_mixed_precision.rs
+    # (one process); here the collectives of two processes carry the dtypes.
+    base = '\n[fsdp]\nauto-wrap-policy = "transformer-based"\ntransformer-cls-names-to-wrap = ["Block"]\n'
+    sync = {}
+    for name, policy in [("fp32", "fp32"), ("bf16", "bf16")]:
+        config = write_config(tmp_path, job(base + f'mixed-precision-policy = "{policy}"\n'), f"{name}.toml")
+        run = mpirun(hearth_bin, 2, "run", config, "--output-dir", tmp_path / name, cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+        sync[name] = json.loads((tmp_path / name / "fsdp" / "summary.json").read_text())["gradient_sync"]
+    assert "parameters in bf16, gradients reduced in bf16" in run.stdout + run.stderr
+    assert 2 * sync["bf16"]["bytes"] == sync["fp32"]["bytes"], sync
+    assert sync["bf16"]["gathers"] == sync["fp32"]["gathers"] and sync["bf16"]["gather_bytes"] < sync["fp32"]["gather_bytes"], sync
+    saved = load_file(tmp_path / "bf16" / "fsdp" / "model.safetensors")
+    assert all(t.dtype == torch.float32 for t in saved.values())
+    peer_gpt.build(**SIZES).load_state_dict(saved, strict=True)
