@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 pub mod accelerator;
+pub mod big_model;
 pub mod checkpoint;
 pub mod cli;
 pub mod data;

@@ -17,8 +17,9 @@ pub use model_files::{
     load_checkpoint_in_model, parse_size, plan_shards, save_model, LoadReport, SavedModel,
     ShardIndex, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,
 };
-pub(crate) use safetensors_io::{dtype_of, tensor_bytes};
-pub use safetensors_io::{load_safetensors, save_safetensors, CheckpointError};
+pub(crate) use model_files::{weight_files, WeightFile};
+pub(crate) use safetensors_io::{dtype_of, kind_of, open_mapped, tensor_bytes, tensor_from_view};
+pub use safetensors_io::{load_safetensors, read_safetensor, save_safetensors, CheckpointError};
 pub use sharded::{
     merge_fsdp_weights, model_shards_dir, optimizer_shards_dir, save_pieces, shard_file_name,
     HeldRows, Piece, ShardedTensors,

@@ -197,12 +197,12 @@ pub struct LoadReport {
 }
 
 /// A weight file and the tensor names its index says it holds (`None`: all).
-type WeightFile = (PathBuf, Option<BTreeSet<String>>);
+pub(crate) type WeightFile = (PathBuf, Option<BTreeSet<String>>);
 
 /// The weight files of `path`: a `.safetensors` file, an index file, or a
 /// folder holding `model.safetensors.index.json` or `model.safetensors`.
 /// Returns each file with the names it should hold (`None`: all).
-fn weight_files(path: &Path) -> Result<Vec<WeightFile>, CheckpointError> {
+pub(crate) fn weight_files(path: &Path) -> Result<Vec<WeightFile>, CheckpointError> {
     let bad = |message: String| CheckpointError::Format {
         path: path.into(),
         message,

@@ -240,16 +240,16 @@ pub(super) fn save_safetensors_with(
 }
 
 /// A safetensors file mapped into memory.
-pub(super) struct Mapped(memmap2::Mmap);
+pub(crate) struct Mapped(memmap2::Mmap);
 
 impl Mapped {
     /// The file's bytes.
-    pub(super) fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         &self.0
     }
 
     /// Parses the header (cheap: the data stays on disk until read).
-    pub(super) fn tensors(&self, path: &Path) -> Result<SafeTensors<'_>, CheckpointError> {
+    pub(crate) fn tensors(&self, path: &Path) -> Result<SafeTensors<'_>, CheckpointError> {
         SafeTensors::deserialize(&self.0).map_err(|e| CheckpointError::Format {
             path: path.into(),
             message: e.to_string(),
@@ -258,7 +258,7 @@ impl Mapped {
 }
 
 /// Maps `path` read-only.
-pub(super) fn open_mapped(path: &Path) -> Result<Mapped, CheckpointError> {
+pub(crate) fn open_mapped(path: &Path) -> Result<Mapped, CheckpointError> {
     let file = std::fs::File::open(path).map_err(CheckpointError::io(path))?;
     // SAFETY: a read-only mapping; hearth never writes a file in place (all
     // writes go to a new file renamed over the old one).
@@ -284,13 +284,29 @@ pub fn load_safetensors(
     Ok(out)
 }
 
-fn tensor_from_view(path: &Path, name: &str, view: &TensorView) -> Result<Tensor, CheckpointError> {
+pub(crate) fn tensor_from_view(
+    path: &Path,
+    name: &str,
+    view: &TensorView,
+) -> Result<Tensor, CheckpointError> {
     let kind = kind_of(view.dtype()).ok_or_else(|| CheckpointError::Format {
         path: path.into(),
         message: format!("tensor `{name}` has unsupported dtype {:?}", view.dtype()),
     })?;
     let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
     Ok(Tensor::from_data_size(view.data(), &shape, kind))
+}
+
+/// Reads the tensor `name` of the safetensors file at `path` (mapped; only
+/// that tensor's bytes are read), on the CPU.
+pub fn read_safetensor(path: &Path, name: &str) -> Result<Tensor, CheckpointError> {
+    let map = open_mapped(path)?;
+    let st = map.tensors(path)?;
+    let view = st.tensor(name).map_err(|_| CheckpointError::Format {
+        path: path.into(),
+        message: format!("it holds no tensor `{name}`"),
+    })?;
+    tensor_from_view(path, name, &view)
 }
 
 #[cfg(test)]

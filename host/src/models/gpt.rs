@@ -181,7 +181,7 @@ impl Gpt {
                 config.vocab_size,
             ),
         };
-        let tree = ModuleTree::new(&declared, &vs.variables());
+        let tree = ModuleTree::new(&declared, &super::declaration_order(&vs));
         Self {
             vs,
             config,
@@ -262,7 +262,7 @@ mod tests {
         assert_eq!(tree.modules()[block.parent.unwrap()].path, "blocks");
         assert_eq!(
             tree.get("blocks.1.qkv").unwrap().params,
-            ["blocks.1.qkv.bias", "blocks.1.qkv.weight"]
+            ["blocks.1.qkv.weight", "blocks.1.qkv.bias"]
         );
         assert_eq!(tree.get("blocks.1.qkv").unwrap().num_params, 16 * 48 + 48);
     }

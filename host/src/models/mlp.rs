@@ -101,7 +101,7 @@ impl Mlp {
             linear: weights.linear(&root / "head", config.hidden, config.vocab_size),
             gelu: false,
         };
-        let tree = ModuleTree::new(&declared, &vs.variables());
+        let tree = ModuleTree::new(&declared, &super::declaration_order(&vs));
         Self {
             vs,
             context,

@@ -15,5 +15,5 @@ pub use gpt::{Gpt, GptConfig};
 pub use mlp::{Mlp, MlpConfig};
 pub use model::{sorted_variables, Model, Unit, VarStoreModel};
 pub use torchscript::{TorchScriptError, TorchScriptModel};
-pub use tree::{ModuleInfo, ModuleTree};
+pub use tree::{declaration_order, ModuleInfo, ModuleTree, TensorEntry};
 pub use weights::Weights;

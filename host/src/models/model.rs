@@ -35,6 +35,12 @@ pub trait Model {
     /// model's own tensors).
     fn named_parameters(&self) -> Vec<(String, Tensor)>;
 
+    /// Buffers (state that is not trained, such as BatchNorm's running
+    /// statistics) with their PyTorch names, sorted by name; none by default.
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+
     /// Number of scalar parameters.
     fn num_parameters(&self) -> i64 {
         self.named_parameters()
@@ -94,7 +100,7 @@ impl VarStoreModel {
             .iter()
             .map(|(p, c)| (p.as_str(), c.as_str()))
             .collect();
-        ModuleTree::from_variables(&self.vs.variables(), root, &classes)
+        ModuleTree::from_variables(&super::declaration_order(&self.vs), root, &classes)
     }
 }
 
@@ -117,5 +123,8 @@ impl<M: Model + ?Sized> Model for Box<M> {
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         (**self).named_parameters()
+    }
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        (**self).named_buffers()
     }
 }

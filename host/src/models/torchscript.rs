@@ -2,7 +2,6 @@
 //! trained by hearth with no Python at run time.
 
 use super::{Model, ModuleTree, Unit};
-use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use tch::{CModule, Device, TchError, Tensor};
@@ -49,11 +48,13 @@ impl TorchScriptModel {
         if params.is_empty() {
             return Err(err("has no parameters to train".into()));
         }
+        // The tree keeps libtorch's (declaration) order; the model lists
+        // its parameters by name.
+        let tree = tree_of(path, &params);
         params.sort_by(|a, b| a.0.cmp(&b.0));
         for (_, p) in &params {
             let _ = p.set_requires_grad(true);
         }
-        let tree = tree_of(path, &params);
         Ok(Self {
             module: Mutex::new((module, true)),
             params,
@@ -93,10 +94,6 @@ fn first_line(e: &TchError) -> String {
 /// buffers; when the file cannot be read for that, modules inferred from the
 /// parameter names (`a.b.weight` → `a`, `a.b`) of class `Module`.
 fn tree_of(path: &Path, params: &[(String, Tensor)]) -> ModuleTree {
-    let vars: HashMap<String, Tensor> = params
-        .iter()
-        .map(|(n, t)| (n.clone(), t.shallow_clone()))
-        .collect();
     match crate::ops::jit_structure(path) {
         Ok(structure) => {
             let declared: Vec<(String, &str)> = structure
@@ -104,25 +101,14 @@ fn tree_of(path: &Path, params: &[(String, Tensor)]) -> ModuleTree {
                 .iter()
                 .map(|(p, c)| (p.clone(), c.as_str()))
                 .collect();
-            let buffers: HashMap<String, Tensor> = structure.buffers.into_iter().collect();
-            ModuleTree::with_buffers(&declared, &vars, &buffers)
+            ModuleTree::with_buffers(&declared, params, &structure.buffers)
         }
         Err(e) => {
             tracing::warn!(
                 "TorchScript model {}: its submodules cannot be listed ({e}); the module tree is inferred from parameter names",
                 path.display()
             );
-            let mut paths = BTreeSet::new();
-            for (name, _) in params {
-                let mut p = name.as_str();
-                while let Some(i) = p.rfind('.') {
-                    p = &p[..i];
-                    paths.insert(p.to_string());
-                }
-            }
-            let mut declared: Vec<(String, &str)> = vec![(String::new(), "Module")];
-            declared.extend(paths.into_iter().map(|p| (p, "Module")));
-            ModuleTree::new(&declared, &vars)
+            ModuleTree::from_variables(params, "Module", &[])
         }
     }
 }

@@ -664,7 +664,11 @@ mod tests {
         let vs = tch::nn::VarStore::new(Device::Cpu);
         let linear = |name: &str| tch::nn::linear(vs.root() / name, 8, 8, Default::default());
         let (a, b) = (linear("a"), linear("b"));
-        let tree = crate::models::ModuleTree::from_variables(&vs.variables(), "Net", &[]);
+        let tree = crate::models::ModuleTree::from_variables(
+            &crate::models::declaration_order(&vs),
+            "Net",
+            &[],
+        );
         Net {
             a: Layer {
                 path: "a",

@@ -139,7 +139,8 @@ mod tests {
         let model = gpt();
         let units = ["blocks.0".to_string(), "blocks.0.fc".to_string()];
         let got = assign(model.module_tree(), &units).unwrap();
-        assert_eq!(got[2].1, ["blocks.0.fc.bias", "blocks.0.fc.weight"]);
+        // In PyTorch's declaration order.
+        assert_eq!(got[2].1, ["blocks.0.fc.weight", "blocks.0.fc.bias"]);
         assert_eq!(got[1].1.len(), 10);
         // `blocks.1` is not `blocks.10`'s prefix and so on: only whole path parts match.
         assert_eq!(owner(&["".into(), "blocks.1".into()], "blocks.10.fc"), 0);

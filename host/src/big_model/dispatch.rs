@@ -1,0 +1,321 @@
+//! Running a model whose modules sit on several devices and on the disk:
+//! Accelerate's `dispatch_model` and its `AlignDevicesHook`s, at the
+//! granularity of the model's units.
+//!
+//! Each tensor lives where the device map puts it. Tensors mapped to the
+//! disk — and, when the model runs on a GPU, those mapped to the CPU — are
+//! *offloaded*: between uses they hold no data on the execution device;
+//! just before a unit runs, the offloaded tensors it uses are read (from
+//! the offload folder, or the copy in host memory) onto the device the
+//! unit runs on, and dropped again once it ran. Activations follow the
+//! units from device to device; the output comes back to the input's
+//! device.
+//!
+//! Where hearth differs: Accelerate hooks every module, hearth every unit
+//! (an embedding, a block, the head). A unit runs on the device of its
+//! first tensor; tensors of the unit mapped to another GPU are copied
+//! there for the unit's run as offloaded ones are. Map a model's blocks
+//! whole (`no_split_module_classes = ["Block"]`) to avoid the copies. The
+//! forward pass is for inference: it records no graph.
+
+use super::device_map::{check_device_map, device_of, DeviceMap};
+use super::loading::{is_placeholder, named_tensors, placeholder};
+use super::offload::{
+    offload_state_dict, read_offload_index, OffloadIndex, OffloadedWeightsLoader,
+};
+use super::sizes::is_under;
+use super::{BigModelError, MapDevice, Notes};
+use crate::models::Model;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use tch::{Device, Kind, Tensor};
+
+/// The knobs of [`dispatch_model`], with Accelerate's defaults.
+#[derive(Debug, Clone, Default)]
+pub struct DispatchOptions {
+    /// The device offloaded modules run on (default: the first GPU of the
+    /// map, else the CPU).
+    pub main_device: Option<MapDevice>,
+    /// Where the tensors mapped to the disk are (written there from the
+    /// model's own values when the folder has no `index.json` yet).
+    pub offload_dir: Option<PathBuf>,
+    /// The offload folder's index, when not its `index.json`.
+    pub offload_index: Option<OffloadIndex>,
+    /// Buffers of offloaded modules are offloaded too (else they stay on
+    /// the main device).
+    pub offload_buffers: bool,
+}
+
+/// One tensor of a dispatched model.
+struct Placed {
+    name: String,
+    /// The model's own handle.
+    handle: Tensor,
+    /// Its dtype in the model.
+    kind: Kind,
+    /// Where it runs.
+    execution: Device,
+    /// Read from the offload loader when needed (else resident).
+    offloaded: bool,
+}
+
+/// What one unit of the model runs with.
+struct UnitPlan {
+    device: Device,
+    tensors: Vec<usize>,
+}
+
+/// A model dispatched over devices and the disk (see the module docs).
+pub struct DispatchedModel {
+    model: Box<dyn Model>,
+    tensors: Vec<Placed>,
+    units: Vec<UnitPlan>,
+    loader: OffloadedWeightsLoader,
+    notes: Notes,
+}
+
+/// Accelerate's `dispatch_model(model, device_map, main_device,
+/// offload_dir, offload_index, offload_buffers)`: places every tensor as
+/// `device_map` says (the map must cover the model) and returns the model,
+/// ready to run with offloaded tensors loaded just in time.
+pub fn dispatch_model(
+    model: Box<dyn Model>,
+    device_map: &DeviceMap,
+    options: &DispatchOptions,
+) -> Result<DispatchedModel, BigModelError> {
+    let tree = model.module_tree().clone();
+    let mut notes = Notes::default();
+    check_device_map(&tree, device_map, &mut notes)?;
+    let main = options.main_device.unwrap_or_else(|| {
+        device_map
+            .values()
+            .copied()
+            .filter(|d| d.is_gpu())
+            .min()
+            .unwrap_or(MapDevice::Cpu)
+    });
+    let main_torch = main
+        .torch_device()
+        .ok_or_else(|| BigModelError::UnknownDevice {
+            name: "disk (as the main device)".into(),
+        })?;
+    let offloaded_places: &[MapDevice] = if main.is_gpu() {
+        &[MapDevice::Cpu, MapDevice::Disk]
+    } else {
+        &[MapDevice::Disk]
+    };
+    let handles = named_tensors(model.as_ref());
+    let disk: Vec<&String> = device_map
+        .iter()
+        .filter(|(_, d)| **d == MapDevice::Disk)
+        .map(|(k, _)| k)
+        .collect();
+    let folder = options.offload_dir.clone();
+    if !disk.is_empty() && folder.is_none() && options.offload_index.is_none() {
+        return Err(BigModelError::NoOffloadFolder {
+            module: disk[0].clone(),
+        });
+    }
+    // A folder without an index gets the disk modules' own values.
+    if let Some(folder) = folder
+        .as_ref()
+        .filter(|_| !disk.is_empty() && options.offload_index.is_none())
+    {
+        if read_offload_index(folder)?.is_empty() {
+            let values: Vec<(String, Tensor)> = tree
+                .tensors()
+                .iter()
+                .filter(|t| device_of(device_map, &t.name) == Some(MapDevice::Disk))
+                .map(|t| (t.name.clone(), handles[&t.name].detach()))
+                .collect();
+            offload_state_dict(folder, &values)?;
+        }
+    }
+    let mut in_memory: HashMap<String, Tensor> = HashMap::new();
+    let mut tensors = Vec::new();
+    for entry in tree.tensors() {
+        let place = device_of(device_map, &entry.name).expect("checked: the map covers the model");
+        let mut handle = handles[&entry.name].shallow_clone();
+        let kind = handle.kind();
+        // Offloaded places run on the main device; a buffer there stays
+        // on it unless buffers are offloaded too.
+        let away = offloaded_places.contains(&place);
+        let offloaded = away && (!entry.buffer || options.offload_buffers);
+        let execution = match place.torch_device() {
+            Some(d) if !away => d,
+            _ => main_torch,
+        };
+        let empty = is_placeholder(&handle, &entry.shape);
+        if offloaded {
+            if place == MapDevice::Cpu && !empty {
+                in_memory.insert(entry.name.clone(), handle.detach().to_device(Device::Cpu));
+            }
+            tch::no_grad(|| handle.set_data(&placeholder(kind, execution)));
+        } else if empty {
+            return Err(BigModelError::Checkpoint(crate::checkpoint::CheckpointError::State {
+                path: PathBuf::from(&entry.name),
+                message: format!(
+                    "tensor `{}` holds no values (it was offloaded) but is mapped to {place}: load the checkpoint \
+                     with this device map first",
+                    entry.name
+                ),
+            }));
+        } else if handle.device() != execution {
+            let moved =
+                handle
+                    .detach()
+                    .f_to_device(execution)
+                    .map_err(|source| BigModelError::Torch {
+                        what: format!("moving `{}` to {place}", entry.name),
+                        source,
+                    })?;
+            tch::no_grad(|| handle.set_data(&moved));
+        }
+        tensors.push(Placed {
+            name: entry.name.clone(),
+            handle,
+            kind,
+            execution,
+            offloaded,
+        });
+    }
+    let loader = OffloadedWeightsLoader::new(in_memory, folder, options.offload_index.clone())?;
+    if let Some(missing) = tensors
+        .iter()
+        .find(|t| t.offloaded && !loader.contains(&t.name))
+    {
+        return Err(BigModelError::NoSuchTensor {
+            name: format!("{} (not in the offload folder's index)", missing.name),
+        });
+    }
+    let units = plan_units(model.as_ref(), &tensors, main_torch);
+    Ok(DispatchedModel {
+        model,
+        tensors,
+        units,
+        loader,
+        notes,
+    })
+}
+
+/// Which tensors each unit uses (a tied name counts for its group), and
+/// the device it runs on: its first tensor's.
+fn plan_units(model: &dyn Model, tensors: &[Placed], main: Device) -> Vec<UnitPlan> {
+    let tree = model.module_tree();
+    let index: HashMap<&str, usize> = tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.name.as_str(), i))
+        .collect();
+    let canonical = |name: &str| -> Option<usize> {
+        index.get(name).copied().or_else(|| {
+            let group = tree.ties().iter().find(|g| g.iter().any(|n| n == name))?;
+            group.iter().find_map(|n| index.get(n.as_str()).copied())
+        })
+    };
+    model
+        .units()
+        .iter()
+        .map(|unit| {
+            let paths = unit.modules();
+            let mut used: Vec<usize> = tree
+                .modules()
+                .iter()
+                .filter(|m| paths.iter().any(|p| is_under(&m.path, p)))
+                .flat_map(|m| m.params.iter().chain(&m.buffers))
+                .filter_map(|n| canonical(n))
+                .collect();
+            used.sort_unstable();
+            used.dedup();
+            let device = used.first().map_or(main, |&i| tensors[i].execution);
+            UnitPlan {
+                device,
+                tensors: used,
+            }
+        })
+        .collect()
+}
+
+/// Tensors brought onto a unit's device for its run, put back on drop
+/// (also when the run fails).
+struct Onloaded<'m> {
+    tensors: &'m [Placed],
+    restore: Vec<(usize, Tensor)>,
+}
+
+impl Drop for Onloaded<'_> {
+    fn drop(&mut self) {
+        for (i, before) in self.restore.drain(..) {
+            let mut handle = self.tensors[i].handle.shallow_clone();
+            tch::no_grad(|| handle.set_data(&before));
+        }
+    }
+}
+
+impl DispatchedModel {
+    /// Runs the model on `tokens` (`[batch, time]`), unit by unit, without
+    /// a graph; the logits come back on the tokens' device.
+    pub fn forward(&self, tokens: &Tensor) -> Result<Tensor, BigModelError> {
+        let _no_grad = tch::no_grad_guard();
+        let mut x = tokens.shallow_clone();
+        for (unit, plan) in self.model.units().into_iter().zip(&self.units) {
+            let _onloaded = self.onload(plan)?;
+            let input = x
+                .f_to_device(plan.device)
+                .map_err(|source| BigModelError::Torch {
+                    what: format!("moving activations to {:?}", plan.device),
+                    source,
+                })?;
+            x = unit.forward_t(&input, false);
+        }
+        Ok(x.to_device(tokens.device()))
+    }
+
+    /// Brings what `plan` needs and is not on its device there.
+    fn onload(&self, plan: &UnitPlan) -> Result<Onloaded<'_>, BigModelError> {
+        let mut guard = Onloaded {
+            tensors: &self.tensors,
+            restore: Vec::new(),
+        };
+        for &i in &plan.tensors {
+            let t = &self.tensors[i];
+            let value = if t.offloaded {
+                self.loader.get(&t.name)?
+            } else if t.execution != plan.device {
+                t.handle.detach()
+            } else {
+                continue;
+            };
+            let value = value
+                .f_to_device(plan.device)
+                .and_then(|v| v.f_to_kind(t.kind))
+                .map_err(|source| BigModelError::Torch {
+                    what: format!("loading `{}` onto {:?}", t.name, plan.device),
+                    source,
+                })?;
+            guard.restore.push((i, t.handle.detach()));
+            let mut handle = t.handle.shallow_clone();
+            handle.set_data(&value);
+        }
+        Ok(guard)
+    }
+
+    /// The model (its offloaded tensors hold no data between runs).
+    pub fn model(&self) -> &dyn Model {
+        self.model.as_ref()
+    }
+
+    /// Accelerate's warnings while dispatching.
+    pub fn notes(&self) -> &Notes {
+        &self.notes
+    }
+
+    /// The tensors read from the disk or host memory for each run.
+    pub fn offloaded(&self) -> Vec<&str> {
+        self.tensors
+            .iter()
+            .filter(|t| t.offloaded)
+            .map(|t| t.name.as_str())
+            .collect()
+    }
+}

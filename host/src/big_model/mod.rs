@@ -1,0 +1,173 @@
+//! Accelerate's big-model utilities, on hearth's [`ModuleTree`]: how large
+//! each module is, which device each module goes to when a model is larger
+//! than one device (`infer_auto_device_map`), loading a checkpoint straight
+//! onto those devices with the rest offloaded to disk in Accelerate's
+//! layout, and running such a model (`dispatch_model`).
+//!
+//! The functions keep Accelerate's names, arguments and results, so that a
+//! device map or an offload folder made by one is read by the other; the
+//! tests run Accelerate's own functions on the same PyTorch modules as the
+//! oracle. Where hearth differs it says so on the function.
+//!
+//! [`ModuleTree`]: crate::models::ModuleTree
+
+mod balance;
+mod device_map;
+mod dispatch;
+mod loading;
+mod memory;
+mod offload;
+mod sizes;
+
+pub use balance::get_balanced_memory;
+pub use device_map::{
+    check_device_map, clean_device_map, device_of, infer_auto_device_map, AutoDeviceMapOptions,
+    DeviceMap,
+};
+pub use dispatch::{dispatch_model, DispatchOptions, DispatchedModel};
+pub use loading::{
+    load_checkpoint_in_model, load_state_dict, retie_parameters, set_module_tensor_to_device,
+    LoadOptions, LoadedCheckpoint,
+};
+pub use memory::{get_max_memory, parse_max_memory, parse_memory_size, MapDevice, MaxMemory};
+pub use offload::{
+    load_offloaded_weight, load_offloaded_weights, offload_state_dict, offload_weight,
+    read_offload_index, save_offload_index, OffloadEntry, OffloadIndex, OffloadedWeightsLoader,
+    OFFLOAD_INDEX_NAME,
+};
+pub use sizes::{
+    calculate_maximum_sizes, compute_module_sizes, compute_module_total_buffer_size,
+    get_max_layer_size, ModuleSizes,
+};
+
+use std::path::PathBuf;
+
+/// What a big-model function said besides its result: Accelerate's
+/// warnings and informational messages, word for word, and with `verbose`
+/// the steps `infer_auto_device_map` took (Accelerate prints them). Each
+/// warning and message is also logged.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Notes {
+    /// Warnings (Accelerate's `logger.warning` and `warnings.warn`).
+    pub warnings: Vec<String>,
+    /// Informational messages (Accelerate's `logger.info`).
+    pub info: Vec<String>,
+    /// With `verbose`: each line Accelerate would print.
+    pub steps: Vec<String>,
+}
+
+impl Notes {
+    pub(crate) fn warn(&mut self, message: String) {
+        tracing::warn!("{message}");
+        self.warnings.push(message);
+    }
+
+    pub(crate) fn info(&mut self, message: String) {
+        tracing::info!("{message}");
+        self.info.push(message);
+    }
+}
+
+/// Why a big-model operation could not be done. Each names the thing to
+/// fix.
+#[derive(Debug, thiserror::Error)]
+pub enum BigModelError {
+    /// A size that is not `20GiB`, `500MB`, … or a number of bytes.
+    #[error("{text:?} is not a size: write a number of bytes or a number with GiB, MiB, KiB (powers of 2) or GB, MB, KB (powers of 10), e.g. 20GiB")]
+    BadSize {
+        /// The text.
+        text: String,
+    },
+    /// A device name that is neither a GPU index, `cpu` nor `disk`.
+    #[error("unknown device `{name}`: devices are GPU indices (0, 1, …), `cpu` and `disk`")]
+    UnknownDevice {
+        /// The name.
+        name: String,
+    },
+    /// A part of `--max-memory` that is not `DEVICE=SIZE`, or a device twice.
+    #[error(
+        "max_memory: {part:?} is not DEVICE=SIZE with each device once, e.g. 0=20GiB,cpu=64GiB"
+    )]
+    BadMaxMemory {
+        /// The part.
+        part: String,
+    },
+    /// The device that runs offloaded modules cannot hold the largest layer.
+    #[error(
+        "max_memory cannot run this model: its largest layer `{layer}` ({class}, {size} bytes) is offloaded and must \
+         fit on {device} to run, which may hold {room} bytes; give {device} at least {size} bytes, or let {class} \
+         split (leave it out of the no-split classes)"
+    )]
+    LargestLayerDoesNotFit {
+        /// The layer's path.
+        layer: String,
+        /// Its class.
+        class: String,
+        /// Its bytes.
+        size: u64,
+        /// The device that would run it.
+        device: MapDevice,
+        /// What that device may hold.
+        room: u64,
+    },
+    /// Tensors the device map gives no device.
+    #[error("the device map gives no device to {}; map them, or one of the modules above them", tensors.join(", "))]
+    Uncovered {
+        /// The tensors.
+        tensors: Vec<String>,
+    },
+    /// Something wrong with a checkpoint, a file of the offload folder, or
+    /// a tensor's shape or dtype.
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// A tensor the model does not have.
+    #[error("the model has no parameter or buffer `{name}`")]
+    NoSuchTensor {
+        /// The name.
+        name: String,
+    },
+    /// A tensor mapped to the disk that the checkpoint does not hold.
+    #[error(
+        "{checkpoint}: tensor `{name}` is mapped to {device} by the device map, but the checkpoint does not hold it; \
+         load a checkpoint of this model, or map the module to a device where it keeps its own values"
+    )]
+    MissingMapped {
+        /// The checkpoint.
+        checkpoint: PathBuf,
+        /// The tensor.
+        name: String,
+        /// Where the map sends it.
+        device: MapDevice,
+    },
+    /// A device map with the disk, and no folder to offload to.
+    #[error("at least one of the model's modules is offloaded to disk ({module}); give an offload folder")]
+    NoOffloadFolder {
+        /// A module mapped to the disk.
+        module: String,
+    },
+    /// Reading or writing the offload folder failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The failure.
+        #[source]
+        source: std::io::Error,
+    },
+    /// libtorch failed (moving a tensor to a device that is not there).
+    #[error("{what}: {source}")]
+    Torch {
+        /// What was being done.
+        what: String,
+        /// The failure.
+        #[source]
+        source: tch::TchError,
+    },
+}
+
+impl BigModelError {
+    pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.into();
+        move |source| Self::Io { path, source }
+    }
+}
