@@ -32,6 +32,8 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace {
@@ -243,22 +245,46 @@ char *hearth_empty_device_cache() {
 
 }  // extern "C"
 
-// The module tree of the TorchScript file at `path` (loaded on the CPU, apart
-// from any copy the caller holds): `module(ctx, path, qualified class name)`
-// for every submodule, the root first as "", then `buffer(ctx, name, tensor)`
-// for every buffer, handing over a new at::Tensor the caller owns.
-extern "C" char *hearth_jit_structure(const char *path,
-                           void (*module)(void *, const char *, const char *),
-                           void (*buffer)(void *, const char *, at::Tensor *), void *ctx) {
+// A TorchScript module hearth owns (tch's CModule hides its buffers): loaded
+// on a device, listed (submodules with their qualified class names, then
+// parameters and buffers as new at::Tensor handles sharing the module's own
+// tensors, so that set_data on them changes the module), switched between
+// training and evaluation, and run.
+extern "C" char *hearth_jit_load(const char *path, int cuda_index, void **out) {
   return guarded([&] {
-    auto loaded = torch::jit::load(std::string(path), at::Device(at::kCPU));
-    for (const auto &m : loaded.named_modules()) {
-      auto name = m.value.type()->name();
+    at::Device device = cuda_index < 0 ? at::Device(at::kCPU) : at::Device(at::kCUDA, cuda_index);
+    *out = new torch::jit::Module(torch::jit::load(std::string(path), device));
+  });
+}
+
+extern "C" void hearth_jit_free(void *module) { delete static_cast<torch::jit::Module *>(module); }
+
+extern "C" char *hearth_jit_list(void *handle,
+                                 void (*module)(void *, const char *, const char *),
+                                 void (*parameter)(void *, const char *, at::Tensor *),
+                                 void (*buffer)(void *, const char *, at::Tensor *), void *ctx) {
+  return guarded([&] {
+    auto &m = *static_cast<torch::jit::Module *>(handle);
+    for (const auto &sub : m.named_modules()) {
+      auto name = sub.value.type()->name();
       std::string cls = name ? name->qualifiedName() : std::string();
-      module(ctx, m.name.c_str(), cls.c_str());
+      module(ctx, sub.name.c_str(), cls.c_str());
     }
-    for (const auto &b : loaded.named_buffers()) {
-      buffer(ctx, b.name.c_str(), new at::Tensor(b.value));
+    for (const auto &p : m.named_parameters()) parameter(ctx, p.name.c_str(), new at::Tensor(p.value));
+    for (const auto &b : m.named_buffers()) buffer(ctx, b.name.c_str(), new at::Tensor(b.value));
+  });
+}
+
+extern "C" char *hearth_jit_train(void *handle, bool on) {
+  return guarded([&] { static_cast<torch::jit::Module *>(handle)->train(on); });
+}
+
+extern "C" char *hearth_jit_forward(void *handle, at::Tensor *input, at::Tensor **out) {
+  return guarded([&] {
+    auto result = static_cast<torch::jit::Module *>(handle)->forward({*input});
+    if (!result.isTensor()) {
+      throw std::runtime_error("forward returned " + result.tagKind() + ", not a tensor");
     }
+    *out = new at::Tensor(result.toTensor());
   });
 }

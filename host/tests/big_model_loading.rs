@@ -273,3 +273,98 @@ fn bad_inputs_are_refused_before_anything_is_written() {
     assert_eq!(files_under(&dir), before_wide);
     assert!(before_partial.len() > before.len() && before_wide.len() > before_partial.len());
 }
+
+/// The TorchScript TiedNet (a root parameter, tied embedding and head,
+/// BatchNorm buffers) loaded from another model's checkpoint with blocks
+/// on the disk: the logits of the checkpoint's own model and of
+/// Accelerate's dispatched one, with and without offloaded buffers.
+#[test]
+fn a_torchscript_model_with_ties_and_buffers_on_the_disk_gives_the_checkpoints_logits() {
+    use hearth::models::TorchScriptModel;
+    for offload_buffers in [false, true] {
+        let dir = scratch("dispatch-ts");
+        let (ckpt, script, offload) = (dir.join("ckpt"), dir.join("tied.pt"), dir.join("offload"));
+        let out = dir.join("oracle.safetensors");
+        let map: DeviceMap = [
+            ("scale", MapDevice::Cpu),
+            ("tok", MapDevice::Cpu),
+            ("blocks.0", MapDevice::Disk),
+            ("blocks.1", MapDevice::Cpu),
+            ("blocks.2", MapDevice::Disk),
+            ("norm", MapDevice::Disk),
+            ("head", MapDevice::Cpu),
+        ]
+        .into_iter()
+        .map(|(k, d)| (k.to_string(), d))
+        .collect();
+        let map_json: serde_json::Map<String, Value> =
+            map.iter().map(|(k, d)| (k.clone(), json!(d))).collect();
+        let x = Tensor::randint(23, [2, 12], (Kind::Int64, Device::Cpu));
+        let tokens: Vec<Vec<i64>> = Vec::<Vec<i64>>::try_from(&x).unwrap();
+        let report = common::oracle(
+            "accelerate_dispatch.py",
+            &[&json!({
+                "sizes": {"vocab_size": 23, "d_model": 16, "layers": 3},
+                "checkpoint": ckpt,
+                "save": script,
+                "device_map": map_json,
+                "accelerate_offload": dir.join("accelerate-offload"),
+                "offload_buffers": offload_buffers,
+                "tokens": tokens,
+                "out": out,
+            })
+            .to_string()],
+        );
+        let report: Value = serde_json::from_str(&report).unwrap();
+        let model = TorchScriptModel::load(&script, Device::Cpu).unwrap();
+        assert_eq!(
+            model.named_buffers().len(),
+            9,
+            "three BatchNorms' statistics"
+        );
+        let options = LoadOptions {
+            device_map: Some(map.clone()),
+            offload_folder: Some(offload.clone()),
+            offload_buffers,
+            ..Default::default()
+        };
+        let loaded = load_checkpoint_in_model(&model, &ckpt, &options).unwrap();
+        let buffer_offloaded = loaded
+            .offload_index
+            .contains_key("blocks.0.bn.running_mean");
+        assert_eq!(buffer_offloaded, offload_buffers);
+        let dispatched = dispatch_model(
+            Box::new(model),
+            &map,
+            &DispatchOptions {
+                offload_dir: Some(offload),
+                offload_buffers,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let logits = dispatched.forward(&x).unwrap();
+        let theirs: std::collections::HashMap<String, Tensor> = load_safetensors(&out, Device::Cpu)
+            .unwrap()
+            .into_iter()
+            .collect();
+        let close = |name: &str| {
+            let diff = f64::try_from((&logits - &theirs[name]).abs().max()).unwrap();
+            assert!(
+                diff < 1e-5,
+                "{name} (offload_buffers {offload_buffers}): max difference {diff}"
+            );
+        };
+        close("checkpoint_model");
+        if offload_buffers {
+            close("accelerate");
+        } else {
+            // Accelerate leaves the buffers of a module on the disk as the
+            // fresh model had them (it loads neither them nor offloads
+            // them); hearth loads them, so only hearth gives the
+            // checkpoint's logits here.
+            assert_eq!(report["accelerate_loaded_disk_buffers"], false);
+            assert!(!logits.allclose(&theirs["accelerate"], 1e-3, 1e-3, false));
+        }
+    }
+}

@@ -374,3 +374,67 @@ fn cpu_offload_keeps_shards_and_optimizer_state_in_host_memory() {
         );
     }
 }
+
+/// A GPT mapped over GPU 0, the CPU and the disk (Accelerate's
+/// `dispatch_model` with a GPU main device: CPU and disk modules are
+/// offloaded and run on GPU 0) gives the CPU model's logits, and between
+/// runs GPU 0 holds only the modules mapped to it.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_dispatched_gpt_runs_its_offloaded_modules_on_gpu_0() {
+    use hearth::big_model::{
+        dispatch_model, load_checkpoint_in_model, DeviceMap, DispatchOptions, LoadOptions,
+        MapDevice,
+    };
+    let device = cuda();
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    tch::manual_seed(5);
+    let original = Gpt::new(SMALL_GPT, Device::Cpu);
+    hearth::checkpoint::save_model(&ckpt, &original.named_parameters(), 1 << 30).unwrap();
+    let x = Tensor::randint(SMALL_GPT.vocab_size, [2, 8], (Kind::Int64, Device::Cpu));
+    let plain = tch::no_grad(|| original.forward_t(&x, false));
+    let map: DeviceMap = [
+        ("tok", MapDevice::Gpu(0)),
+        ("pos", MapDevice::Cpu),
+        ("blocks.0", MapDevice::Gpu(0)),
+        ("blocks.1", MapDevice::Disk),
+        ("ln", MapDevice::Cpu),
+        ("head", MapDevice::Gpu(0)),
+    ]
+    .into_iter()
+    .map(|(k, d)| (k.to_string(), d))
+    .collect();
+    let model = Gpt::unmaterialised(SMALL_GPT, Device::Cpu);
+    let options = LoadOptions {
+        device_map: Some(map.clone()),
+        offload_folder: Some(dir.path().join("offload")),
+        ..Default::default()
+    };
+    load_checkpoint_in_model(&model, &ckpt, &options).unwrap();
+    let dispatched = dispatch_model(
+        Box::new(model),
+        &map,
+        &DispatchOptions {
+            offload_dir: Some(dir.path().join("offload")),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let logits = dispatched.forward(&x).unwrap();
+    assert_eq!(
+        logits.device(),
+        Device::Cpu,
+        "the output comes back to the input's device"
+    );
+    assert!(logits.allclose(&plain, 1e-4, 1e-4, false));
+    for (name, t) in dispatched.model().named_parameters() {
+        let on_gpu = ["tok.", "blocks.0.", "head."]
+            .iter()
+            .any(|p| name.starts_with(p));
+        assert_eq!(t.numel() > 0, on_gpu, "{name}");
+        if on_gpu {
+            assert_eq!(t.device(), device, "{name}");
+        }
+    }
+}

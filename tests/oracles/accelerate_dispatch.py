@@ -11,7 +11,13 @@ Usage: python accelerate_dispatch.py '<json spec>'
 Writes to FILE (safetensors) the logits of Accelerate's dispatched model
 (`accelerate`) and of a model whose disk-mapped weights come only from
 hearth's offload folder (`from_hearth_folder`); prints JSON with both
-offload indexes and the `.dat` files whose bytes differ between them."""
+offload indexes and the `.dat` files whose bytes differ between them.
+
+With "save": PATH in the spec, the model is accelerate_big_model.py's
+TiedNet (tied weights, buffers, a root parameter): the oracle writes its
+checkpoint and a scripted copy with other weights to PATH, and the logits
+of the checkpoint's model (`checkpoint_model`) and of Accelerate's
+dispatched model (`accelerate`)."""
 import json
 import os
 import pathlib
@@ -32,7 +38,41 @@ def fresh(sizes):
     return peer_gpt.build(**sizes)
 
 
+def torchscript(spec):
+    """The TiedNet of accelerate_big_model.py: its checkpoint (from one
+    model), a scripted copy with other weights for hearth to load it into,
+    the logits of the checkpoint's model and of Accelerate's dispatched one."""
+    import accelerate_big_model
+    from safetensors.torch import save_model
+
+    sizes, tokens = spec["sizes"], torch.tensor(spec["tokens"])
+    model = accelerate_big_model.build({"kind": "torchscript", **sizes})
+    os.makedirs(spec["checkpoint"], exist_ok=True)
+    save_model(model, os.path.join(spec["checkpoint"], "model.safetensors"), metadata={"format": "pt"})
+    with torch.no_grad():
+        want = model(tokens)
+    torch.manual_seed(99)
+    other = accelerate_big_model.TiedNet(sizes["vocab_size"], sizes["d_model"], sizes["layers"]).eval()
+    torch.jit.script(other).save(spec["save"])
+    torch.manual_seed(98)
+    fresh_model = accelerate_big_model.TiedNet(sizes["vocab_size"], sizes["d_model"], sizes["layers"]).eval()
+    dispatched = load_checkpoint_and_dispatch(
+        fresh_model, spec["checkpoint"], device_map=spec["device_map"],
+        offload_folder=spec["accelerate_offload"], offload_buffers=spec.get("offload_buffers", False),
+    )
+    with torch.no_grad():
+        accelerate_logits = dispatched(tokens)
+    save_file({"checkpoint_model": want.contiguous(), "accelerate": accelerate_logits.contiguous()}, spec["out"])
+    # Whether Accelerate loaded the running statistics of a block on the disk
+    # (kept in the model unless buffers are offloaded too).
+    kept = dispatched.blocks[0].bn.running_mean
+    loaded = None if kept.is_meta else torch.equal(kept, model.blocks[0].bn.running_mean)
+    return {"accelerate_loaded_disk_buffers": loaded}
+
+
 def main(spec):
+    if "save" in spec:
+        return torchscript(spec)
     sizes, device_map = spec["sizes"], spec["device_map"]
     tokens = torch.tensor(spec["tokens"])
 

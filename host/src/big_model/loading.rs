@@ -18,14 +18,26 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use tch::{Device, Kind, Tensor};
 
-/// A model's tensors by name: parameters (every name of a tied one) and
-/// buffers.
+/// A model's tensors by name: parameters and buffers, a tied parameter
+/// under every one of its names.
 pub(crate) fn named_tensors(model: &dyn Model) -> HashMap<String, Tensor> {
-    model
+    let mut named: HashMap<String, Tensor> = model
         .named_parameters()
         .into_iter()
         .chain(model.named_buffers())
-        .collect()
+        .collect();
+    for group in model.module_tree().ties() {
+        if let Some(t) = group
+            .iter()
+            .find_map(|n| named.get(n))
+            .map(Tensor::shallow_clone)
+        {
+            for n in group {
+                named.entry(n.clone()).or_insert_with(|| t.shallow_clone());
+            }
+        }
+    }
+    named
 }
 
 /// The shape, dtype and kind (buffer or not) the tree records for `name`

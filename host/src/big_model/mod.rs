@@ -14,6 +14,7 @@
 mod balance;
 mod device_map;
 mod dispatch;
+mod estimate;
 mod loading;
 mod memory;
 mod offload;
@@ -25,6 +26,7 @@ pub use device_map::{
     DeviceMap,
 };
 pub use dispatch::{dispatch_model, DispatchOptions, DispatchedModel};
+pub use estimate::{estimate_memory, MemoryEstimate, ESTIMATE_DTYPES};
 pub use loading::{
     load_checkpoint_in_model, load_state_dict, retie_parameters, set_module_tensor_to_device,
     LoadOptions, LoadedCheckpoint,
@@ -37,7 +39,7 @@ pub use offload::{
 };
 pub use sizes::{
     calculate_maximum_sizes, compute_module_sizes, compute_module_total_buffer_size,
-    get_max_layer_size, ModuleSizes,
+    get_max_layer_size, largest_layer, parse_dtype, ModuleSizes,
 };
 
 use std::path::PathBuf;
@@ -83,6 +85,12 @@ pub enum BigModelError {
     UnknownDevice {
         /// The name.
         name: String,
+    },
+    /// A dtype name that is not one.
+    #[error("unknown dtype {text:?}: use float32, float16, bfloat16, float64, float8_e4m3fn, float8_e5m2, int8 or uint8 (or fp32, fp16, bf16)")]
+    UnknownDtype {
+        /// The text.
+        text: String,
     },
     /// A part of `--max-memory` that is not `DEVICE=SIZE`, or a device twice.
     #[error(

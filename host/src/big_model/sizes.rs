@@ -40,6 +40,23 @@ pub(crate) fn tensor_size(numel: u64, kind: Kind, dtype: Option<Kind>) -> u64 {
     (numel * bits).div_ceil(8)
 }
 
+/// Reads a dtype as Accelerate's `dtype` arguments take it (`"float16"`,
+/// `"torch.bfloat16"`), or by its short name (`fp16`, `bf16`, `fp32`).
+pub fn parse_dtype(text: &str) -> Result<Kind, super::BigModelError> {
+    let name = text.trim().trim_start_matches("torch.");
+    Ok(match name.to_ascii_lowercase().as_str() {
+        "float32" | "fp32" | "float" => Kind::Float,
+        "float16" | "fp16" | "half" => Kind::Half,
+        "bfloat16" | "bf16" => Kind::BFloat16,
+        "float64" | "fp64" | "double" => Kind::Double,
+        "float8_e4m3fn" => Kind::Float8e4m3fn,
+        "float8_e5m2" => Kind::Float8e5m2,
+        "int8" => Kind::Int8,
+        "uint8" => Kind::Uint8,
+        _ => return Err(super::BigModelError::UnknownDtype { text: text.into() }),
+    })
+}
+
 /// Accelerate's `compute_module_sizes(model, dtype)`: the bytes of every
 /// parameter and buffer (a tied parameter once), added to its own name and
 /// to every module above it. `dtype`, when given, is the dtype floating
@@ -181,6 +198,17 @@ pub fn get_max_layer_size(
     max_layer(tree, &named, sizes, no_split_module_classes)
 }
 
+/// The largest layer of the whole model (`get_max_layer_size` from the
+/// root's parameters, children and buffers, as `infer_auto_device_map`
+/// starts).
+pub fn largest_layer(
+    tree: &ModuleTree,
+    sizes: &ModuleSizes,
+    no_split_module_classes: &[String],
+) -> (u64, Vec<String>) {
+    max_layer(tree, &top_level(tree), sizes, no_split_module_classes)
+}
+
 /// Accelerate's `calculate_maximum_sizes`: the model's total size and its
 /// largest layer (with `no_split_module_classes` as transformers models
 /// declare in `_no_split_modules`).
@@ -189,7 +217,7 @@ pub fn calculate_maximum_sizes(
     no_split_module_classes: &[String],
 ) -> (u64, (u64, Vec<String>)) {
     let sizes = compute_module_sizes(tree, None);
-    let largest = max_layer(tree, &top_level(tree), &sizes, no_split_module_classes);
+    let largest = largest_layer(tree, &sizes, no_split_module_classes);
     (sizes.get("").copied().unwrap_or(0), largest)
 }
 

@@ -2,18 +2,21 @@
 //! trained by hearth with no Python at run time.
 
 use super::{Model, ModuleTree, Unit};
+use crate::ops::ScriptModule;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use tch::{CModule, Device, TchError, Tensor};
+use tch::{Device, TchError, Tensor};
 
 /// A TorchScript module that maps `[batch, time]` int64 tokens to
 /// `[batch, time, vocab]` logits. Its parameters keep PyTorch's names
 /// (`blocks.0.weight`), so saved weights load back with
-/// `model.load_state_dict`. It is one opaque unit: a wrap policy sees its
+/// `model.load_state_dict`. Its buffers (BatchNorm's running statistics)
+/// are the module's own. It is one opaque unit: a wrap policy sees its
 /// module tree but the host cannot step inside it.
 pub struct TorchScriptModel {
-    module: Mutex<(CModule, bool)>,
+    module: Mutex<(ScriptModule, bool)>,
     params: Vec<(String, Tensor)>,
+    buffers: Vec<(String, Tensor)>,
     tree: ModuleTree,
     path: PathBuf,
 }
@@ -36,28 +39,45 @@ impl TorchScriptModel {
             path: path.into(),
             message,
         };
-        let module = CModule::load_on_device(path, device).map_err(|e| {
+        let module = ScriptModule::load(path, device).map_err(|e| {
             err(format!(
                 "cannot be loaded ({}); export it with torch.jit.script(model).save(path)",
                 first_line(&e)
             ))
         })?;
-        let mut params = module
-            .named_parameters()
-            .map_err(|e| err(format!("its parameters cannot be read: {}", first_line(&e))))?;
-        if params.is_empty() {
+        let structure = module.structure().map_err(|e| {
+            err(format!(
+                "its modules and tensors cannot be listed: {}",
+                first_line(&e)
+            ))
+        })?;
+        if structure.parameters.is_empty() {
             return Err(err("has no parameters to train".into()));
         }
         // The tree keeps libtorch's (declaration) order; the model lists
-        // its parameters by name.
-        let tree = tree_of(path, &params);
+        // its tensors by name.
+        let declared: Vec<(String, &str)> = structure
+            .modules
+            .iter()
+            .map(|(p, c)| (p.clone(), c.as_str()))
+            .collect();
+        let tree = ModuleTree::with_buffers(&declared, &structure.parameters, &structure.buffers);
+        // A tied parameter once, under its first name (as PyTorch's
+        // named_parameters gives it), so that it is stepped once.
+        let listed: std::collections::HashSet<&str> =
+            tree.tensors().iter().map(|t| t.name.as_str()).collect();
+        let (mut params, mut buffers) = (structure.parameters, structure.buffers);
+        params.retain(|(n, _)| listed.contains(n.as_str()));
+        buffers.retain(|(n, _)| listed.contains(n.as_str()));
         params.sort_by(|a, b| a.0.cmp(&b.0));
+        buffers.sort_by(|a, b| a.0.cmp(&b.0));
         for (_, p) in &params {
             let _ = p.set_requires_grad(true);
         }
         Ok(Self {
             module: Mutex::new((module, true)),
             params,
+            buffers,
             tree,
             path: path.into(),
         })
@@ -74,43 +94,15 @@ impl TorchScriptModel {
         let mut guard = self.module.lock().unwrap_or_else(|p| p.into_inner());
         let (module, mode) = &mut *guard;
         if *mode != train {
-            if train {
-                module.f_set_train()?;
-            } else {
-                module.f_set_eval()?;
-            }
+            module.set_train(train)?;
             *mode = train;
         }
-        module.forward_ts(&[tokens])
+        module.forward(tokens)
     }
 }
 
 fn first_line(e: &TchError) -> String {
     e.to_string().lines().next().unwrap_or_default().to_string()
-}
-
-/// The module tree: the script's own submodules with their classes (the last
-/// part of each qualified name, `Block` for `__torch__.peer.Block`) and
-/// buffers; when the file cannot be read for that, modules inferred from the
-/// parameter names (`a.b.weight` → `a`, `a.b`) of class `Module`.
-fn tree_of(path: &Path, params: &[(String, Tensor)]) -> ModuleTree {
-    match crate::ops::jit_structure(path) {
-        Ok(structure) => {
-            let declared: Vec<(String, &str)> = structure
-                .modules
-                .iter()
-                .map(|(p, c)| (p.clone(), c.as_str()))
-                .collect();
-            ModuleTree::with_buffers(&declared, params, &structure.buffers)
-        }
-        Err(e) => {
-            tracing::warn!(
-                "TorchScript model {}: its submodules cannot be listed ({e}); the module tree is inferred from parameter names",
-                path.display()
-            );
-            ModuleTree::from_variables(params, "Module", &[])
-        }
-    }
 }
 
 impl Unit for TorchScriptModel {
@@ -133,6 +125,12 @@ impl Model for TorchScriptModel {
     }
     fn units(&self) -> Vec<&dyn Unit> {
         vec![self]
+    }
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        self.buffers
+            .iter()
+            .map(|(n, t)| (n.clone(), t.shallow_clone()))
+            .collect()
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         self.params

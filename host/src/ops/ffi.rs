@@ -84,10 +84,23 @@ extern "C" {
         index: c_int,
         state: *mut C_tensor,
     ) -> *mut c_char;
-    pub fn hearth_jit_structure(
+    pub fn hearth_jit_load(
         path: *const c_char,
-        module: extern "C" fn(*mut std::ffi::c_void, *const c_char, *const c_char),
-        buffer: extern "C" fn(*mut std::ffi::c_void, *const c_char, *mut C_tensor),
+        cuda_index: c_int,
+        out: *mut *mut std::ffi::c_void,
+    ) -> *mut c_char;
+    pub fn hearth_jit_free(module: *mut std::ffi::c_void);
+    pub fn hearth_jit_list(
+        module: *mut std::ffi::c_void,
+        on_module: extern "C" fn(*mut std::ffi::c_void, *const c_char, *const c_char),
+        on_parameter: extern "C" fn(*mut std::ffi::c_void, *const c_char, *mut C_tensor),
+        on_buffer: extern "C" fn(*mut std::ffi::c_void, *const c_char, *mut C_tensor),
         ctx: *mut std::ffi::c_void,
+    ) -> *mut c_char;
+    pub fn hearth_jit_train(module: *mut std::ffi::c_void, on: bool) -> *mut c_char;
+    pub fn hearth_jit_forward(
+        module: *mut std::ffi::c_void,
+        input: *mut C_tensor,
+        out: *mut *mut C_tensor,
     ) -> *mut c_char;
 }

@@ -1,19 +1,24 @@
-//! What tch does not tell about a TorchScript file: its submodules with
-//! their classes, and its buffers.
+//! TorchScript modules through the shim: tch's `CModule` lists neither a
+//! module's submodules nor its buffers, so hearth loads and runs
+//! TorchScript files itself.
 
 use super::ffi;
 use super::foreach::check;
 use std::ffi::{c_char, c_void, CStr, CString};
-use tch::{TchError, Tensor};
+use std::ptr::NonNull;
+use tch::{Device, TchError, Tensor};
 use torch_sys::C_tensor;
 
-/// The structure of a TorchScript module.
+/// What a TorchScript module holds, in libtorch's (declaration) order.
 #[derive(Debug, Default)]
 pub struct JitStructure {
     /// Every submodule's path (`""` first, the root) and the last part of
     /// its qualified class name (`Block` for `__torch__.peer.Block`).
     pub modules: Vec<(String, String)>,
-    /// Every buffer, by name.
+    /// Every parameter, by name (a tied one under each of its names); the
+    /// handles share the module's own tensors.
+    pub parameters: Vec<(String, Tensor)>,
+    /// Every buffer, by name; the handles share the module's own tensors.
     pub buffers: Vec<(String, Tensor)>,
 }
 
@@ -26,47 +31,113 @@ fn class_of(qualified: &str) -> String {
         .to_string()
 }
 
+/// # Safety
+/// `ctx` must be the `JitStructure` that [`ScriptModule::structure`]
+/// passes, and the strings live NUL-terminated C strings.
+unsafe fn strings<'a>(ctx: *mut c_void, name: *const c_char) -> (&'a mut JitStructure, String) {
+    (
+        &mut *(ctx as *mut JitStructure),
+        CStr::from_ptr(name).to_string_lossy().into_owned(),
+    )
+}
+
 extern "C" fn on_module(ctx: *mut c_void, path: *const c_char, class: *const c_char) {
-    // SAFETY: `ctx` is the JitStructure `structure` passes; the strings are
-    // live NUL-terminated C strings for the call.
+    // SAFETY: see `strings`.
     let (structure, path, class) = unsafe {
-        (
-            &mut *(ctx as *mut JitStructure),
-            CStr::from_ptr(path).to_string_lossy().into_owned(),
-            CStr::from_ptr(class).to_string_lossy(),
-        )
+        let (s, p) = strings(ctx, path);
+        (s, p, CStr::from_ptr(class).to_string_lossy())
     };
     structure.modules.push((path, class_of(&class)));
 }
 
-extern "C" fn on_buffer(ctx: *mut c_void, name: *const c_char, tensor: *mut C_tensor) {
-    // SAFETY: as in `on_module`; `tensor` is a new at::Tensor handed over.
+extern "C" fn on_parameter(ctx: *mut c_void, name: *const c_char, tensor: *mut C_tensor) {
+    // SAFETY: see `strings`; `tensor` is a new at::Tensor handed over.
     let (structure, name, tensor) = unsafe {
-        (
-            &mut *(ctx as *mut JitStructure),
-            CStr::from_ptr(name).to_string_lossy().into_owned(),
-            Tensor::from_ptr(tensor),
-        )
+        let (s, n) = strings(ctx, name);
+        (s, n, Tensor::from_ptr(tensor))
+    };
+    structure.parameters.push((name, tensor));
+}
+
+extern "C" fn on_buffer(ctx: *mut c_void, name: *const c_char, tensor: *mut C_tensor) {
+    // SAFETY: as in `on_parameter`.
+    let (structure, name, tensor) = unsafe {
+        let (s, n) = strings(ctx, name);
+        (s, n, Tensor::from_ptr(tensor))
     };
     structure.buffers.push((name, tensor));
 }
 
-/// Loads the TorchScript file at `path` on the CPU and lists its submodules
-/// and buffers.
-pub fn jit_structure(path: &std::path::Path) -> Result<JitStructure, TchError> {
-    let c_path = CString::new(path.to_string_lossy().as_bytes())
-        .map_err(|_| TchError::FileFormat(format!("{}: a NUL in the path", path.display())))?;
-    let mut structure = JitStructure::default();
-    // SAFETY: the callbacks get `structure` back, which outlives the call.
-    check(unsafe {
-        ffi::hearth_jit_structure(
-            c_path.as_ptr(),
-            on_module,
-            on_buffer,
-            &mut structure as *mut JitStructure as *mut c_void,
-        )
-    })?;
-    Ok(structure)
+/// A loaded TorchScript module (`torch.jit.load`).
+pub struct ScriptModule(NonNull<c_void>);
+
+// SAFETY: a torch::jit::Module is a handle to a reference-counted object
+// that libtorch lets any one thread use at a time; hearth never shares one
+// without a lock.
+unsafe impl Send for ScriptModule {}
+
+impl Drop for ScriptModule {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from hearth_jit_load and is freed once.
+        unsafe { ffi::hearth_jit_free(self.0.as_ptr()) }
+    }
+}
+
+impl ScriptModule {
+    /// Loads the TorchScript file at `path` onto `device` (the CPU or a
+    /// CUDA device).
+    pub fn load(path: &std::path::Path, device: Device) -> Result<Self, TchError> {
+        let c_path = CString::new(path.to_string_lossy().as_bytes())
+            .map_err(|_| TchError::FileFormat(format!("{}: a NUL in the path", path.display())))?;
+        let index = match device {
+            Device::Cpu => -1,
+            Device::Cuda(i) => i as i32,
+            other => {
+                return Err(TchError::Torch(format!(
+                    "TorchScript models load on the CPU or a CUDA device, not {other:?}"
+                )))
+            }
+        };
+        let mut out = std::ptr::null_mut();
+        // SAFETY: `out` receives a new module on success.
+        check(unsafe { ffi::hearth_jit_load(c_path.as_ptr(), index, &mut out) })?;
+        NonNull::new(out)
+            .map(Self)
+            .ok_or_else(|| TchError::Torch("loading returned no module".into()))
+    }
+
+    /// Its submodules, parameters and buffers.
+    pub fn structure(&self) -> Result<JitStructure, TchError> {
+        let mut structure = JitStructure::default();
+        // SAFETY: the callbacks get `structure` back, which outlives the call.
+        check(unsafe {
+            ffi::hearth_jit_list(
+                self.0.as_ptr(),
+                on_module,
+                on_parameter,
+                on_buffer,
+                &mut structure as *mut JitStructure as *mut c_void,
+            )
+        })?;
+        Ok(structure)
+    }
+
+    /// Switches the module (and all below it) to training or evaluation.
+    pub fn set_train(&mut self, on: bool) -> Result<(), TchError> {
+        // SAFETY: a live module.
+        check(unsafe { ffi::hearth_jit_train(self.0.as_ptr(), on) })
+    }
+
+    /// Runs `forward(input)`; a result that is not one tensor is an error.
+    pub fn forward(&self, input: &Tensor) -> Result<Tensor, TchError> {
+        let mut out = std::ptr::null_mut();
+        // SAFETY: a live module and tensor; `out` receives a new tensor.
+        check(unsafe {
+            ffi::hearth_jit_forward(self.0.as_ptr(), input.as_ptr() as *mut C_tensor, &mut out)
+        })?;
+        // SAFETY: a new at::Tensor handed over on success.
+        Ok(unsafe { Tensor::from_ptr(out) })
+    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ pub use foreach::{
     clear_grads, foreach_mul_, foreach_norm, fused_adam, fused_sgd, on_grad_accumulated, set_grad,
     AdamHyper, SgdHyper,
 };
-pub use jit::{jit_structure, JitStructure};
+pub use jit::{JitStructure, ScriptModule};
 pub use rng::{empty_device_cache, randperm, rng_state, set_rng_state, to_pinned_host};
 
 /// Makes glibc hand blocks of at least `bytes` back to the system as soon

@@ -12,5 +12,5 @@ mod setup;
 pub use config::{ConfigError, TrainConfig};
 pub use eval::Evaluation;
 pub use loss::lm_loss;
-pub use plan::{plan, PerProcess, Plan, PlannedModule};
+pub use plan::{module_tree, plan, PerProcess, Plan, PlannedModule};
 pub use runner::{run, RunOptions, RunSummary, TrainError};

@@ -60,6 +60,21 @@ fn optimizer_bytes(config: &TrainConfig, bytes: u64) -> u64 {
     }
 }
 
+/// The module tree of `config`'s model, built without writing its weights
+/// (only names, shapes and dtypes are read).
+pub fn module_tree(config: &TrainConfig) -> Result<crate::models::ModuleTree, TrainError> {
+    let data = setup::dataset(config)?;
+    let model = tch::no_grad(|| {
+        setup::model(
+            config,
+            data.as_ref(),
+            tch::Device::Cpu,
+            crate::models::Weights::Unmaterialised,
+        )
+    })?;
+    Ok(model.module_tree().clone())
+}
+
 /// The plan of `config`'s model on `processes` processes.
 pub fn plan(
     config: &TrainConfig,
