@@ -368,3 +368,50 @@ fn a_torchscript_model_with_ties_and_buffers_on_the_disk_gives_the_checkpoints_l
         }
     }
 }
+
+/// Offload folders are Accelerate's both ways, in every dtype both sides
+/// store (bfloat16 as the int16 Accelerate writes, scalars as one element).
+#[test]
+fn offload_folders_are_read_by_accelerate_and_accelerates_by_hearth() {
+    use hearth::big_model::{offload_state_dict, OffloadedWeightsLoader};
+    use hearth::checkpoint::save_safetensors;
+    let dir = scratch("offload-both-ways");
+    tch::manual_seed(11);
+    let base = Tensor::randn([3, 5], (Kind::Float, Device::Cpu));
+    let tensors: Vec<(String, Tensor)> = vec![
+        ("a.float32".into(), base.shallow_clone()),
+        ("a.float16".into(), base.to_kind(Kind::Half)),
+        ("a.bfloat16".into(), base.to_kind(Kind::BFloat16)),
+        ("b.float64".into(), base.to_kind(Kind::Double)),
+        ("b.int64".into(), (&base * 100).to_kind(Kind::Int64)),
+        ("c.uint8".into(), (base.abs() * 30).to_kind(Kind::Uint8)),
+        ("c.bool".into(), base.gt(0.0)),
+        ("scalar".into(), Tensor::from(2.5f32)),
+    ];
+    let file = dir.join("tensors.safetensors");
+    save_safetensors(&file, &tensors).unwrap();
+    let (ours, theirs) = (dir.join("hearth"), dir.join("accelerate"));
+    offload_state_dict(&ours, &tensors).unwrap();
+    let report: Value = serde_json::from_str(&common::oracle(
+        "accelerate_offload.py",
+        &[&json!({"tensors": file, "write": theirs, "read": ours}).to_string()],
+    ))
+    .unwrap();
+    for (name, _) in &tensors {
+        assert_eq!(
+            report["read_equal"][name], true,
+            "Accelerate read {name} from hearth's folder"
+        );
+    }
+    let loader = OffloadedWeightsLoader::new(Default::default(), Some(theirs), None).unwrap();
+    let mut names = loader.keys();
+    names.sort();
+    let mut want: Vec<String> = tensors.iter().map(|(n, _)| n.clone()).collect();
+    want.sort();
+    assert_eq!(names, want);
+    for (name, t) in &tensors {
+        let got = loader.get(name).unwrap();
+        assert_eq!((got.kind(), got.size()), (t.kind(), t.size()), "{name}");
+        assert!(got.equal(t), "hearth read {name} from Accelerate's folder");
+    }
+}

@@ -519,3 +519,68 @@ fn check_files(
     }
     Ok(unexpected)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use safetensors::tensor::{serialize_to_file, Dtype, TensorView};
+
+    fn write(path: &Path, metadata: Option<HashMap<String, String>>) {
+        let data = [0u8; 8];
+        let views = [
+            ("a.w", TensorView::new(Dtype::F32, vec![2], &data).unwrap()),
+            ("b.w", TensorView::new(Dtype::F32, vec![2], &data).unwrap()),
+        ];
+        serialize_to_file(views, metadata, path).unwrap();
+    }
+
+    #[test]
+    fn load_state_dict_reads_the_pt_format_and_warns_without_metadata() {
+        let dir = tempfile::tempdir().unwrap();
+        let map: DeviceMap = [
+            ("a".to_string(), MapDevice::Cpu),
+            ("b".to_string(), MapDevice::Disk),
+        ]
+        .into_iter()
+        .collect();
+        let pt = dir.path().join("pt.safetensors");
+        write(&pt, Some(HashMap::from([("format".into(), "pt".into())])));
+        let mut notes = Notes::default();
+        let tensors = load_state_dict(&pt, Some(&map), &mut notes).unwrap();
+        assert_eq!(
+            tensors
+                .iter()
+                .map(|(n, t)| (n.as_str(), t.device()))
+                .collect::<Vec<_>>(),
+            [("a.w", Device::Cpu), ("b.w", Device::Cpu)],
+            "the disk's tensors are read onto the CPU"
+        );
+        assert!(notes.warnings.is_empty());
+
+        let bare = dir.path().join("bare.safetensors");
+        write(&bare, None);
+        load_state_dict(&bare, None, &mut notes).unwrap();
+        assert!(
+            notes.warnings[0].contains("does not contain metadata"),
+            "{:?}",
+            notes.warnings
+        );
+
+        let tf = dir.path().join("tf.safetensors");
+        write(&tf, Some(HashMap::from([("format".into(), "tf".into())])));
+        let err = load_state_dict(&tf, None, &mut notes)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("tf.safetensors") && err.contains("saved with tf"),
+            "{err}"
+        );
+        let err = load_state_dict(&dir.path().join("model.bin"), None, &mut notes)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("model.bin") && err.contains("safetensors"),
+            "{err}"
+        );
+    }
+}

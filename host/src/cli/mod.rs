@@ -46,7 +46,8 @@ enum Command {
     Env(env::EnvArgs),
     /// Write a default training config to start from.
     Config(config::ConfigArgs),
-    /// Plan a config's model: module tree, sharding units, bytes per process.
+    /// Plan a config's model: module tree, sharding units, bytes per
+    /// process; sizes and device maps; memory estimates.
     Model(model::ModelArgs),
 }
 
