@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 REQS := tests/requirements.txt
 PY_STAMP := $(VENV)/.installed-$(shell sha256sum $(REQS) | cut -c1-16)
-APT_PACKAGES := libopenmpi-dev openmpi-bin libclang-dev
+APT_PACKAGES := libopenmpi-dev openmpi-bin libclang-dev chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 HEARTH := target/debug/hearth
 # CUDA=1 builds the NCCL backend in (the `cuda` feature); it loads the

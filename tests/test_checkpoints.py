@@ -71,7 +71,7 @@ def test_inspect_and_verify_report_and_catch_damage(hearth, tmp_path):
     ckpt = tmp_path / "runs" / "r" / "checkpoints" / "checkpoint_0"
     out = hearth("checkpoint", "inspect", ckpt)
     assert out.returncode == 0, out.stderr
-    for expected in ["1 models", "1 optimizers", "random states", "1 custom objects", "blocks.0.qkv.weight", "state.0.exp_avg"]:
+    for expected in ["1 model,", "1 optimizer,", "random state", "1 custom object", "blocks.0.qkv.weight", "state.0.exp_avg"]:
         assert expected in out.stdout, (expected, out.stdout)
     out = hearth("checkpoint", "verify", ckpt)
     assert out.returncode == 0 and "complete and readable" in out.stdout, out.stdout + out.stderr

@@ -367,7 +367,7 @@ def test_a_sharded_checkpoint_merges_to_the_full_one_and_resumes_on_another_numb
     assert shards == [f"shard-0000{r}-model-00001-of-00001.safetensors" for r in range(1, 4 // machines + 1)]
     assert not (sharded / "model.safetensors").exists() and not (sharded / "optimizer.safetensors").exists()
     assert hearth("checkpoint", "verify", sharded).returncode == 0
-    assert "1 sharded models, 1 sharded optimizers" in hearth("checkpoint", "inspect", sharded).stdout
+    assert "1 sharded model, 1 sharded optimizer" in hearth("checkpoint", "inspect", sharded).stdout
     # Merged by hearth: the full save's model file, byte for byte.
     merged = hearth("checkpoint", "merge", sharded, tmp_path / "merged")
     assert merged.returncode == 0, merged.stderr

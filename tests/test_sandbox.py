@@ -82,7 +82,7 @@ def test_nothing_outside_the_trackers_folders_is_touched(hostile_run):
     for p, mtime in hostile_run["before"].items():
         assert hostile_run["after"][p] == mtime, f"{p} was modified"
     # What the run wrote outside trackers/ is hearth's own.
-    assert {p.name for p in run.iterdir()} == {"config.toml", "summary.json", "model.safetensors", "trackers"}
+    assert {p.name for p in run.iterdir()} == {"config.toml", "summary.json", "model.safetensors", "metrics.jsonl", "trackers"}
 
 
 def test_a_trap_drops_the_instance_and_a_fresh_one_goes_on(hostile_run):
@@ -186,11 +186,19 @@ def test_an_unknown_tracker_is_named(hearth, tmp_path):
 def test_plugins_list_and_inspect_show_the_built_ins(hearth):
     listing = hearth("plugins", "list")
     assert listing.returncode == 0, listing.stderr
+    # A table: the cells of each row, between its rules.
+    rows = {}
+    for line in listing.stdout.splitlines():
+        cells = [c.strip() for c in line.strip("│").split("┆")]
+        if len(cells) == 5:
+            rows[cells[0]] = cells
     for name in ["jsonl", "csv", "tensorboard", "mlflow", "dvclive"]:
-        line = next(l for l in listing.stdout.splitlines() if l.startswith(name + " "))
-        assert "tracker" in line and "hearth:plugin/tracker-plugin@0.2.0" in line and "built-in" in line
-    line = next(l for l in listing.stdout.splitlines() if l.startswith("linear "))
-    assert "scheduler" in line and "hearth:plugin/scheduler-plugin@0.2.0" in line
+        _, _, kind, world, found = rows[name]
+        assert kind == "tracker" and world == "hearth:plugin/tracker-plugin@0.2.0" and "built-in" in found
+    assert rows["linear"][2:4] == ["scheduler", "hearth:plugin/scheduler-plugin@0.2.0"]
+    # Long names keep the columns aligned.
+    widths = {len(l) for l in listing.stdout.splitlines() if l.startswith("│")}
+    assert len(widths) == 1 and "constant-with-warmup" in rows
     inspect = hearth("plugins", "inspect", "tensorboard")
     assert inspect.returncode == 0, inspect.stderr
     assert "its logging folder, read-write, at /logs" in inspect.stdout

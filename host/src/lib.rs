@@ -20,6 +20,7 @@ pub mod optim;
 pub mod parallel;
 pub mod plugins;
 pub mod precision;
+pub mod report;
 pub mod train;
 
 /// `e` and its causes, joined with `: ` (one line for a log or a panic).

@@ -47,38 +47,50 @@ enum CheckpointCommand {
 }
 
 fn print_tensors(tensors: &[TensorInfo]) {
+    let mut table = super::table(&["tensor", "dtype", "shape", "bytes"]);
     for t in tensors {
-        println!(
-            "    {:<40} {:<5} {:?} ({} bytes)",
-            t.name, t.dtype, t.shape, t.bytes
-        );
+        table.add_row(vec![
+            t.name.clone(),
+            t.dtype.to_string(),
+            format!("{:?}", t.shape),
+            t.bytes.to_string(),
+        ]);
     }
+    super::align_right(&mut table, &[3]);
+    println!("{table}");
 }
 
 /// Which kinds of state the files of a checkpoint hold (one file per
 /// object: `model_1.safetensors`, `optimizer.safetensors`, `scheduler.bin`…).
 fn kinds(names: &[String]) -> String {
     let mut parts = Vec::new();
+    let counted = |n: usize, what: &str| {
+        if n == 1 {
+            format!("1 {what}")
+        } else {
+            format!("{n} {what}s")
+        }
+    };
     for (stem, ext, what) in [
-        ("model", ".safetensors", "models"),
-        ("optimizer", ".safetensors", "optimizers"),
-        ("scheduler", ".bin", "schedulers"),
-        ("dataloader", ".json", "data loaders"),
-        ("random_states_", ".safetensors", "random states"),
-        ("custom_checkpoint_", ".bin", "custom objects"),
+        ("model", ".safetensors", "model"),
+        ("optimizer", ".safetensors", "optimizer"),
+        ("scheduler", ".bin", "scheduler"),
+        ("dataloader", ".json", "data loader"),
+        ("random_states_", ".safetensors", "random state"),
+        ("custom_checkpoint_", ".bin", "custom object"),
     ] {
         let n = names
             .iter()
             .filter(|n| !n.contains('/') && n.starts_with(stem) && n.ends_with(ext))
             .count();
         if n > 0 {
-            parts.push(format!("{n} {what}"));
+            parts.push(counted(n, what));
         }
     }
     // A sharded save: one folder per model and optimizer, a file per process.
     for (stem, what) in [
-        ("pytorch_model_fsdp_", "sharded models"),
-        ("optimizer_", "sharded optimizers"),
+        ("pytorch_model_fsdp_", "sharded model"),
+        ("optimizer_", "sharded optimizer"),
     ] {
         let folders: std::collections::BTreeSet<&str> = names
             .iter()
@@ -86,7 +98,7 @@ fn kinds(names: &[String]) -> String {
             .filter(|dir| dir.starts_with(stem))
             .collect();
         if !folders.is_empty() {
-            parts.push(format!("{} {what}", folders.len()));
+            parts.push(counted(folders.len(), what));
         }
     }
     if names.iter().any(|n| n == "scaler.json") {

@@ -7,6 +7,7 @@ mod env;
 mod launch;
 mod model;
 mod plugins;
+mod report;
 mod run;
 
 use clap::{Parser, Subcommand};
@@ -49,6 +50,9 @@ enum Command {
     /// Plan a config's model: module tree, sharding units, bytes per
     /// process; sizes and device maps; memory estimates.
     Model(model::ModelArgs),
+    /// Draw the curves of one or more run folders as report.html and PNGs,
+    /// offline (loss, evaluation, learning rate, throughput, …).
+    Report(report::ReportArgs),
 }
 
 fn init_logging() {
@@ -64,6 +68,13 @@ fn init_logging() {
 
 /// Parses the command line, runs the command, and maps errors to exit codes.
 pub fn main() -> ExitCode {
+    // Output piped into `head` ends quietly, as other command-line tools
+    // do, instead of panicking on a broken pipe.
+    // SAFETY: restoring the default disposition of one signal, before any
+    // thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     init_logging();
     let result = match cli.command {
@@ -74,6 +85,7 @@ pub fn main() -> ExitCode {
         Command::Env(args) => env::execute(args),
         Command::Config(args) => config::execute(args),
         Command::Model(args) => model::execute(args),
+        Command::Report(args) => report::execute(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -83,6 +95,24 @@ pub fn main() -> ExitCode {
             let message = format!("error: {:#}\n", failure.error);
             let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), message.as_bytes());
             ExitCode::from(failure.code)
+        }
+    }
+}
+
+/// A table as hearth prints them: columns as wide as their contents,
+/// `header` in bold lines, numbers right-aligned by the caller.
+pub(crate) fn table(header: &[&str]) -> comfy_table::Table {
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::UTF8_FULL_CONDENSED)
+        .set_header(header.to_vec());
+    t
+}
+
+/// Right-aligns the columns `columns` of `t`.
+pub(crate) fn align_right(t: &mut comfy_table::Table, columns: &[usize]) {
+    for &c in columns {
+        if let Some(column) = t.column_mut(c) {
+            column.set_cell_alignment(comfy_table::CellAlignment::Right);
         }
     }
 }

@@ -4,14 +4,13 @@
 //! device map Accelerate's `infer_auto_device_map` would give.
 //! `hearth model estimate CONFIG`: `accelerate estimate-memory`.
 
-use super::Failure;
+use super::{align_right, table, Failure};
 use crate::big_model::{
     self, AutoDeviceMapOptions, MapDevice, MaxMemory, ModuleSizes, Notes, ESTIMATE_DTYPES,
 };
 use crate::models::ModuleTree;
 use crate::train::{self, RunOptions, TrainConfig, TrainError};
 use clap::{Args, Subcommand};
-use comfy_table::{presets::UTF8_FULL_CONDENSED, CellAlignment, Table};
 use std::path::PathBuf;
 use tch::Kind;
 
@@ -122,13 +121,6 @@ fn human(bytes: f64) -> String {
     unreachable!()
 }
 
-fn table(header: &[&str]) -> Table {
-    let mut t = Table::new();
-    t.load_preset(UTF8_FULL_CONDENSED)
-        .set_header(header.to_vec());
-    t
-}
-
 fn device_map(args: PlanArgs) -> Result<(), Failure> {
     let tree = load_tree(&args.config)?;
     let mut notes = Notes::default();
@@ -207,9 +199,7 @@ fn print_device_map(
             device.to_string(),
         ]);
     }
-    t.column_mut(2)
-        .expect("four columns")
-        .set_cell_alignment(CellAlignment::Right);
+    align_right(&mut t, &[2]);
     let dtype = args.dtype.map_or(String::new(), |k| format!(", in {k:?}"));
     println!(
         "{}: {} in all{dtype}; largest layer: {}",
@@ -271,11 +261,7 @@ fn estimate(args: EstimateArgs) -> Result<(), Failure> {
             r.training.map_or("N/A".into(), |b| human(b as f64)),
         ]);
     }
-    for c in 1..4 {
-        t.column_mut(c)
-            .expect("four columns")
-            .set_cell_alignment(CellAlignment::Right);
-    }
+    align_right(&mut t, &[1, 2, 3]);
     println!("{t}");
     Ok(())
 }
@@ -297,10 +283,7 @@ fn sharding_plan(args: PlanArgs) -> Result<(), Failure> {
         );
         return Ok(());
     }
-    println!(
-        "{:<40} {:<16} {:>14} {:>14}",
-        "module", "class", "params", "bytes"
-    );
+    let mut t = table(&["module (* a unit)", "class", "parameters", "bytes"]);
     for m in &plan.modules {
         let depth = m.path.matches('.').count() + usize::from(!m.path.is_empty());
         let name = if m.path.is_empty() { "(root)" } else { &m.path };
@@ -309,14 +292,15 @@ fn sharding_plan(args: PlanArgs) -> Result<(), Failure> {
         } else {
             ""
         };
-        println!(
-            "{:<40} {:<16} {:>14} {:>14}",
+        t.add_row(vec![
             format!("{}{name}{unit}", "  ".repeat(depth)),
-            m.class,
-            m.params,
-            m.bytes
-        );
+            m.class.clone(),
+            m.params.to_string(),
+            m.bytes.to_string(),
+        ]);
     }
+    align_right(&mut t, &[2, 3]);
+    println!("{t}");
     println!(
         "\n{} units (*) with {} and the `{}` policy: {}",
         plan.units.len(),

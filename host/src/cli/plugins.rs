@@ -137,23 +137,20 @@ pub(super) fn execute(args: PluginsArgs) -> Result<(), Failure> {
             let reg = registry(&args)?;
             if reg.plugins().is_empty() {
                 println!("no plugins found");
+                return Ok(());
             }
-            println!(
-                "{:<16} {:<9} {:<16} {:<40} FOUND IN",
-                "NAME", "VERSION", "KIND", "WORLD"
-            );
+            let mut t = super::table(&["name", "version", "kind", "world", "found in"]);
             for f in reg.plugins() {
                 let m = &f.manifest;
-                println!(
-                    "{:<16} {:<9} {:<16} {:<40} {} ({})",
-                    m.name,
-                    m.version,
+                t.add_row(vec![
+                    m.name.clone(),
+                    m.version.to_string(),
                     m.kind.to_string(),
-                    m.world,
-                    m.dir.display(),
-                    f.source
-                );
+                    m.world.clone(),
+                    format!("{} ({})", m.dir.display(), f.source),
+                ]);
             }
+            println!("{t}");
         }
         PluginsCommand::Inspect { name } => {
             let reg = registry(&args)?;

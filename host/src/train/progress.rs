@@ -21,7 +21,7 @@ impl Progress {
         };
         bar.set_style(
             ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}",
+                "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} ETA {eta} {msg}",
             )
             .expect("static template")
             .progress_chars("=> "),
@@ -34,17 +34,30 @@ impl Progress {
         self.bar.inc(1);
     }
 
-    /// Shows the latest numbers on the bar and logs them.
-    pub(crate) fn report(&self, step: u64, steps: u64, loss: f64, lr: f64, tokens_per_sec: f64) {
+    /// Shows the latest numbers on the bar and logs them; with several
+    /// processes, `slowest` is the rank whose steps took longest and its
+    /// seconds per step.
+    pub(crate) fn report(
+        &self,
+        step: u64,
+        steps: u64,
+        loss: f64,
+        lr: f64,
+        tokens_per_sec: f64,
+        slowest: Option<(usize, f64)>,
+    ) {
         if !self.speaks {
             return;
         }
+        let slowest = slowest.map_or(String::new(), |(rank, secs)| {
+            format!(" · slowest rank {rank} {:.0} ms/step", secs * 1e3)
+        });
         self.bar.set_message(format!(
-            "loss {loss:.4} lr {lr:.2e} {tokens_per_sec:.0} tok/s"
+            "loss {loss:.4} · {tokens_per_sec:.0} tok/s · lr {lr:.2e}{slowest}"
         ));
         self.bar.suspend(|| {
             tracing::info!(
-                "step {step}/{steps} loss {loss:.4} lr {lr:.2e} tokens/s {tokens_per_sec:.0}"
+                "step {step}/{steps} loss {loss:.4} lr {lr:.2e} tokens/s {tokens_per_sec:.0}{slowest}"
             );
         });
     }

@@ -12,7 +12,8 @@ use crate::accelerator::{
 use crate::checkpoint::CheckpointError;
 use crate::data::{TextFileError, TokenDataset};
 use crate::models::{Model, TorchScriptError};
-use crate::plugins::{PluginError, Registry, Value};
+use crate::plugins::{Entries, PluginError, Registry, Value};
+use crate::report::{History, HISTORY_NAME};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -151,13 +152,13 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
     let mut acc = setup::accelerator(config, options, &run_dir)?;
     let registry = setup::plugin_registry(config, options)?;
     attach_plugins(&mut acc, config, registry.as_ref())?;
-    let mut job = Job::prepare(&mut acc, config, options, registry.as_ref())?;
+    let mut job = Job::prepare(&mut acc, config, options, registry.as_ref(), &run_dir)?;
     let trained = job.train(&mut acc, config, options)?;
     let eval = job.evaluate(&acc, config)?;
     if let Some(e) = &eval {
         let mut values = eval_entries(e);
         values.push(("eval/summary".into(), Value::Text(e.to_string())));
-        acc.log(values, job.steps);
+        job.log(&acc, values, job.steps)?;
     }
     acc.end_training().map_err(TrainError::State)?;
     write_results(&acc, config, &run_dir, job, trained, eval)
@@ -203,6 +204,10 @@ struct Job {
     stream: Arc<Mutex<DataStream>>,
     steps: u64,
     first_step: u64,
+    /// The run's own `metrics.jsonl` (the main process's).
+    history: Option<History>,
+    /// The gradient norm of the last clipped step, read when logging.
+    grad_norm: Option<Tensor>,
 }
 
 impl Job {
@@ -213,6 +218,7 @@ impl Job {
         config: &TrainConfig,
         options: &RunOptions,
         registry: Option<&Registry>,
+        run_dir: &std::path::Path,
     ) -> Result<Self, TrainError> {
         let steps = options.steps.unwrap_or(config.run.steps);
         let seed = config.run.seed;
@@ -243,6 +249,12 @@ impl Job {
                 from.display()
             ));
         }
+        let history = if acc.is_main_process() {
+            let resumed_at = options.resume.then_some(first_step - 1);
+            Some(History::open(run_dir, resumed_at).map_err(io_err(&run_dir.join(HISTORY_NAME)))?)
+        } else {
+            None
+        };
         Ok(Self {
             data,
             model,
@@ -251,7 +263,28 @@ impl Job {
             stream,
             steps,
             first_step,
+            history,
+            grad_norm: None,
         })
+    }
+
+    /// Logs `values` at `step` to the trackers and the run's history.
+    fn log(&mut self, acc: &Accelerator, values: Entries, step: u64) -> Result<(), TrainError> {
+        if let Some(history) = &mut self.history {
+            let numbers: Vec<(String, f64)> = values
+                .iter()
+                .filter_map(|(k, v)| match v {
+                    Value::Float(f) => Some((k.clone(), *f)),
+                    Value::Int(i) => Some((k.clone(), *i as f64)),
+                    _ => None,
+                })
+                .collect();
+            history
+                .log(step, &numbers)
+                .map_err(io_err(history.path()))?;
+        }
+        acc.log(values, step);
+        Ok(())
     }
 
     /// Runs the optimizer steps, logging, evaluating and saving as the
@@ -275,6 +308,8 @@ impl Job {
         let (mut timer, mut window_start) = (Instant::now(), Instant::now());
         let (mut window_loss, mut window_micro) = (Tensor::zeros([], (Kind::Float, device)), 0u64);
         let mut window_steps = 0u64;
+        // Seconds this process spent in its own steps (for the slowest rank).
+        let mut window_busy = 0.0f64;
         let mut final_loss = f64::NAN;
         for step in self.first_step..=steps {
             if step == self.first_step + warmup {
@@ -283,10 +318,12 @@ impl Job {
             // The rate this optimizer step uses (the scheduler moves it on
             // once the step is taken).
             let step_lr = self.opt.lr();
+            let busy = Instant::now();
             for _ in 0..accumulation {
                 window_loss += self.micro_step(acc, config)?.detach();
                 window_micro += 1;
             }
+            window_busy += busy.elapsed().as_secs_f64();
             window_steps += 1;
             progress.advance();
             if step % config.run.log_every == 0 || step == steps {
@@ -305,7 +342,8 @@ impl Job {
                 }
                 let rate =
                     window_steps as f64 * tokens_per_step / window_start.elapsed().as_secs_f64();
-                progress.report(step, steps, final_loss, step_lr, rate);
+                let slowest = slowest_rank(acc, window_busy / window_steps as f64)?;
+                progress.report(step, steps, final_loss, step_lr, rate, slowest);
                 let mut values = vec![
                     ("loss".into(), Value::Float(final_loss)),
                     ("lr".into(), Value::Float(step_lr)),
@@ -314,9 +352,12 @@ impl Job {
                 if let Some(scale) = acc.loss_scale() {
                     values.push(("loss_scale".into(), Value::Float(scale)));
                 }
-                acc.log(values, step);
+                if let Some(norm) = self.grad_norm.take() {
+                    values.push(("grad_norm".into(), Value::Float(f64::try_from(&norm)?)));
+                }
+                self.log(acc, values, step)?;
                 window_loss = Tensor::zeros([], (Kind::Float, device));
-                (window_micro, window_steps) = (0, 0);
+                (window_micro, window_steps, window_busy) = (0, 0, 0.0);
                 window_start = Instant::now();
             }
             self.between_steps(acc, config, step, &progress)?;
@@ -393,12 +434,16 @@ impl Job {
             batch.targets.to_device(device),
         );
         let (model, opt, schedule) = (&self.model, &mut self.opt, &mut self.schedule);
+        let grad_norm = &mut self.grad_norm;
         acc.accumulate(|| -> Result<Tensor, TrainError> {
             let loss = lm_loss(&model.forward_t(&inputs, true), &targets);
             acc.backward(&loss)?;
             if let Some(max_norm) = config.optimizer.max_grad_norm {
-                // Clips (and unscales) only at the accumulation group's end.
-                let _norm = acc.clip_grad_norm_(opt, max_norm)?;
+                // Clips (and unscales) only at the accumulation group's end;
+                // the norm stays on the device until a log step reads it.
+                if let Some(norm) = acc.clip_grad_norm_(opt, max_norm)? {
+                    *grad_norm = Some(norm);
+                }
             }
             opt.step()?;
             if let Some(schedule) = schedule.as_mut() {
@@ -427,13 +472,18 @@ impl Job {
                             .observe(e.metric())
                             .map_err(TrainError::Scheduler)?;
                     }
-                    acc.log(eval_entries(&e), step);
+                    self.log(acc, eval_entries(&e), step)?;
                 }
             }
         }
         if config.run.save_every.is_some_and(|every| step % every == 0) {
             let saved = acc.save_state(None).map_err(TrainError::State)?;
             progress.log(format!("step {step}: checkpoint {}", saved.display()));
+            if let Some(history) = &mut self.history {
+                history
+                    .event(step, "checkpoint", &saved)
+                    .map_err(io_err(history.path()))?;
+            }
         }
         Ok(())
     }
@@ -465,6 +515,24 @@ impl Job {
         let sums = acc.reduce(&scores.to_tensor(), crate::dist::ReduceOp::Sum)?;
         Ok(Some(scores.with_sums(&sums).evaluation()))
     }
+}
+
+/// With several processes, the one whose steps took longest over the last
+/// logging window, and its seconds per step (every process logs at the
+/// same steps, so they all join this gather).
+fn slowest_rank(
+    acc: &Accelerator,
+    seconds_per_step: f64,
+) -> Result<Option<(usize, f64)>, TrainError> {
+    if acc.num_processes() == 1 {
+        return Ok(None);
+    }
+    let mine = Tensor::from_slice(&[seconds_per_step]).to_device(acc.device());
+    let all: Vec<f64> = Vec::try_from(&acc.gather(&mine)?.to_device(tch::Device::Cpu))?;
+    Ok(all
+        .into_iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(&b.1)))
 }
 
 /// Saves the weights (`model.safetensors`, or shards and their index) and,
