@@ -428,10 +428,13 @@ fn check_runnable(
     max_memory: &MaxMemory,
     (largest, names): (u64, Vec<String>),
 ) -> Result<(), BigModelError> {
-    let execution = max_memory
-        .keys()
+    // The device dispatch_model runs offloaded modules on: the first GPU
+    // the map uses, else the CPU.
+    let execution = map
+        .values()
         .copied()
-        .find(|d| d.is_gpu())
+        .filter(|d| d.is_gpu())
+        .min()
         .unwrap_or(MapDevice::Cpu);
     let offloaded = map
         .values()

@@ -19,7 +19,7 @@
 //! forward pass is for inference: it records no graph.
 
 use super::device_map::{check_device_map, device_of, DeviceMap};
-use super::loading::{is_placeholder, named_tensors, placeholder};
+use super::handles::{is_placeholder, placeholder, torch_err, Handles};
 use super::offload::{
     offload_state_dict, read_offload_index, OffloadIndex, OffloadedWeightsLoader,
 };
@@ -49,6 +49,9 @@ pub struct DispatchOptions {
 /// One tensor of a dispatched model.
 struct Placed {
     name: String,
+    /// Its name in the offload loader (a tied name may be stored under
+    /// another of its names).
+    source: String,
     /// The model's own handle.
     handle: Tensor,
     /// Its dtype in the model.
@@ -104,7 +107,7 @@ pub fn dispatch_model(
     } else {
         &[MapDevice::Disk]
     };
-    let handles = named_tensors(model.as_ref());
+    let handles = Handles::of(model.as_ref());
     let disk: Vec<&String> = device_map
         .iter()
         .filter(|(_, d)| **d == MapDevice::Disk)
@@ -116,27 +119,23 @@ pub fn dispatch_model(
             module: disk[0].clone(),
         });
     }
-    // A folder without an index gets the disk modules' own values.
-    if let Some(folder) = folder
-        .as_ref()
-        .filter(|_| !disk.is_empty() && options.offload_index.is_none())
-    {
-        if read_offload_index(folder)?.is_empty() {
-            let values: Vec<(String, Tensor)> = tree
-                .tensors()
-                .iter()
-                .filter(|t| device_of(device_map, &t.name) == Some(MapDevice::Disk))
-                .map(|t| (t.name.clone(), handles[&t.name].detach()))
-                .collect();
-            offload_state_dict(folder, &values)?;
-        }
+    // Where each tensor goes, decided before anything is touched.
+    struct Decided<'t> {
+        entry: &'t crate::models::TensorEntry,
+        place: MapDevice,
+        offloaded: bool,
+        execution: Device,
+        empty: bool,
     }
-    let mut in_memory: HashMap<String, Tensor> = HashMap::new();
-    let mut tensors = Vec::new();
+    let no_values = |name: &str, why: String| {
+        BigModelError::Checkpoint(crate::checkpoint::CheckpointError::State {
+            path: PathBuf::from(name),
+            message: format!("tensor `{name}` holds no values (it was offloaded): {why}"),
+        })
+    };
+    let mut decided = Vec::new();
     for entry in tree.tensors() {
         let place = device_of(device_map, &entry.name).expect("checked: the map covers the model");
-        let mut handle = handles[&entry.name].shallow_clone();
-        let kind = handle.kind();
         // Offloaded places run on the main device; a buffer there stays
         // on it unless buffers are offloaded too.
         let away = offloaded_places.contains(&place);
@@ -145,49 +144,107 @@ pub fn dispatch_model(
             Some(d) if !away => d,
             _ => main_torch,
         };
-        let empty = is_placeholder(&handle, &entry.shape);
-        if offloaded {
-            if place == MapDevice::Cpu && !empty {
-                in_memory.insert(entry.name.clone(), handle.detach().to_device(Device::Cpu));
+        let empty = is_placeholder(&handles.handle(&entry.name)?, &entry.shape);
+        if empty && (!offloaded || place == MapDevice::Cpu) {
+            return Err(no_values(
+                &entry.name,
+                format!("it is mapped to {place}; load the checkpoint with this device map first"),
+            ));
+        }
+        decided.push(Decided {
+            entry,
+            place,
+            offloaded,
+            execution,
+            empty,
+        });
+    }
+    let on_disk = |d: &&Decided| d.offloaded && d.place == MapDevice::Disk;
+    // A folder without an index gets the disk modules' own values.
+    let mut index = options.offload_index.clone();
+    if let Some(folder) = folder.as_ref().filter(|_| index.is_none()) {
+        let found = read_offload_index(folder)?;
+        if found.is_empty() && !disk.is_empty() {
+            let mut values = Vec::new();
+            for d in decided.iter().filter(on_disk) {
+                if d.empty {
+                    return Err(no_values(
+                        &d.entry.name,
+                        format!(
+                            "{} has no index.json; give the folder it was offloaded to",
+                            folder.display()
+                        ),
+                    ));
+                }
+                values.push((
+                    d.entry.name.clone(),
+                    handles.handle(&d.entry.name)?.detach(),
+                ));
             }
-            tch::no_grad(|| handle.set_data(&placeholder(kind, execution)));
-        } else if empty {
-            return Err(BigModelError::Checkpoint(crate::checkpoint::CheckpointError::State {
-                path: PathBuf::from(&entry.name),
-                message: format!(
-                    "tensor `{}` holds no values (it was offloaded) but is mapped to {place}: load the checkpoint \
-                     with this device map first",
-                    entry.name
-                ),
-            }));
-        } else if handle.device() != execution {
-            let moved =
-                handle
-                    .detach()
-                    .f_to_device(execution)
-                    .map_err(|source| BigModelError::Torch {
-                        what: format!("moving `{}` to {place}", entry.name),
-                        source,
-                    })?;
+            offload_state_dict(folder, &values)?;
+            index = Some(read_offload_index(folder)?);
+        } else {
+            index = Some(found);
+        }
+    }
+    let index = index.unwrap_or_default();
+    // Each disk tensor is in the index (under any of its tied names), in
+    // the model's shape.
+    let mut sources: HashMap<String, String> = HashMap::new();
+    for d in decided.iter().filter(on_disk) {
+        let name = &d.entry.name;
+        let group = handles.group(name);
+        let Some((source, stored)) = group.iter().find_map(|n| index.get(n).map(|e| (n, e))) else {
+            return Err(BigModelError::NoSuchTensor {
+                name: format!("{name} (not in the offload folder's index)"),
+            });
+        };
+        if stored.safetensors_file.is_none() && stored.shape != d.entry.shape {
+            return Err(BigModelError::Checkpoint(
+                crate::checkpoint::CheckpointError::Mismatch {
+                    path: folder
+                        .clone()
+                        .unwrap_or_default()
+                        .join(super::OFFLOAD_INDEX_NAME),
+                    name: name.clone(),
+                    message: format!(
+                        "shape {:?} in the offload folder, {:?} in the model",
+                        stored.shape, d.entry.shape
+                    ),
+                },
+            ));
+        }
+        sources.insert(name.clone(), source.clone());
+    }
+    // Now the tensors move.
+    let mut in_memory: HashMap<String, Tensor> = HashMap::new();
+    let mut tensors = Vec::new();
+    for d in decided {
+        let name = d.entry.name.clone();
+        let mut handle = handles.handle(&name)?;
+        let kind = handle.kind();
+        if d.offloaded {
+            if d.place == MapDevice::Cpu {
+                in_memory.insert(name.clone(), handle.detach().to_device(Device::Cpu));
+            }
+            tch::no_grad(|| handle.set_data(&placeholder(kind, d.execution)));
+        } else if handle.device() != d.execution {
+            let moved = handle
+                .detach()
+                .f_to_device(d.execution)
+                .map_err(torch_err(format!("moving `{name}` to {}", d.place)))?;
             tch::no_grad(|| handle.set_data(&moved));
         }
         tensors.push(Placed {
-            name: entry.name.clone(),
+            source: sources.remove(&name).unwrap_or_else(|| name.clone()),
+            name,
             handle,
             kind,
-            execution,
-            offloaded,
+            execution: d.execution,
+            offloaded: d.offloaded,
         });
     }
-    let loader = OffloadedWeightsLoader::new(in_memory, folder, options.offload_index.clone())?;
-    if let Some(missing) = tensors
-        .iter()
-        .find(|t| t.offloaded && !loader.contains(&t.name))
-    {
-        return Err(BigModelError::NoSuchTensor {
-            name: format!("{} (not in the offload folder's index)", missing.name),
-        });
-    }
+    let loader = OffloadedWeightsLoader::new(in_memory, folder, Some(index))?;
     let units = plan_units(model.as_ref(), &tensors, main_torch);
     Ok(DispatchedModel {
         model,
@@ -258,15 +315,29 @@ impl DispatchedModel {
     pub fn forward(&self, tokens: &Tensor) -> Result<Tensor, BigModelError> {
         let _no_grad = tch::no_grad_guard();
         let mut x = tokens.shallow_clone();
-        for (unit, plan) in self.model.units().into_iter().zip(&self.units) {
+        for (i, (unit, plan)) in self.model.units().into_iter().zip(&self.units).enumerate() {
             let _onloaded = self.onload(plan)?;
-            let input = x
-                .f_to_device(plan.device)
-                .map_err(|source| BigModelError::Torch {
-                    what: format!("moving activations to {:?}", plan.device),
-                    source,
-                })?;
-            x = unit.forward_t(&input, false);
+            let input = x.f_to_device(plan.device).map_err(torch_err(format!(
+                "moving activations to {:?}",
+                plan.device
+            )))?;
+            // A unit's ops report errors by panicking (tch): caught here and
+            // returned, with the offloaded tensors put back by the guard.
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                unit.forward_t(&input, false)
+            }));
+            x = ran.map_err(|panic| BigModelError::Forward {
+                unit: format!("{i} ({})", unit.modules().join(", ")),
+                message: panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("it panicked")
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string(),
+            })?;
         }
         Ok(x.to_device(tokens.device()))
     }
@@ -280,7 +351,7 @@ impl DispatchedModel {
         for &i in &plan.tensors {
             let t = &self.tensors[i];
             let value = if t.offloaded {
-                self.loader.get(&t.name)?
+                self.loader.get(&t.source)?
             } else if t.execution != plan.device {
                 t.handle.detach()
             } else {
@@ -289,10 +360,10 @@ impl DispatchedModel {
             let value = value
                 .f_to_device(plan.device)
                 .and_then(|v| v.f_to_kind(t.kind))
-                .map_err(|source| BigModelError::Torch {
-                    what: format!("loading `{}` onto {:?}", t.name, plan.device),
-                    source,
-                })?;
+                .map_err(torch_err(format!(
+                    "loading `{}` onto {:?}",
+                    t.name, plan.device
+                )))?;
             guard.restore.push((i, t.handle.detach()));
             let mut handle = t.handle.shallow_clone();
             handle.set_data(&value);

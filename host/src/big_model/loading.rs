@@ -1,222 +1,16 @@
 //! Loading a checkpoint straight onto the devices of a device map:
-//! Accelerate's `load_checkpoint_in_model`, `load_state_dict`,
-//! `set_module_tensor_to_device` and `retie_parameters`.
-//!
-//! A tensor "on the disk" (Accelerate's meta device) keeps its handle in
-//! the model with no data: an empty tensor of its dtype, which
-//! [`dispatch_model`](super::dispatch_model) fills just before the unit
-//! using it runs.
+//! Accelerate's `load_checkpoint_in_model`.
 
 use super::device_map::{device_of, DeviceMap};
+use super::handles::{is_placeholder, retie_parameters, Handles};
 use super::offload::{load_offloaded_weights, offload_weight, save_offload_index, OffloadIndex};
-use super::sizes::is_integral;
+use super::state_dict::check_format;
 use super::{BigModelError, MapDevice, Notes};
 use crate::checkpoint::{self, CheckpointError};
-use crate::models::{Model, ModuleTree};
-use safetensors::SafeTensors;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use crate::models::Model;
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use tch::{Device, Kind, Tensor};
-
-/// A model's tensors by name: parameters and buffers, a tied parameter
-/// under every one of its names.
-pub(crate) fn named_tensors(model: &dyn Model) -> HashMap<String, Tensor> {
-    let mut named: HashMap<String, Tensor> = model
-        .named_parameters()
-        .into_iter()
-        .chain(model.named_buffers())
-        .collect();
-    for group in model.module_tree().ties() {
-        if let Some(t) = group
-            .iter()
-            .find_map(|n| named.get(n))
-            .map(Tensor::shallow_clone)
-        {
-            for n in group {
-                named.entry(n.clone()).or_insert_with(|| t.shallow_clone());
-            }
-        }
-    }
-    named
-}
-
-/// The shape, dtype and kind (buffer or not) the tree records for `name`
-/// (a tied name gets its group's).
-pub(crate) fn recorded<'t>(
-    tree: &'t ModuleTree,
-    name: &str,
-) -> Option<&'t crate::models::TensorEntry> {
-    let find = |n: &str| tree.tensors().iter().find(|t| t.name == n);
-    find(name).or_else(|| {
-        let group = tree.ties().iter().find(|g| g.iter().any(|n| n == name))?;
-        group.iter().find_map(|n| find(n))
-    })
-}
-
-/// The empty tensor a tensor "on the disk" holds: its dtype, no data.
-pub(crate) fn placeholder(kind: Kind, device: Device) -> Tensor {
-    Tensor::empty([0], (kind, device))
-}
-
-/// True when the handle holds no values though the tree says it has some.
-pub(crate) fn is_placeholder(handle: &Tensor, shape: &[i64]) -> bool {
-    handle.numel() == 0 && shape.iter().product::<i64>() != 0
-}
-
-fn torch_err(what: String) -> impl FnOnce(tch::TchError) -> BigModelError {
-    move |source| BigModelError::Torch { what, source }
-}
-
-/// Accelerate's `set_module_tensor_to_device`: the model's tensor `name`
-/// (its own handle, so every module using it sees the change) moves to
-/// `device`, taking `value` when given (cast to `dtype`, else to the
-/// tensor's own dtype; integer tensors keep theirs). To the disk it keeps
-/// no data (Accelerate's meta device), in `dtype` when given.
-pub fn set_module_tensor_to_device(
-    model: &dyn Model,
-    name: &str,
-    device: MapDevice,
-    value: Option<&Tensor>,
-    dtype: Option<Kind>,
-) -> Result<(), BigModelError> {
-    let tensors = named_tensors(model);
-    let mut handle = tensors
-        .get(name)
-        .ok_or_else(|| BigModelError::NoSuchTensor { name: name.into() })?
-        .shallow_clone();
-    let entry = recorded(model.module_tree(), name);
-    let shape = entry.map_or_else(|| handle.size(), |e| e.shape.clone());
-    let Some(target) = device.torch_device() else {
-        let kind = dtype.unwrap_or(handle.kind());
-        tch::no_grad(|| handle.set_data(&placeholder(kind, Device::Cpu)));
-        return Ok(());
-    };
-    let new = match value {
-        Some(v) => {
-            if v.size() != shape {
-                return Err(BigModelError::Checkpoint(CheckpointError::Mismatch {
-                    path: PathBuf::from("(value)"),
-                    name: name.into(),
-                    message: format!("shape {:?} given, {:?} in the model", v.size(), shape),
-                }));
-            }
-            let kind = match dtype {
-                Some(d) if !is_integral(v.kind()) => d,
-                Some(_) => v.kind(),
-                None => handle.kind(),
-            };
-            v.detach()
-                .f_to_device(target)
-                .and_then(|t| t.f_to_kind(kind))
-                .map_err(torch_err(format!("moving `{name}` to {device}")))?
-        }
-        None if is_placeholder(&handle, &shape) => {
-            return Err(BigModelError::Checkpoint(CheckpointError::State {
-                path: PathBuf::from(name),
-                message: format!("tensor `{name}` is offloaded (it holds no values here): give a value to put on {device}"),
-            }))
-        }
-        None => {
-            let moved = handle
-                .detach()
-                .f_to_device(target)
-                .map_err(torch_err(format!("moving `{name}` to {device}")))?;
-            match dtype {
-                Some(d) if !is_integral(moved.kind()) => moved.to_kind(d),
-                _ => moved,
-            }
-        }
-    };
-    tch::no_grad(|| handle.set_data(&new));
-    Ok(())
-}
-
-/// Accelerate's `retie_parameters`: each group of tied names shares the
-/// values of its first name that holds any.
-pub fn retie_parameters(model: &dyn Model, ties: &[Vec<String>]) {
-    let tensors = named_tensors(model);
-    for group in ties {
-        let handles: Vec<&Tensor> = group.iter().filter_map(|n| tensors.get(n)).collect();
-        let Some(source) = handles.iter().find(|t| t.numel() > 0) else {
-            continue;
-        };
-        let source = source.detach();
-        for h in handles {
-            if !h.is_set_to(&source) {
-                let mut h = h.shallow_clone();
-                tch::no_grad(|| h.set_data(&source));
-            }
-        }
-    }
-}
-
-/// Reads a safetensors file's `format` metadata as Accelerate does: none is
-/// taken as `pt` (with a warning), `tf` and `flax` are refused.
-fn check_format(path: &Path, st_bytes: &[u8], notes: &mut Notes) -> Result<(), BigModelError> {
-    let bad = |message: String| {
-        BigModelError::Checkpoint(CheckpointError::Format {
-            path: path.into(),
-            message,
-        })
-    };
-    let (_, metadata) = SafeTensors::read_metadata(st_bytes).map_err(|e| bad(e.to_string()))?;
-    let format = metadata
-        .metadata()
-        .as_ref()
-        .and_then(|m| m.get("format").cloned());
-    match format.as_deref() {
-        None if metadata.metadata().is_none() => {
-            notes.warn(format!(
-                "The safetensors archive passed at {} does not contain metadata. Make sure to save your model with the \
-                 `save_pretrained` method. Defaulting to 'pt' metadata.",
-                path.display()
-            ));
-            Ok(())
-        }
-        Some("pt") => Ok(()),
-        Some(f @ ("tf" | "flax")) => Err(bad(format!("it was saved with {f}; hearth reads the pt format"))),
-        other => Err(bad(format!(
-            "its metadata has format {other:?}, not \"pt\"; save the model with save_pretrained or save_model"
-        ))),
-    }
-}
-
-/// Accelerate's `load_state_dict(checkpoint_file, device_map)`: every
-/// tensor of one safetensors file, each on the device its module is mapped
-/// to (tensors mapped to the disk, or to nothing, on the CPU).
-pub fn load_state_dict(
-    path: &Path,
-    device_map: Option<&DeviceMap>,
-    notes: &mut Notes,
-) -> Result<Vec<(String, Tensor)>, BigModelError> {
-    if path.extension().is_none_or(|e| e != "safetensors") {
-        return Err(BigModelError::Checkpoint(CheckpointError::Format {
-            path: path.into(),
-            message: "hearth reads safetensors files (*.safetensors), not pickled state dicts"
-                .into(),
-        }));
-    }
-    let map = checkpoint::open_mapped(path)?;
-    check_format(path, map.bytes(), notes)?;
-    let st = map.tensors(path)?;
-    let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
-    names.sort();
-    let mut out = Vec::with_capacity(names.len());
-    for name in names {
-        let view = st.tensor(&name).expect("listed by the file");
-        let tensor = checkpoint::tensor_from_view(path, &name, &view)?;
-        let device = device_map
-            .and_then(|m| device_of(m, &name))
-            .and_then(MapDevice::torch_device)
-            .unwrap_or(Device::Cpu);
-        let tensor = tensor.f_to_device(device).map_err(torch_err(format!(
-            "{}: loading `{name}` on {device:?}",
-            path.display()
-        )))?;
-        out.push((name, tensor));
-    }
-    Ok(out)
-}
+use tch::{Kind, Tensor};
 
 /// The knobs of [`load_checkpoint_in_model`], with Accelerate's defaults.
 #[derive(Debug, Clone, Default)]
@@ -283,163 +77,97 @@ fn target_dtype(name: &str, kind: Kind, options: &LoadOptions) -> Option<Kind> {
 /// With a device map, each tensor goes to its module's device in `dtype`,
 /// and tensors mapped to the disk are written to the offload folder in
 /// Accelerate's layout (and hold no data in the model); shard files are
-/// read one at a time, tensor by tensor. Everything is checked before
-/// anything is written (names, shapes, dtypes, devices): a failed load
-/// writes nothing and changes nothing.
+/// read one at a time, tensor by tensor. Everything that can be checked is
+/// checked before anything is written (names, shapes, dtypes, devices, the
+/// GPUs named); should writing fail all the same, the files this load
+/// wrote are removed. A tied parameter counts as loaded under any of its
+/// names.
 ///
-/// Where hearth differs: with a device map, a model tensor the checkpoint
+/// Where hearth differs: with a device map, a parameter the checkpoint
 /// does not hold is an error naming it (a device-mapped model is usually
-/// built without values, so it would run on garbage); a buffer mapped to
-/// the disk without `offload_buffers` is loaded onto the CPU (Accelerate
-/// leaves the model's own value).
+/// built without values, so it would run on garbage; a buffer keeps its
+/// own value); tied names mapped to different devices are an error (they
+/// are one tensor); a buffer mapped to the disk without `offload_buffers`
+/// is loaded onto the CPU (Accelerate leaves the model's own value).
 pub fn load_checkpoint_in_model(
     model: &dyn Model,
     checkpoint: &Path,
     options: &LoadOptions,
 ) -> Result<LoadedCheckpoint, BigModelError> {
+    let handles = Handles::of(model);
+    let files = checkpoint::weight_files(checkpoint)?;
+    let mut notes = Notes::default();
+    let held = names_held(&files, &mut notes)?;
+    let unexpected: Vec<String> = held
+        .iter()
+        .filter(|n| !handles.contains(n))
+        .cloned()
+        .collect();
+    let missing: Vec<String> = model
+        .module_tree()
+        .tensors()
+        .iter()
+        .map(|t| t.name.clone())
+        .filter(|n| !handles.group(n).iter().any(|g| held.contains(g)))
+        .collect();
+    if options.strict && (!missing.is_empty() || !unexpected.is_empty()) {
+        return Err(BigModelError::Checkpoint(CheckpointError::Keys {
+            path: checkpoint.into(),
+            missing,
+            unexpected,
+        }));
+    }
+    if !unexpected.is_empty() {
+        let listed: Vec<String> = unexpected.iter().map(|n| format!("'{n}'")).collect();
+        notes.warn(format!(
+            "Some weights of the model checkpoint at {} were not used when initializing {}: {{{}}}. This may or may \
+             not be an issue - make sure that the checkpoint does not have unnecessary parameters, or that the model \
+             definition correctly corresponds to the checkpoint.",
+            checkpoint.display(),
+            model.module_tree().modules().first().map_or("Module", |m| m.kind.as_str()),
+            listed.join(", ")
+        ));
+    }
     let Some(map) = &options.device_map else {
-        let tensors: Vec<(String, Tensor)> = model
-            .named_parameters()
-            .into_iter()
-            .chain(model.named_buffers())
-            .collect();
-        let report = checkpoint::load_checkpoint_in_model(&tensors, checkpoint, options.strict)?;
+        // In place: every name of a tied tensor is offered, so that the
+        // checkpoint's name for it is found.
+        let mut all: Vec<(String, Tensor)> = Vec::new();
+        for n in held.iter().filter(|n| handles.contains(n)) {
+            all.push((n.clone(), handles.handle(n)?));
+        }
+        checkpoint::load_checkpoint_in_model(&all, checkpoint, false)?;
         return Ok(LoadedCheckpoint {
-            missing: report.missing,
-            unexpected: report.unexpected,
+            missing,
+            unexpected,
+            notes,
             ..Default::default()
         });
     };
-    let tree = model.module_tree();
-    let mut notes = Notes::default();
-    super::device_map::check_device_map(tree, map, &mut notes)?;
-    warn_split_ties(tree, map, &mut notes);
-    let folder = options.offload_folder.as_deref();
-    if let Some((module, _)) = map.iter().find(|(_, d)| **d == MapDevice::Disk) {
-        if folder.is_none() {
-            return Err(BigModelError::NoOffloadFolder {
-                module: module.clone(),
-            });
-        }
-    }
-    let files = checkpoint::weight_files(checkpoint)?;
-    let tensors = named_tensors(model);
-    let unexpected = check_files(tree, map, &files, &tensors, options, &mut notes)?;
-
-    let mut offload_index = OffloadIndex::new();
-    let mut cpu_stage: Option<(tempfile::TempDir, OffloadIndex)> = None;
-    if let Some(folder) = folder.filter(|_| map.values().any(|d| *d == MapDevice::Disk)) {
-        std::fs::create_dir_all(folder).map_err(BigModelError::io(folder))?;
-    }
-    if options.offload_state_dict {
-        let stage = match folder {
-            Some(f) => {
-                std::fs::create_dir_all(f).map_err(BigModelError::io(f))?;
-                tempfile::Builder::new()
-                    .prefix(".state-dict-")
-                    .tempdir_in(f)
+    let plan = check_mapped(&handles, map, &files, &missing, options, &mut notes)?;
+    let mut written = Vec::new();
+    match place(model, &handles, map, &files, &plan, options, &mut written) {
+        Ok(offload_index) => Ok(LoadedCheckpoint {
+            missing: plan.kept.clone(),
+            unexpected,
+            offload_index,
+            notes,
+        }),
+        Err(e) => {
+            for file in written {
+                let _ = std::fs::remove_file(file);
             }
-            None => tempfile::tempdir(),
-        }
-        .map_err(BigModelError::io(folder.unwrap_or(Path::new("."))))?;
-        cpu_stage = Some((stage, OffloadIndex::new()));
-    }
-    let buffers: HashSet<&str> = tree
-        .tensors()
-        .iter()
-        .filter(|t| t.buffer)
-        .map(|t| t.name.as_str())
-        .collect();
-    for (file, _) in &files {
-        let mapped = checkpoint::open_mapped(file)?;
-        let st = mapped.tensors(file)?;
-        for name in st.names() {
-            if !tensors.contains_key(name) {
-                continue;
-            }
-            let view = st.tensor(name).expect("listed by the file");
-            let value = checkpoint::tensor_from_view(file, name, &view)?;
-            let device = device_of(map, name).expect("checked");
-            let dtype = target_dtype(name, value.kind(), options);
-            let offloaded_buffer = buffers.contains(name) && !options.offload_buffers;
-            match (device, &mut cpu_stage) {
-                (MapDevice::Disk, _) if !offloaded_buffer => {
-                    set_module_tensor_to_device(model, name, MapDevice::Disk, None, dtype)?;
-                    let folder = folder.expect("checked");
-                    offload_weight(&value, name, folder, Some(&mut offload_index))?;
-                }
-                (MapDevice::Disk, _) => {
-                    set_module_tensor_to_device(model, name, MapDevice::Cpu, Some(&value), dtype)?
-                }
-                (MapDevice::Cpu, Some((stage, index))) => {
-                    set_module_tensor_to_device(model, name, MapDevice::Disk, None, dtype)?;
-                    offload_weight(&value, name, stage.path(), Some(index))?;
-                }
-                (device, _) => {
-                    set_module_tensor_to_device(model, name, device, Some(&value), dtype)?
-                }
-            }
-        }
-    }
-    if let Some(folder) = folder {
-        save_offload_index(&offload_index, folder)?;
-    }
-    if let Some((stage, index)) = cpu_stage {
-        load_offloaded_weights(model, &index, stage.path())?;
-    }
-    retie_parameters(model, tree.ties());
-    Ok(LoadedCheckpoint {
-        missing: Vec::new(),
-        unexpected,
-        offload_index,
-        notes,
-    })
-}
-
-/// Accelerate's `check_tied_parameters_on_same_device`.
-fn warn_split_ties(tree: &ModuleTree, map: &DeviceMap, notes: &mut Notes) {
-    for group in tree.ties() {
-        let devices: Vec<(String, Option<MapDevice>)> = group
-            .iter()
-            .map(|n| (n.clone(), device_of(map, n)))
-            .collect();
-        let distinct: HashSet<Option<MapDevice>> = devices.iter().map(|(_, d)| *d).collect();
-        if distinct.len() > 1 {
-            let listed: Vec<String> = devices
-                .iter()
-                .map(|(n, d)| {
-                    format!(
-                        "'{n}': {}",
-                        d.map_or("None".into(), |d| match d {
-                            MapDevice::Gpu(i) => i.to_string(),
-                            other => format!("'{other}'"),
-                        })
-                    )
-                })
-                .collect();
-            notes.warn(format!(
-                "Tied parameters are on different devices: {{{}}}. Please modify your custom device map or set \
-                 `device_map='auto'`. ",
-                listed.join(", ")
-            ));
+            Err(e)
         }
     }
 }
 
-/// The checks before anything is loaded: every tensor of the files has a
-/// device, fits the model's shape and has a dtype hearth reads; with
-/// `strict` the names match exactly, and every model tensor is in the
-/// checkpoint. Returns the checkpoint's tensors the model does not have.
-fn check_files(
-    tree: &ModuleTree,
-    map: &DeviceMap,
+/// The tensor names the checkpoint's files hold (after checking each
+/// file's format, and that it holds what its index says).
+fn names_held(
     files: &[checkpoint::WeightFile],
-    tensors: &HashMap<String, Tensor>,
-    options: &LoadOptions,
     notes: &mut Notes,
-) -> Result<Vec<String>, BigModelError> {
-    let mut seen = BTreeSet::new();
-    let mut unexpected = Vec::new();
+) -> Result<BTreeSet<String>, BigModelError> {
+    let mut held = BTreeSet::new();
     for (file, expected) in files {
         let mapped = checkpoint::open_mapped(file)?;
         check_format(file, mapped.bytes(), notes)?;
@@ -455,11 +183,68 @@ fn check_files(
                 message: format!("the index says it holds tensor `{absent}`, but it does not"),
             }));
         }
-        for name in names {
-            if !tensors.contains_key(name) {
-                unexpected.push(name.to_string());
-                continue;
-            }
+        held.extend(names.into_iter().map(String::from));
+    }
+    Ok(held)
+}
+
+/// What the checks before a mapped load decided.
+struct MappedPlan {
+    /// Buffers the checkpoint lacks that keep the model's values.
+    kept: Vec<String>,
+}
+
+/// The checks before anything is written: the map covers the model and
+/// names only GPUs this machine has, tied names share a device, the
+/// offload folder is given when the disk is used, every tensor of the
+/// files fits the model's shape and has a dtype hearth reads, and the
+/// parameters the checkpoint lacks (an error) or buffers (kept).
+fn check_mapped(
+    handles: &Handles,
+    map: &DeviceMap,
+    files: &[checkpoint::WeightFile],
+    missing: &[String],
+    options: &LoadOptions,
+    notes: &mut Notes,
+) -> Result<MappedPlan, BigModelError> {
+    super::device_map::check_device_map(handles.tree(), map, notes)?;
+    let gpus = tch::Cuda::device_count().max(0) as usize;
+    if let Some((module, MapDevice::Gpu(index))) = map
+        .iter()
+        .find(|(_, d)| matches!(d, MapDevice::Gpu(i) if *i >= gpus))
+    {
+        return Err(BigModelError::NoSuchGpu {
+            module: module.clone(),
+            index: *index,
+            available: gpus,
+        });
+    }
+    for group in handles.tree().ties() {
+        let devices: Vec<(String, Option<MapDevice>)> = group
+            .iter()
+            .map(|n| (n.clone(), device_of(map, n)))
+            .collect();
+        if devices.iter().any(|(_, d)| *d != devices[0].1) {
+            let listed: Vec<String> = devices
+                .iter()
+                .map(|(n, d)| format!("{n} on {}", d.map_or("nothing".into(), |d| d.to_string())))
+                .collect();
+            return Err(BigModelError::SplitTie {
+                names: listed.join(", "),
+            });
+        }
+    }
+    if let Some((module, _)) = map.iter().find(|(_, d)| **d == MapDevice::Disk) {
+        if options.offload_folder.is_none() {
+            return Err(BigModelError::NoOffloadFolder {
+                module: module.clone(),
+            });
+        }
+    }
+    for (file, _) in files {
+        let mapped = checkpoint::open_mapped(file)?;
+        let st = mapped.tensors(file)?;
+        for name in st.names().into_iter().filter(|n| handles.contains(n)) {
             let view = st.tensor(name).expect("listed by the file");
             let mismatch = |message: String| {
                 BigModelError::Checkpoint(CheckpointError::Mismatch {
@@ -469,7 +254,8 @@ fn check_files(
                 })
             };
             let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
-            let entry = recorded(tree, name)
+            let entry = handles
+                .entry(name)
                 .ok_or_else(|| BigModelError::NoSuchTensor { name: name.into() })?;
             if shape != entry.shape {
                 return Err(mismatch(format!(
@@ -480,107 +266,103 @@ fn check_files(
             if checkpoint::kind_of(view.dtype()).is_none() {
                 return Err(mismatch(format!("dtype {:?} cannot be read", view.dtype())));
             }
-            if device_of(map, name).is_none() {
-                return Err(BigModelError::Uncovered {
-                    tensors: vec![name.to_string()],
-                });
-            }
-            seen.insert(name.to_string());
         }
     }
-    unexpected.sort();
-    // A tied group is loaded when any of its names is.
-    let held = |name: &str| {
-        seen.contains(name)
-            || tree
-                .ties()
-                .iter()
-                .any(|g| g.iter().any(|n| n == name) && g.iter().any(|n| seen.contains(n)))
-    };
-    let missing: Vec<&str> = tree
-        .tensors()
-        .iter()
-        .map(|t| t.name.as_str())
-        .filter(|n| !held(n))
-        .collect();
-    if options.strict && !unexpected.is_empty() {
-        return Err(BigModelError::Checkpoint(CheckpointError::Keys {
-            path: files.first().map_or_else(PathBuf::new, |(f, _)| f.clone()),
-            missing: missing.iter().map(|s| s.to_string()).collect(),
-            unexpected,
-        }));
+    let mut kept = Vec::new();
+    for name in missing {
+        let entry = handles.entry(name).expect("listed by the tree");
+        let device = device_of(map, name).expect("checked: the map covers the model");
+        let has_values = !is_placeholder(&handles.handle(name)?, &entry.shape);
+        if entry.buffer && has_values {
+            notes.warn(format!(
+                "buffer `{name}` is not in the checkpoint; it keeps the model's own value (on {device})"
+            ));
+            kept.push(name.clone());
+        } else {
+            return Err(BigModelError::MissingMapped {
+                checkpoint: files.first().map_or_else(PathBuf::new, |(f, _)| f.clone()),
+                name: name.clone(),
+                device,
+            });
+        }
     }
-    if let Some(name) = missing.first() {
-        return Err(BigModelError::MissingMapped {
-            checkpoint: files.first().map_or_else(PathBuf::new, |(f, _)| f.clone()),
-            name: name.to_string(),
-            device: device_of(map, name).unwrap_or(MapDevice::Cpu),
-        });
-    }
-    Ok(unexpected)
+    Ok(MappedPlan { kept })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use safetensors::tensor::{serialize_to_file, Dtype, TensorView};
-
-    fn write(path: &Path, metadata: Option<HashMap<String, String>>) {
-        let data = [0u8; 8];
-        let views = [
-            ("a.w", TensorView::new(Dtype::F32, vec![2], &data).unwrap()),
-            ("b.w", TensorView::new(Dtype::F32, vec![2], &data).unwrap()),
-        ];
-        serialize_to_file(views, metadata, path).unwrap();
+/// Writes the checkpoint's tensors where the map says, recording in
+/// `written` every file it writes (removed by the caller on failure).
+fn place(
+    model: &dyn Model,
+    handles: &Handles,
+    map: &DeviceMap,
+    files: &[checkpoint::WeightFile],
+    plan: &MappedPlan,
+    options: &LoadOptions,
+    written: &mut Vec<PathBuf>,
+) -> Result<OffloadIndex, BigModelError> {
+    let folder = options.offload_folder.as_deref();
+    let uses_disk = map.values().any(|d| *d == MapDevice::Disk);
+    if let Some(folder) = folder.filter(|_| uses_disk) {
+        std::fs::create_dir_all(folder).map_err(BigModelError::io(folder))?;
     }
-
-    #[test]
-    fn load_state_dict_reads_the_pt_format_and_warns_without_metadata() {
-        let dir = tempfile::tempdir().unwrap();
-        let map: DeviceMap = [
-            ("a".to_string(), MapDevice::Cpu),
-            ("b".to_string(), MapDevice::Disk),
-        ]
-        .into_iter()
-        .collect();
-        let pt = dir.path().join("pt.safetensors");
-        write(&pt, Some(HashMap::from([("format".into(), "pt".into())])));
-        let mut notes = Notes::default();
-        let tensors = load_state_dict(&pt, Some(&map), &mut notes).unwrap();
-        assert_eq!(
-            tensors
-                .iter()
-                .map(|(n, t)| (n.as_str(), t.device()))
-                .collect::<Vec<_>>(),
-            [("a.w", Device::Cpu), ("b.w", Device::Cpu)],
-            "the disk's tensors are read onto the CPU"
-        );
-        assert!(notes.warnings.is_empty());
-
-        let bare = dir.path().join("bare.safetensors");
-        write(&bare, None);
-        load_state_dict(&bare, None, &mut notes).unwrap();
-        assert!(
-            notes.warnings[0].contains("does not contain metadata"),
-            "{:?}",
-            notes.warnings
-        );
-
-        let tf = dir.path().join("tf.safetensors");
-        write(&tf, Some(HashMap::from([("format".into(), "tf".into())])));
-        let err = load_state_dict(&tf, None, &mut notes)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("tf.safetensors") && err.contains("saved with tf"),
-            "{err}"
-        );
-        let err = load_state_dict(&dir.path().join("model.bin"), None, &mut notes)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("model.bin") && err.contains("safetensors"),
-            "{err}"
-        );
+    let mut stage: Option<(tempfile::TempDir, OffloadIndex)> = None;
+    if options.offload_state_dict {
+        let dir = match folder {
+            Some(f) => {
+                std::fs::create_dir_all(f).map_err(BigModelError::io(f))?;
+                tempfile::Builder::new()
+                    .prefix(".state-dict-")
+                    .tempdir_in(f)
+            }
+            None => tempfile::tempdir(),
+        }
+        .map_err(BigModelError::io(folder.unwrap_or(Path::new("."))))?;
+        stage = Some((dir, OffloadIndex::new()));
     }
+    let mut index = OffloadIndex::new();
+    // Writes `value` to the disk under `name`, then drops the model's copy.
+    let mut offload = |name: &str, value: &Tensor, into: &Path, index: &mut OffloadIndex, dtype| {
+        offload_weight(value, name, into, Some(index))?;
+        written.push(into.join(format!("{name}.dat")));
+        handles.set(name, MapDevice::Disk, None, dtype)
+    };
+    let mut place_one =
+        |name: &str, value: &Tensor, stage: &mut Option<(tempfile::TempDir, OffloadIndex)>| {
+            let device = device_of(map, name).expect("checked");
+            let dtype = target_dtype(name, value.kind(), options);
+            let resident_buffer =
+                handles.entry(name).is_some_and(|e| e.buffer) && !options.offload_buffers;
+            match (device, stage) {
+                (MapDevice::Disk, _) if !resident_buffer => {
+                    offload(name, value, folder.expect("checked"), &mut index, dtype)
+                }
+                (MapDevice::Disk, _) => handles.set(name, MapDevice::Cpu, Some(value), dtype),
+                (MapDevice::Cpu, Some((dir, staged))) => {
+                    offload(name, value, dir.path(), staged, dtype)
+                }
+                (device, _) => handles.set(name, device, Some(value), dtype),
+            }
+        };
+    for (file, _) in files {
+        let mapped = checkpoint::open_mapped(file)?;
+        let st = mapped.tensors(file)?;
+        for name in st.names().into_iter().filter(|n| handles.contains(n)) {
+            let view = st.tensor(name).expect("listed by the file");
+            let value = checkpoint::tensor_from_view(file, name, &view)?;
+            place_one(name, &value, &mut stage)?;
+        }
+    }
+    // Buffers the checkpoint lacks go where the map sends them, with their values.
+    for name in &plan.kept {
+        let value = handles.handle(name)?.detach();
+        place_one(name, &value, &mut stage)?;
+    }
+    if let Some(folder) = folder {
+        save_offload_index(&index, folder)?;
+    }
+    if let Some((dir, staged)) = stage {
+        load_offloaded_weights(model, &staged, dir.path())?;
+    }
+    retie_parameters(model, handles.tree().ties());
+    Ok(index)
 }

@@ -15,10 +15,12 @@ mod balance;
 mod device_map;
 mod dispatch;
 mod estimate;
+mod handles;
 mod loading;
 mod memory;
 mod offload;
 mod sizes;
+mod state_dict;
 
 pub use balance::get_balanced_memory;
 pub use device_map::{
@@ -27,10 +29,8 @@ pub use device_map::{
 };
 pub use dispatch::{dispatch_model, DispatchOptions, DispatchedModel};
 pub use estimate::{estimate_memory, MemoryEstimate, ESTIMATE_DTYPES};
-pub use loading::{
-    load_checkpoint_in_model, load_state_dict, retie_parameters, set_module_tensor_to_device,
-    LoadOptions, LoadedCheckpoint,
-};
+pub use handles::{retie_parameters, set_module_tensor_to_device};
+pub use loading::{load_checkpoint_in_model, LoadOptions, LoadedCheckpoint};
 pub use memory::{get_max_memory, parse_max_memory, parse_memory_size, MapDevice, MaxMemory};
 pub use offload::{
     load_offloaded_weight, load_offloaded_weights, offload_state_dict, offload_weight,
@@ -41,6 +41,7 @@ pub use sizes::{
     calculate_maximum_sizes, compute_module_sizes, compute_module_total_buffer_size,
     get_max_layer_size, largest_layer, parse_dtype, ModuleSizes,
 };
+pub use state_dict::load_state_dict;
 
 use std::path::PathBuf;
 
@@ -134,6 +135,22 @@ pub enum BigModelError {
         /// The name.
         name: String,
     },
+    /// A device map naming a GPU this machine does not have.
+    #[error("the device map sends `{module}` to GPU {index}, but this machine has {available} GPU(s); map it to an existing GPU, cpu or disk")]
+    NoSuchGpu {
+        /// The module.
+        module: String,
+        /// The GPU index.
+        index: usize,
+        /// GPUs present.
+        available: usize,
+    },
+    /// Tied names a device map sends to different devices.
+    #[error("tied parameters are one tensor, but the device map splits them: {names}; map their modules to one device")]
+    SplitTie {
+        /// Each name and its device.
+        names: String,
+    },
     /// A tensor mapped to the disk that the checkpoint does not hold.
     #[error(
         "{checkpoint}: tensor `{name}` is mapped to {device} by the device map, but the checkpoint does not hold it; \
@@ -163,13 +180,20 @@ pub enum BigModelError {
         source: std::io::Error,
     },
     /// libtorch failed (moving a tensor to a device that is not there).
-    #[error("{what}: {source}")]
+    #[error("{what}: {message}")]
     Torch {
         /// What was being done.
         what: String,
-        /// The failure.
-        #[source]
-        source: tch::TchError,
+        /// libtorch's message (its first line).
+        message: String,
+    },
+    /// A unit of a dispatched model failed to run.
+    #[error("running unit {unit} of the dispatched model failed: {message}")]
+    Forward {
+        /// The unit's index, and the modules it runs.
+        unit: String,
+        /// What failed.
+        message: String,
     },
 }
 

@@ -5,7 +5,7 @@
 //! tensor's dtype and shape — what Accelerate's `offload_state_dict`
 //! writes and its `load_offloaded_weights` reads, and the reverse.
 
-use super::loading::set_module_tensor_to_device;
+use super::handles::Handles;
 use super::{BigModelError, MapDevice};
 use crate::checkpoint::CheckpointError;
 use crate::models::Model;
@@ -21,9 +21,13 @@ pub const OFFLOAD_INDEX_NAME: &str = "index.json";
 /// How one offloaded tensor is stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OffloadEntry {
-    /// NumPy's name of its dtype (`float32`), or `bfloat16` / `float8_*`.
+    /// NumPy's name of its dtype (`float32`), or `bfloat16` / `float8_*`
+    /// (may be absent in an entry that names a safetensors file).
+    #[serde(default)]
     pub dtype: String,
-    /// Its shape (`[]` for a scalar, stored as one element).
+    /// Its shape (`[]` for a scalar, stored as one element; absent in an
+    /// entry that names a safetensors file).
+    #[serde(default)]
     pub shape: Vec<i64>,
     /// Instead of a `.dat` file: a safetensors file holding it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -221,9 +225,10 @@ pub fn load_offloaded_weights(
 ) -> Result<(), BigModelError> {
     let loader =
         OffloadedWeightsLoader::new(HashMap::new(), Some(folder.into()), Some(index.clone()))?;
+    let handles = Handles::of(model);
     for name in index.keys() {
         let value = loader.get(name)?;
-        set_module_tensor_to_device(model, name, MapDevice::Cpu, Some(&value), None)?;
+        handles.set(name, MapDevice::Cpu, Some(&value), None)?;
     }
     Ok(())
 }
@@ -294,15 +299,24 @@ impl OffloadedWeightsLoader {
             .get(name)
             .ok_or_else(|| BigModelError::NoSuchTensor { name: name.into() })?;
         if let Some(file) = &entry.safetensors_file {
-            let path = match &self.folder {
-                Some(folder) => folder.join(file),
-                None => PathBuf::from(file),
-            };
+            // The path as written (transformers writes it whole), as
+            // Accelerate opens it.
+            let path = PathBuf::from(file);
             let key = entry.weight_name.as_deref().unwrap_or(name);
             let tensor = crate::checkpoint::read_safetensor(&path, key)?;
-            let tensor = match kind_named(&entry.dtype) {
-                Some(kind) if kind != tensor.kind() => tensor.to_kind(kind),
-                _ => tensor,
+            let tensor = if entry.dtype.is_empty() {
+                tensor
+            } else {
+                let kind = kind_named(&entry.dtype).ok_or_else(|| {
+                    BigModelError::Checkpoint(CheckpointError::Format {
+                        path: path.clone(),
+                        message: format!(
+                            "unknown dtype {:?} for `{name}` in the offload index",
+                            entry.dtype
+                        ),
+                    })
+                })?;
+                tensor.to_kind(kind)
             };
             return Ok(tensor.to_device(self.device.unwrap_or(Device::Cpu)));
         }

@@ -87,7 +87,8 @@ impl ScriptModule {
     /// Loads the TorchScript file at `path` onto `device` (the CPU or a
     /// CUDA device).
     pub fn load(path: &std::path::Path, device: Device) -> Result<Self, TchError> {
-        let c_path = CString::new(path.to_string_lossy().as_bytes())
+        use std::os::unix::ffi::OsStrExt;
+        let c_path = CString::new(path.as_os_str().as_bytes())
             .map_err(|_| TchError::FileFormat(format!("{}: a NUL in the path", path.display())))?;
         let index = match device {
             Device::Cpu => -1,
