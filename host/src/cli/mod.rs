@@ -35,7 +35,8 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Train the model a TOML config describes, evaluate it, and write the
-    /// run folder (model.safetensors, config.toml, summary.json).
+    /// run folder (model.safetensors, config.toml, summary.json,
+    /// metrics.jsonl).
     Run(run::RunArgs),
     /// List, inspect and check WebAssembly plugins.
     Plugins(plugins::PluginsArgs),
