@@ -321,8 +321,10 @@ impl Drop for StagedCheckpoint {
     }
 }
 
-/// Removes the temporary folders that saves killed before their commit
-/// left in `folder` (`.<name>.tmp-<pid>` of processes no longer running).
+/// Removes the temporary folders that saves killed before their commit,
+/// and rotations killed while deleting, left in `folder`
+/// (`.<name>.tmp-<pid>` and `.<name>.removing-<pid>` of processes no
+/// longer running).
 pub fn remove_abandoned(folder: &Path) {
     if !Path::new("/proc/self").exists() {
         return; // cannot tell whether a writer is still alive
@@ -331,7 +333,10 @@ pub fn remove_abandoned(folder: &Path) {
         let name = entry.file_name().to_string_lossy().into_owned();
         let Some(pid) = name
             .starts_with('.')
-            .then(|| name.rsplit_once(".tmp-"))
+            .then(|| {
+                name.rsplit_once(".tmp-")
+                    .or_else(|| name.rsplit_once(".removing-"))
+            })
             .flatten()
             .and_then(|(_, pid)| pid.parse::<u32>().ok())
         else {
@@ -401,12 +406,29 @@ pub fn newest_complete(folder: &Path) -> Option<(u64, PathBuf)> {
 }
 
 /// Keeps the newest `limit` numbered checkpoints in `folder` (by number)
-/// and removes the others.
+/// and removes the others. Each goes at once: it is renamed to a hidden
+/// `.checkpoint_<n>.removing-<pid>` (the rename made durable) before its
+/// files are deleted, so a process killed while deleting leaves no visible
+/// half-deleted checkpoint; the next commit sweeps such leftovers.
 pub fn rotate(folder: &Path, limit: usize) -> Result<(), CheckpointError> {
+    rotate_with(folder, limit, |dir| fs::remove_dir_all(dir))
+}
+
+/// [`rotate`], deleting each hidden folder with `remove`.
+fn rotate_with(
+    folder: &Path,
+    limit: usize,
+    mut remove: impl FnMut(&Path) -> std::io::Result<()>,
+) -> Result<(), CheckpointError> {
     let all = numbered_checkpoints(folder);
     let excess = all.len().saturating_sub(limit);
-    for (_, dir) in all.into_iter().take(excess) {
-        fs::remove_dir_all(&dir).map_err(CheckpointError::io(&dir))?;
+    for (n, dir) in all.into_iter().take(excess) {
+        let hidden = folder.join(format!(".checkpoint_{n}.removing-{}", std::process::id()));
+        fs::rename(&dir, &hidden).map_err(CheckpointError::io(&dir))?;
+        File::open(folder)
+            .and_then(|d| d.sync_all())
+            .map_err(CheckpointError::io(folder))?;
+        remove(&hidden).map_err(CheckpointError::io(&hidden))?;
     }
     Ok(())
 }
@@ -414,6 +436,50 @@ pub fn rotate(folder: &Path, limit: usize) -> Result<(), CheckpointError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rotation_killed_while_deleting_leaves_every_visible_checkpoint_complete() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        for n in 0..4 {
+            let mut staged = StagedCheckpoint::begin(&dir.join(format!("checkpoint_{n}"))).unwrap();
+            staged.bytes("model.safetensors", &[7u8; 100]).unwrap();
+            staged.commit().unwrap();
+        }
+        // The deletion dies after removing the manifest (a SIGKILL there).
+        let err = rotate_with(dir, 2, |d| {
+            fs::remove_file(d.join(MANIFEST_NAME))?;
+            Err(std::io::Error::other("killed"))
+        });
+        assert!(err.is_err());
+        let visible = numbered_checkpoints(dir);
+        assert_eq!(
+            visible.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
+        for (_, d) in &visible {
+            assert!(
+                verify_complete(d).is_ok(),
+                "{} is visible and incomplete",
+                d.display()
+            );
+        }
+        // A later rotation finishes the job; the leftover of a dead
+        // process goes at the next commit.
+        rotate(dir, 2).unwrap();
+        assert_eq!(numbered_checkpoints(dir).len(), 2);
+        let leftover = dir.join(".checkpoint_0.removing-4999999");
+        fs::rename(
+            dir.join(format!(".checkpoint_0.removing-{}", std::process::id())),
+            &leftover,
+        )
+        .unwrap();
+        StagedCheckpoint::begin(&dir.join("checkpoint_4"))
+            .unwrap()
+            .commit()
+            .unwrap();
+        assert!(!leftover.exists());
+    }
 
     #[test]
     fn a_commit_removes_temporaries_of_dead_writers_only() {
