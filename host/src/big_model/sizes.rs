@@ -224,18 +224,8 @@ pub fn calculate_maximum_sizes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::{Gpt, GptConfig, Model};
-
-    fn gpt() -> Gpt {
-        let config = GptConfig {
-            vocab_size: 11,
-            block_size: 8,
-            d_model: 8,
-            layers: 2,
-            heads: 2,
-        };
-        Gpt::new(config, tch::Device::Cpu)
-    }
+    use crate::models::tiny_gpt as gpt;
+    use crate::models::Model;
 
     #[test]
     fn sizes_add_up_to_every_module_above_a_tensor() {

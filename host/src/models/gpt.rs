@@ -213,6 +213,20 @@ impl Model for Gpt {
     }
 }
 
+/// A GPT small enough for any unit test: 11 tokens, 8 positions, d=8,
+/// 2 layers of 2 heads.
+#[cfg(test)]
+pub(crate) fn tiny_gpt() -> Gpt {
+    let config = GptConfig {
+        vocab_size: 11,
+        block_size: 8,
+        d_model: 8,
+        layers: 2,
+        heads: 2,
+    };
+    Gpt::new(config, Device::Cpu)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,8 @@ mod torchscript;
 mod tree;
 mod weights;
 
+#[cfg(test)]
+pub(crate) use gpt::tiny_gpt;
 pub use gpt::{Gpt, GptConfig};
 pub use mlp::{Mlp, MlpConfig};
 pub use model::{sorted_variables, Model, Unit, VarStoreModel};

@@ -1,14 +1,13 @@
 //! `hearth report`: a run's curves from its folder alone, offline — the
-//! history every run keeps (`metrics.jsonl`), its config and summary —
+//! history every run keeps ([`crate::train::History`], `metrics.jsonl`),
+//! its config and summary —
 //! drawn as one self-contained `report.html` (inline SVG) and a PNG per
 //! metric; several runs overlaid, with the config keys they differ in.
 
-mod history;
 mod html;
 mod plot;
 mod runs;
 
-pub use history::{read_history, History, Record, HISTORY_NAME};
 pub use plot::{smooth, CHART_SIZE, SMOOTHING};
 pub use runs::{config_differences, load_run, RunData};
 

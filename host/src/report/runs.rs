@@ -1,7 +1,7 @@
 //! A run folder as the report reads it: its history, config and summary.
 
-use super::history::{read_history, HISTORY_NAME};
 use super::ReportError;
+use crate::train::{flatten_toml, read_history, HISTORY_NAME};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -27,32 +27,6 @@ impl RunData {
     /// True once the run wrote its summary (it finished).
     pub fn finished(&self) -> bool {
         self.summary.is_some()
-    }
-}
-
-fn flatten(prefix: &str, value: &toml::Value, out: &mut BTreeMap<String, String>) {
-    match value {
-        toml::Value::Table(t) => {
-            for (k, v) in t {
-                let key = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}.{k}")
-                };
-                flatten(&key, v, out);
-            }
-        }
-        toml::Value::Array(items) if items.iter().any(|v| v.is_table()) => {
-            for (i, v) in items.iter().enumerate() {
-                flatten(&format!("{prefix}[{i}]"), v, out);
-            }
-        }
-        toml::Value::String(s) => {
-            out.insert(prefix.into(), s.clone());
-        }
-        other => {
-            out.insert(prefix.into(), other.to_string());
-        }
     }
 }
 
@@ -93,12 +67,14 @@ pub fn load_run(dir: &Path, waiting: bool) -> Result<RunData, ReportError> {
     for points in series.values_mut() {
         points.sort_by_key(|(s, _)| *s);
     }
-    let mut config = BTreeMap::new();
-    if let Ok(text) = std::fs::read_to_string(dir.join("config.toml")) {
-        if let Ok(value) = text.parse::<toml::Table>() {
-            flatten("", &toml::Value::Table(value), &mut config);
-        }
-    }
+    let text = std::fs::read_to_string(dir.join("config.toml")).unwrap_or_default();
+    let config: BTreeMap<String, String> = flatten_toml(&text)
+        .into_iter()
+        .map(|(k, v)| match v {
+            toml::Value::String(s) => (k, s),
+            other => (k, other.to_string()),
+        })
+        .collect();
     let summary = std::fs::read_to_string(dir.join("summary.json"))
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok());

@@ -60,19 +60,23 @@ fn optimizer_bytes(config: &TrainConfig, bytes: u64) -> u64 {
     }
 }
 
-/// The module tree of `config`'s model, built without writing its weights
-/// (only names, shapes and dtypes are read).
-pub fn module_tree(config: &TrainConfig) -> Result<crate::models::ModuleTree, TrainError> {
+/// `config`'s model on the CPU, its weights allocated and never written
+/// (a plan reads only names, shapes and dtypes).
+fn unwritten_model(config: &TrainConfig) -> Result<Box<dyn crate::models::Model>, TrainError> {
     let data = setup::dataset(config)?;
-    let model = tch::no_grad(|| {
+    tch::no_grad(|| {
         setup::model(
             config,
             data.as_ref(),
             tch::Device::Cpu,
             crate::models::Weights::Unmaterialised,
         )
-    })?;
-    Ok(model.module_tree().clone())
+    })
+}
+
+/// The module tree of `config`'s model, built without writing its weights.
+pub fn module_tree(config: &TrainConfig) -> Result<crate::models::ModuleTree, TrainError> {
+    Ok(unwritten_model(config)?.module_tree().clone())
 }
 
 /// The plan of `config`'s model on `processes` processes.
@@ -81,16 +85,7 @@ pub fn plan(
     options: &RunOptions,
     processes: usize,
 ) -> Result<Plan, TrainError> {
-    let data = setup::dataset(config)?;
-    let model = tch::no_grad(|| {
-        setup::model(
-            config,
-            data.as_ref(),
-            tch::Device::Cpu,
-            // Only the shapes and names are read.
-            crate::models::Weights::Unmaterialised,
-        )
-    })?;
+    let model = unwritten_model(config)?;
     let tree = model.module_tree();
     let params: Vec<(String, Tensor)> = model.named_parameters();
     let settings: Option<FsdpSettings> = match &config.fsdp {

@@ -2,6 +2,7 @@
 
 use super::config::TrainConfig;
 use super::eval::{score, Evaluation, Shard};
+use super::history::{History, HISTORY_NAME};
 use super::loss::lm_loss;
 use super::progress::Progress;
 use super::setup::{self, eval_entries, io_err, DataStream};
@@ -13,7 +14,6 @@ use crate::checkpoint::CheckpointError;
 use crate::data::{TextFileError, TokenDataset};
 use crate::models::{Model, TorchScriptError};
 use crate::plugins::{Entries, PluginError, Registry, Value};
-use crate::report::{History, HISTORY_NAME};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;

@@ -94,19 +94,8 @@ fn owner(paths: &[String], module: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::{Gpt, GptConfig, Model};
-    use tch::Device;
-
-    fn gpt() -> Gpt {
-        let config = GptConfig {
-            vocab_size: 11,
-            block_size: 8,
-            d_model: 8,
-            layers: 2,
-            heads: 2,
-        };
-        Gpt::new(config, Device::Cpu)
-    }
+    use crate::models::tiny_gpt as gpt;
+    use crate::models::Model;
 
     #[test]
     fn blocks_own_their_parameters_and_the_root_the_rest() {

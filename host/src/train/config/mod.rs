@@ -130,11 +130,21 @@ impl TrainConfig {
     /// The config as flat tracker entries (`optimizer.lr = 0.002`), the run's
     /// hyper-parameters for `store_init_configuration`.
     pub fn entries(&self) -> crate::plugins::Entries {
+        use crate::plugins::Value;
         let text = std::fs::read_to_string(&self.source).unwrap_or_default();
-        let table: toml::Table = toml::from_str(&text).unwrap_or_default();
-        let mut out = Vec::new();
-        flatten("", &toml::Value::Table(table), &mut out);
-        out
+        flatten_toml(&text)
+            .into_iter()
+            .map(|(k, v)| {
+                let v = match v {
+                    toml::Value::Float(f) => Value::Float(f),
+                    toml::Value::Integer(i) => Value::Int(i),
+                    toml::Value::Boolean(b) => Value::Boolean(b),
+                    toml::Value::String(s) => Value::Text(s),
+                    other => Value::Text(other.to_string()),
+                };
+                (k, v)
+            })
+            .collect()
     }
 
     /// Resolves a path written in the config against the config's folder.
@@ -167,33 +177,34 @@ fn plugin_names<'a>(
     Ok(())
 }
 
-fn flatten(prefix: &str, value: &toml::Value, out: &mut crate::plugins::Entries) {
-    use crate::plugins::Value;
-    let v = match value {
-        toml::Value::Table(t) => {
-            for (k, v) in t {
-                let key = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}.{k}")
-                };
-                flatten(&key, v, out);
+/// A config file's text as flat `(key, value)` pairs in file order
+/// (`optimizer.lr` → `0.002`; tables in arrays as `trackers.0.name`); text
+/// that is not TOML gives none.
+pub fn flatten_toml(text: &str) -> Vec<(String, toml::Value)> {
+    fn walk(prefix: &str, value: &toml::Value, out: &mut Vec<(String, toml::Value)>) {
+        match value {
+            toml::Value::Table(t) => {
+                for (k, v) in t {
+                    let key = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(&key, v, out);
+                }
             }
-            return;
-        }
-        toml::Value::Array(items) if items.iter().any(|i| i.is_table()) => {
-            for (i, item) in items.iter().enumerate() {
-                flatten(&format!("{prefix}.{i}"), item, out);
+            toml::Value::Array(items) if items.iter().any(|i| i.is_table()) => {
+                for (i, item) in items.iter().enumerate() {
+                    walk(&format!("{prefix}.{i}"), item, out);
+                }
             }
-            return;
+            leaf => out.push((prefix.to_string(), leaf.clone())),
         }
-        toml::Value::Float(f) => Value::Float(*f),
-        toml::Value::Integer(i) => Value::Int(*i),
-        toml::Value::Boolean(b) => Value::Boolean(*b),
-        toml::Value::String(s) => Value::Text(s.clone()),
-        other => Value::Text(other.to_string()),
-    };
-    out.push((prefix.to_string(), v));
+    }
+    let table: toml::Table = toml::from_str(text).unwrap_or_default();
+    let mut out = Vec::new();
+    walk("", &toml::Value::Table(table), &mut out);
+    out
 }
 
 /// Builds the error for `key` (used by each section's `validate`).

@@ -4,7 +4,7 @@
 //! "lr": 0.002, "tokens_per_sec": 18234.0}`) or an event
 //! (`{"step": 300, "time": …, "event": "checkpoint", "path": "…"}`).
 //! A resumed run keeps the lines up to the step it resumed from and
-//! appends after them, so no step appears twice.
+//! appends after them, so no step appears twice. `hearth report` draws it.
 
 use serde_json::{Map, Value};
 use std::fs::File;
