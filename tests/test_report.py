@@ -242,6 +242,17 @@ def test_a_folder_that_is_no_run_is_named(hearth, tmp_path):
     assert str(tmp_path) in out.stderr and "metrics.jsonl" in out.stderr
     out = hearth("report", tmp_path / "missing")
     assert out.returncode == 2 and "no such folder" in out.stderr
+    (tmp_path / "a-file").write_text("x")
+    out = hearth("report", tmp_path / "a-file")
+    assert out.returncode == 2 and "is a file" in out.stderr
+    # A history with lines that are not records (a crash, an editor) still
+    # draws what it has.
+    run = tmp_path / "runs" / "garbled"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 10, "loss": 2.0}\nnot json\n{"step": 20, "loss": 1.0}\n{"step": 30, "lo')
+    out = hearth("report", run)
+    assert out.returncode == 0, out.stderr
+    assert 'data-metric="loss"' in (run / "report" / "report.html").read_text()
 
 
 def test_the_progress_bar_shows_step_loss_throughput_and_eta(hearth_bin, tmp_path):

@@ -34,9 +34,14 @@ impl RunData {
 /// unless `waiting` (a run that has not logged yet, under `--watch`).
 pub fn load_run(dir: &Path, waiting: bool) -> Result<RunData, ReportError> {
     if !dir.is_dir() {
+        let why = if dir.exists() {
+            "it is a file, not a run folder"
+        } else {
+            "there is no such folder"
+        };
         return Err(ReportError::NotARun {
             dir: dir.into(),
-            why: "there is no such folder".into(),
+            why: why.into(),
         });
     }
     let history = dir.join(HISTORY_NAME);

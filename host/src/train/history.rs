@@ -165,6 +165,20 @@ mod tests {
         assert_eq!(steps, [10, 20, 20, 30]);
         assert_eq!(records[2].event.as_deref(), Some("checkpoint"));
         assert_eq!(records[3].values, [("loss".to_string(), 0.5)]);
+        // A line cut short by a crash is skipped by readers, and dropped
+        // by the next resume.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(h.path())
+            .unwrap()
+            .write_all(b"{\"step\": 40, \"lo")
+            .unwrap();
+        assert_eq!(read_history(h.path()).unwrap().len(), 4);
+        drop(h);
+        let h = History::open(dir.path(), Some(30)).unwrap();
+        let text = std::fs::read_to_string(h.path()).unwrap();
+        assert_eq!(text.lines().count(), 4, "{text}");
+        assert!(text.ends_with('\n'));
         // A fresh run starts a fresh history.
         History::open(dir.path(), None).unwrap();
         assert!(read_history(&dir.path().join(HISTORY_NAME))
