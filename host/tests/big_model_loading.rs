@@ -624,7 +624,7 @@ fn tied_weights_staging_and_refusals_keep_the_model_whole() {
 /// An offload index as transformers writes it: entries naming a
 /// safetensors file by its path, with no shape (and here no dtype).
 #[test]
-fn an_index_of_safetensors_entries_is_read_as_accelerate_reads_it() {
+fn an_index_of_safetensors_entries_is_read_from_the_files_it_names() {
     use hearth::big_model::OffloadedWeightsLoader;
     let dir = scratch("offload-safetensors");
     let file = dir.join("weights.safetensors");
