@@ -8,6 +8,7 @@ import random
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
@@ -119,3 +120,38 @@ def newest(folder):
         return None
     numbers = [int(p.split("_")[1]) for p in os.listdir(folder) if p.startswith("checkpoint_")]
     return max(numbers) if numbers else None
+
+
+def test_a_torchscript_models_buffers_are_saved_checkpointed_and_resumed(hearth, tmp_path):
+    """Issue 18, item 3: BatchNorm's running statistics and batch count are
+    part of the model's state: in model.safetensors (PyTorch loads it
+    strictly) and in every checkpoint, so a resumed run ends bit-identical."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "oracles"))
+    from batchnorm_lm import BatchNormLM
+
+    torch.manual_seed(0)
+    fresh = BatchNormLM()
+    torch.jit.script(fresh).save(str(tmp_path / "bn.pt"))
+    job = JOB.replace('kind = "gpt"\nd-model = 32\nlayers = 1\nheads = 2', 'kind = "torchscript"\npath = "bn.pt"')
+    job = job.replace("steps = 40", "steps = 20").replace("max-grad-norm = 1.0\n", "")
+    config = write_config(tmp_path, job)
+    out = hearth("run", config, "--output-dir", tmp_path / "straight", "-q")
+    assert out.returncode == 0, out.stderr
+    out = hearth("run", config, "--output-dir", tmp_path / "split", "--steps", "10", "-q")
+    assert out.returncode == 0, out.stderr
+    out = hearth("run", config, "--output-dir", tmp_path / "split", "--resume", "-q")
+    assert out.returncode == 0, out.stderr
+
+    saved = load_file(tmp_path / "straight" / "r" / "model.safetensors")
+    assert set(saved) == set(fresh.state_dict()), "every parameter and buffer, by PyTorch's names"
+    trained = BatchNormLM()
+    trained.load_state_dict(saved, strict=True)
+    # 20 optimizer steps of 2 accumulated micro-batches: 40 training forward passes.
+    assert int(saved["bn.num_batches_tracked"]) == 40
+    assert not torch.equal(saved["bn.running_mean"], fresh.bn.running_mean), "the statistics were trained"
+    checkpoint = load_file(tmp_path / "straight" / "r" / "checkpoints" / "checkpoint_1" / "model.safetensors")
+    assert int(checkpoint["bn.num_batches_tracked"]) == 40
+    resumed = load_file(tmp_path / "split" / "r" / "model.safetensors")
+    assert all(torch.equal(saved[k], resumed[k]) for k in saved), "state differs after resume"

@@ -289,6 +289,7 @@ fn child_ddp() {
             // Small buckets, so the two layers' gradients take several.
             bucket_cap_mb: 0.0002,
             comm_hook,
+            ..Default::default()
         })
         .build()
         .unwrap();
@@ -917,5 +918,117 @@ fn a_rank_that_hangs_makes_the_others_time_out_and_the_job_stop() {
     assert!(
         started.elapsed() < Duration::from_secs(50),
         "the hung rank does not hold the job for its 60 s"
+    );
+}
+
+/// One rank of a DDP run of a TorchScript model with BatchNorm; the mode is
+/// `buffers:<model path>:<broadcast_buffers>`. Rank 1 starts from other
+/// running statistics and every rank trains on its own batches; at the end
+/// each takes one training forward pass of the same batch and reports its
+/// buffers.
+#[test]
+fn child_buffers() {
+    let Some(mode) = std::env::var(CHILD)
+        .ok()
+        .filter(|m| m.starts_with("buffers:"))
+    else {
+        return; // only under mpirun
+    };
+    let parts: Vec<&str> = mode.split(':').collect();
+    let (path, broadcast_buffers) = (parts[1], parts[2] == "true");
+    let mut acc = Accelerator::builder()
+        .cpu(true)
+        .timeout(Duration::from_secs(60))
+        .ddp(hearth::parallel::DdpOptions {
+            broadcast_buffers,
+            ..Default::default()
+        })
+        .build()
+        .unwrap();
+    let r = acc.process_index();
+    let model = hearth::models::TorchScriptModel::load(path.as_ref(), Device::Cpu).unwrap();
+    use hearth::models::Model;
+    let buffers = |m: &dyn Model| -> Vec<(String, Vec<f64>)> {
+        m.named_buffers()
+            .iter()
+            .map(|(n, b)| (n.clone(), values(b)))
+            .collect()
+    };
+    tch::no_grad(|| {
+        for (_, mut b) in model.named_buffers() {
+            let _ = b.g_add_scalar_(r as i64 * 3);
+        }
+    });
+    let model = acc.prepare(model).unwrap();
+    let prepared = buffers(&model);
+    let tokens = |seed: i64| {
+        tch::manual_seed(seed);
+        Tensor::randint(11, [16, 8], (Kind::Int64, Device::Cpu))
+    };
+    for step in 0..3 {
+        let logits = model.forward_t(&tokens(100 * r as i64 + step), true);
+        let _ = logits;
+    }
+    let _ = model.forward_t(&tokens(7), true);
+    let result = serde_json::json!({"prepared": prepared, "end": buffers(&model)});
+    let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
+    std::fs::write(out.join(format!("rank_{r}.json")), result.to_string()).unwrap();
+}
+
+/// A BatchNorm model's buffers (issue 18, item 3): prepared, every rank
+/// holds rank 0's; with `broadcast_buffers` (DDP's default) they are rank
+/// 0's again before each training forward pass, so one pass over the same
+/// batch leaves every rank with the same statistics; without it, each keeps
+/// those of its own batches.
+#[test]
+fn ddp_gives_every_rank_rank_0s_buffers_before_each_forward_pass() {
+    let dir = scratch("mpi_buffers");
+    let model = dir.join("bn.pt");
+    common::oracle("batchnorm_lm.py", &[model.to_str().unwrap()]);
+    let ranks = |broadcast: bool| {
+        let out = dir.join(format!("broadcast_{broadcast}"));
+        mpirun_ok(
+            2,
+            "child_buffers",
+            &format!("buffers:{}:{broadcast}", model.display()),
+            &out,
+        );
+        results(&out, 2)
+    };
+    let on = ranks(true);
+    assert_eq!(
+        on[0]["prepared"], on[1]["prepared"],
+        "prepare sends rank 0's buffers"
+    );
+    let names: Vec<&str> = on[0]["end"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b[0].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "bn.num_batches_tracked",
+            "bn.running_mean",
+            "bn.running_var"
+        ]
+    );
+    assert_ne!(
+        on[0]["end"], on[0]["prepared"],
+        "training updates the statistics"
+    );
+    assert_eq!(
+        on[0]["end"], on[1]["end"],
+        "rank 0's buffers before the last pass"
+    );
+    let off = ranks(false);
+    assert_eq!(
+        off[0]["prepared"], off[1]["prepared"],
+        "prepare still sends rank 0's buffers"
+    );
+    assert_ne!(
+        off[0]["end"], off[1]["end"],
+        "without broadcast_buffers each rank keeps its own"
     );
 }

@@ -556,6 +556,30 @@ impl Accelerator {
             })
     }
 
+    /// Makes every process hold rank 0's `buffers` of a model being
+    /// prepared (as DDP does, and FSDP with `sync_module_states`); returns
+    /// what sends them again before each training forward pass under DDP
+    /// with `broadcast_buffers`.
+    pub(super) fn register_buffers(
+        &self,
+        buffers: Vec<Tensor>,
+    ) -> Result<Option<crate::parallel::BufferBroadcast>, super::PrepareError> {
+        let group = self.process_group();
+        if group.num_processes() == 1 || buffers.is_empty() {
+            return Ok(None);
+        }
+        let (once, every_forward) = match &self.ddp.fsdp {
+            Some(fsdp) => (fsdp.sync_module_states, false),
+            None => (true, self.ddp.options.broadcast_buffers),
+        };
+        if !once {
+            return Ok(None);
+        }
+        let sync = crate::parallel::BufferBroadcast::new(group, buffers)
+            .map_err(super::PrepareError::Dist)?;
+        Ok(every_forward.then_some(sync))
+    }
+
     /// Registers a prepared model's parameters for averaging, or shards
     /// them when FSDP shards; returns how (see
     /// [`DataParallel::register_model`]).

@@ -417,13 +417,13 @@ impl Accelerator {
         model.into_inner()
     }
 
-    /// The model's parameters by name, on the CPU (what `save_model`
+    /// The model's parameters and buffers by name, on the CPU (what `save_model`
     /// writes; `get_state_dict`). Under FULL_SHARD they are gathered and
     /// copied unit by unit (never more than one unit whole beyond what
     /// training holds): every process must call it.
     pub fn get_state_dict(&self, model: &impl Model) -> Vec<(String, Tensor)> {
         self.ddp
-            .whole_copies(&model.named_parameters(), true, false)
+            .whole_copies(&model.named_state(), true, false)
             .unwrap_or_else(|e| panic!("get_state_dict: {}", crate::error_chain(&e)))
     }
 
@@ -442,7 +442,7 @@ impl Accelerator {
         let main = self.is_main_process();
         let tensors = self
             .ddp
-            .whole_copies(&model.named_parameters(), main, false)
+            .whole_copies(&model.named_state(), main, false)
             .map_err(|e| super::checkpointing::gather_failed(dir, &e))?;
         if !main {
             return Ok(None);

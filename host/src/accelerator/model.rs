@@ -4,7 +4,7 @@
 use super::TensorTree;
 use crate::models::{Model, ModuleTree, Unit};
 use crate::ops::AutocastGuard;
-use crate::parallel::Unitwise;
+use crate::parallel::{BufferBroadcast, Unitwise};
 use crate::precision::MixedPrecision;
 use std::rc::{Rc, Weak};
 use tch::{Device, Tensor};
@@ -23,6 +23,9 @@ pub struct PreparedModel<M> {
     /// Counted at `prepare`, while every parameter was whole (FULL_SHARD
     /// releases them between uses).
     num_parameters: i64,
+    /// Sends rank 0's buffers before each training forward pass (DDP's
+    /// `broadcast_buffers`).
+    buffer_broadcast: Option<BufferBroadcast>,
 }
 
 impl<M: Model> PreparedModel<M> {
@@ -33,11 +36,11 @@ impl<M: Model> PreparedModel<M> {
         device: Device,
         precision: MixedPrecision,
     ) -> Self {
-        // Parameters not yet on the device move there (in place, so every
+        // Parameters and buffers not yet on the device move there (in place, so every
         // handle to them, the optimizer's included, sees the move; those
         // FULL_SHARD released on the device already are empty there).
         tch::no_grad(|| {
-            for (_, mut p) in inner.named_parameters() {
+            for (_, mut p) in inner.named_state() {
                 if p.device() != device {
                     let moved = p.to_device(device);
                     p.set_data(&moved);
@@ -50,7 +53,14 @@ impl<M: Model> PreparedModel<M> {
             device,
             precision,
             unitwise: None,
+            buffer_broadcast: None,
         }
+    }
+
+    /// Sends rank 0's buffers with `broadcast` before each training
+    /// forward pass from now on.
+    pub(super) fn set_buffer_broadcast(&mut self, broadcast: Option<BufferBroadcast>) {
+        self.buffer_broadcast = broadcast;
     }
 
     /// Runs the forward pass unit by unit from now on.
@@ -84,6 +94,11 @@ impl<M: Model> PreparedModel<M> {
 
 impl<M: Model + 'static> PreparedModel<M> {
     fn run(&self, tokens: &Tensor, train: bool) -> Tensor {
+        if let (true, Some(broadcast)) = (train, &self.buffer_broadcast) {
+            broadcast
+                .run()
+                .unwrap_or_else(|e| panic!("broadcasting the model's buffers: {e}"));
+        }
         let Some(unitwise) = &self.unitwise else {
             return self.inner.forward_t(tokens, train);
         };
@@ -107,6 +122,9 @@ impl<M: Model + 'static> Model for PreparedModel<M> {
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         self.inner.named_parameters()
+    }
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        self.inner.named_buffers()
     }
     fn num_parameters(&self) -> i64 {
         self.num_parameters

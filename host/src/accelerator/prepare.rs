@@ -120,7 +120,14 @@ fn prepare_model<M: Model + 'static>(
     if let Some(unitwise) = sharding.unitwise {
         prepared.set_unitwise(unitwise);
     }
-    acc.remember_model(parameters, sharding.units);
+    let buffers = prepared.inner().named_buffers();
+    let handles = buffers.iter().map(|(_, b)| b.shallow_clone()).collect();
+    prepared.set_buffer_broadcast(acc.register_buffers(handles)?);
+    // Checkpoints hold the buffers too (PyTorch's state_dict).
+    acc.remember_model(
+        parameters.into_iter().chain(buffers).collect(),
+        sharding.units,
+    );
     Ok(prepared)
 }
 

@@ -41,6 +41,14 @@ pub trait Model {
         Vec::new()
     }
 
+    /// Everything PyTorch's `state_dict()` holds: the parameters, then the
+    /// buffers (what is saved, checkpointed and kept equal across processes).
+    fn named_state(&self) -> Vec<(String, Tensor)> {
+        let mut state = self.named_parameters();
+        state.extend(self.named_buffers());
+        state
+    }
+
     /// Number of scalar parameters.
     fn num_parameters(&self) -> i64 {
         self.named_parameters()

@@ -32,6 +32,10 @@ pub struct DdpOptions {
     pub bucket_cap_mb: f64,
     /// Compression of the gradients on the wire.
     pub comm_hook: CommHook,
+    /// Rank 0's buffers (BatchNorm's running statistics, say) are sent to
+    /// every process before each training forward pass (PyTorch's
+    /// default); off, each process keeps its own.
+    pub broadcast_buffers: bool,
 }
 
 impl Default for DdpOptions {
@@ -39,6 +43,7 @@ impl Default for DdpOptions {
         Self {
             bucket_cap_mb: 25.0,
             comm_hook: CommHook::No,
+            broadcast_buffers: true,
         }
     }
 }
@@ -225,5 +230,35 @@ mod tests {
             vec![vec![100_000; 4]],
             "any other cap holds for every bucket"
         );
+    }
+}
+
+/// A model's buffers kept equal to rank 0's: sent from it once when the
+/// model is prepared and, under DDP's `broadcast_buffers`, before every
+/// training forward pass.
+pub struct BufferBroadcast {
+    group: Box<dyn ProcessGroup>,
+    buffers: Vec<Tensor>,
+}
+
+impl BufferBroadcast {
+    /// `buffers` sent from rank 0 over a channel of their own in `group`,
+    /// once now.
+    pub fn new(group: &dyn ProcessGroup, buffers: Vec<Tensor>) -> Result<Self, DistError> {
+        let this = Self {
+            group: group.duplicate()?,
+            buffers,
+        };
+        this.run()?;
+        Ok(this)
+    }
+
+    /// Sends rank 0's buffers to every process.
+    pub fn run(&self) -> Result<(), DistError> {
+        tch::no_grad(|| {
+            self.buffers
+                .iter()
+                .try_for_each(|b| self.group.broadcast(&mut b.shallow_clone(), 0))
+        })
     }
 }

@@ -14,7 +14,7 @@ mod grad_sync;
 pub mod sharded;
 mod unitwise;
 
-pub use ddp::{CommHook, DdpOptions, FIRST_BUCKET_MB};
+pub use ddp::{BufferBroadcast, CommHook, DdpOptions, FIRST_BUCKET_MB};
 pub use fsdp::{
     policy_name, BackwardPrefetch, FsdpError, FsdpPlugin, FsdpSettings, MixedPrecisionPolicy,
     PolicyDtype, ShardingStrategy, StateDictType, FIELDS as FSDP_FIELDS, USE_FSDP_ENV,

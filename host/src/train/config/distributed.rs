@@ -23,6 +23,10 @@ pub struct DistributedSection {
     pub bucket_cap_mb: Option<f64>,
     /// `no` (default), `fp16` or `bf16`: the gradients' precision on the wire.
     pub comm_hook: Option<CommHook>,
+    /// Rank 0's buffers (BatchNorm statistics) are sent to every process
+    /// before each training forward pass (default true, as DDP's
+    /// `broadcast_buffers`).
+    pub broadcast_buffers: Option<bool>,
     /// Every machine writes the whole checkpoint in its own `checkpoints/`
     /// (for machines without a shared file system); default: rank 0 only.
     #[serde(default)]
@@ -36,6 +40,7 @@ impl DistributedSection {
         DdpOptions {
             bucket_cap_mb: self.bucket_cap_mb.unwrap_or(default.bucket_cap_mb),
             comm_hook: self.comm_hook.unwrap_or(default.comm_hook),
+            broadcast_buffers: self.broadcast_buffers.unwrap_or(default.broadcast_buffers),
         }
     }
 
