@@ -185,6 +185,36 @@ pub(super) fn write_means(
     })
 }
 
+/// A model's buffers kept equal to rank 0's: sent from it once when the
+/// model is prepared and, under DDP's `broadcast_buffers`, before every
+/// training forward pass.
+pub struct BufferBroadcast {
+    group: Box<dyn ProcessGroup>,
+    buffers: Vec<Tensor>,
+}
+
+impl BufferBroadcast {
+    /// `buffers` sent from rank 0 over a channel of their own in `group`,
+    /// once now.
+    pub fn new(group: &dyn ProcessGroup, buffers: Vec<Tensor>) -> Result<Self, DistError> {
+        let this = Self {
+            group: group.duplicate()?,
+            buffers,
+        };
+        this.run()?;
+        Ok(this)
+    }
+
+    /// Sends rank 0's buffers to every process.
+    pub fn run(&self) -> Result<(), DistError> {
+        tch::no_grad(|| {
+            self.buffers
+                .iter()
+                .try_for_each(|b| self.group.broadcast(&mut b.shallow_clone(), 0))
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -230,35 +260,5 @@ mod tests {
             vec![vec![100_000; 4]],
             "any other cap holds for every bucket"
         );
-    }
-}
-
-/// A model's buffers kept equal to rank 0's: sent from it once when the
-/// model is prepared and, under DDP's `broadcast_buffers`, before every
-/// training forward pass.
-pub struct BufferBroadcast {
-    group: Box<dyn ProcessGroup>,
-    buffers: Vec<Tensor>,
-}
-
-impl BufferBroadcast {
-    /// `buffers` sent from rank 0 over a channel of their own in `group`,
-    /// once now.
-    pub fn new(group: &dyn ProcessGroup, buffers: Vec<Tensor>) -> Result<Self, DistError> {
-        let this = Self {
-            group: group.duplicate()?,
-            buffers,
-        };
-        this.run()?;
-        Ok(this)
-    }
-
-    /// Sends rank 0's buffers to every process.
-    pub fn run(&self) -> Result<(), DistError> {
-        tch::no_grad(|| {
-            self.buffers
-                .iter()
-                .try_for_each(|b| self.group.broadcast(&mut b.shallow_clone(), 0))
-        })
     }
 }
