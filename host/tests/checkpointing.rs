@@ -401,3 +401,148 @@ fn trackers_log_into_the_project_folder_unless_a_logging_dir_is_given() {
     assert_eq!(project.logging_dir(), Path::new("logs/a"));
     assert_eq!(project.checkpoints_dir(), Path::new("runs/a/checkpoints"));
 }
+
+/// A registered object that refuses its saved state while `refuse` is set.
+struct Picky(Arc<std::sync::atomic::AtomicBool>);
+impl Checkpointable for Picky {
+    fn state_dict(&self) -> Vec<u8> {
+        b"picky".to_vec()
+    }
+    fn load_state_dict(&mut self, _: &[u8]) -> Result<(), String> {
+        match self.0.load(std::sync::atomic::Ordering::Relaxed) {
+            true => Err("this object refuses its state".into()),
+            false => Ok(()),
+        }
+    }
+}
+
+/// Everything a load restores, as plain values to compare.
+fn everything(run: &mut Run) -> String {
+    let tensors = |ts: Vec<Tensor>| -> Vec<Vec<f64>> {
+        ts.iter()
+            .map(|t| Vec::<f64>::try_from(t.to_kind(Kind::Double).view([-1])).unwrap())
+            .collect()
+    };
+    let optimizer = run.opt.with_inner(|o| {
+        let state = o.state_dict();
+        (
+            tensors(state.tensors.into_iter().map(|(_, t)| t).collect()),
+            format!("{:?}", state.groups),
+        )
+    });
+    format!(
+        "weights {:?}\noptimizer {:?}\nlrs {:?} {:?}\nscheduler {:?}\ncounter {}\nloader {:?}\nrng {:?}\nstep {}",
+        tensors(weights(run)),
+        optimizer,
+        run.opt.lrs(),
+        run.sched.last_lrs(),
+        run.sched.state().unwrap(),
+        run.counter.lock().unwrap().0,
+        run.loader.state(),
+        tensors(vec![run.acc.rng_state().unwrap().cpu]),
+        run.acc.step(),
+    )
+}
+
+/// Issue 18, item 5: a load is all or nothing. A damaged file that is read
+/// late (the loader's, after the model and optimizer files), a registered
+/// object that refuses its state after the optimizer and scheduler took
+/// theirs, and a scaler file of impossible values leave every part of
+/// the run as it was; the untouched checkpoint then loads.
+#[test]
+fn a_load_that_fails_anywhere_restores_nothing() {
+    let _serial = serial();
+    let dir = scratch("all_or_nothing");
+    let mut run = setup(&dir.join("a"), 1);
+    let refuse = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    run.acc
+        .register_for_checkpointing(Arc::new(Mutex::new(Picky(refuse.clone()))));
+    train(&mut run, 1, None);
+    let saved = run.acc.save_state(Some(&dir.join("ck"))).unwrap();
+    train(&mut run, 2, None);
+    let now = everything(&mut run);
+    let copy = |name: &str, damage: &dyn Fn(&Path)| {
+        let to = dir.join(name);
+        std::fs::create_dir_all(&to).unwrap();
+        for entry in std::fs::read_dir(&saved).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+        damage(&to);
+        to
+    };
+    // The same size, so that the manifest's sizes still match.
+    let garbage = |file: &Path| {
+        let len = std::fs::metadata(file).unwrap().len() as usize;
+        std::fs::write(file, "x".repeat(len)).unwrap();
+    };
+    let late_file = copy("late_file", &|d| garbage(&d.join("dataloader.json")));
+    let err = run
+        .acc
+        .load_state(Some(&late_file))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("dataloader.json"), "{err}");
+    assert_eq!(
+        everything(&mut run),
+        now,
+        "a bad loader file changed the run"
+    );
+
+    refuse.store(true, std::sync::atomic::Ordering::Relaxed);
+    let err = run.acc.load_state(Some(&saved)).unwrap_err().to_string();
+    assert!(
+        err.contains("custom_checkpoint_1.bin") && err.contains("refuses"),
+        "{err}"
+    );
+    assert_eq!(
+        everything(&mut run),
+        now,
+        "a refused object's load changed the run"
+    );
+    refuse.store(false, std::sync::atomic::Ordering::Relaxed);
+
+    run.acc.load_state(Some(&saved)).unwrap();
+    assert_ne!(everything(&mut run), now, "the checkpoint itself loads");
+}
+
+/// `scaler.json` is checked before anything is restored: a scale that is
+/// not a finite number above 0 is refused, naming the file.
+#[test]
+fn a_scaler_file_of_impossible_values_is_refused_before_anything_changes() {
+    let _serial = serial();
+    let dir = scratch("bad_scaler");
+    let mut acc = Accelerator::builder()
+        .cpu(true)
+        .mixed_precision(hearth::precision::MixedPrecision::Fp16)
+        .cpu_loss_scaling(true)
+        .build()
+        .unwrap();
+    tch::manual_seed(3);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let _l = nn::linear(vs.root() / "0", 3, 2, Default::default());
+    let vs = acc.prepare(vs).unwrap();
+    let saved = acc.save_state(Some(&dir.join("ck"))).unwrap();
+    // Same size as the file saved, if the scaler had a state to save.
+    let scaler = saved.join("scaler.json");
+    let bad = r#"{"scale": -1, "growth_tracker": 0}"#;
+    let len = std::fs::metadata(&scaler).map_or(0, |m| m.len() as usize);
+    std::fs::write(&scaler, format!("{bad:<len$}")).unwrap();
+    tch::no_grad(|| {
+        for mut t in vs.trainable_variables() {
+            let _ = t.fill_(0.5);
+        }
+    });
+    let err = acc.load_state(Some(&saved)).unwrap_err().to_string();
+    assert!(
+        err.contains("scaler.json") && err.contains("finite number above 0"),
+        "{err}"
+    );
+    for t in vs.trainable_variables() {
+        assert_eq!(
+            f64::try_from(t.mean(Kind::Double)).unwrap(),
+            0.5,
+            "nothing was restored"
+        );
+    }
+}

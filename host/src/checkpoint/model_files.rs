@@ -258,6 +258,23 @@ pub fn load_checkpoint_in_model(
     path: &Path,
     strict: bool,
 ) -> Result<LoadReport, CheckpointError> {
+    let (writes, report) = stage_checkpoint_in_model(model, path, strict)?;
+    tch::no_grad(|| {
+        for (target, source) in writes {
+            target.detach().copy_(&source);
+        }
+    });
+    Ok(report)
+}
+
+/// What [`load_checkpoint_in_model`] would write, checked and read into
+/// memory but not yet written: each model tensor with its value from the
+/// file (for a caller that applies several parts all or nothing).
+pub fn stage_checkpoint_in_model(
+    model: &[(String, Tensor)],
+    path: &Path,
+    strict: bool,
+) -> Result<(Vec<(Tensor, Tensor)>, LoadReport), CheckpointError> {
     let wanted: HashMap<&str, &Tensor> = model.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let files = weight_files(path)?;
     let mut maps = Vec::new();
@@ -326,7 +343,8 @@ pub fn load_checkpoint_in_model(
             unexpected,
         });
     }
-    // Second pass: copy.
+    // Second pass: read.
+    let mut writes = Vec::with_capacity(seen.len());
     for ((file, _), map) in files.iter().zip(&maps) {
         let st = map.tensors(file)?;
         for name in st.names() {
@@ -334,13 +352,13 @@ pub fn load_checkpoint_in_model(
                 let view = st.tensor(name).expect("checked above");
                 let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
                 let source = Tensor::from_data_size(view.data(), &shape, target.kind());
-                let mut target = target.shallow_clone();
-                tch::no_grad(|| target.copy_(&source));
+                writes.push((target.shallow_clone(), source));
             }
         }
     }
-    Ok(LoadReport {
+    let report = LoadReport {
         missing,
         unexpected,
-    })
+    };
+    Ok((writes, report))
 }

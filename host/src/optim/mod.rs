@@ -176,6 +176,20 @@ pub struct OptimizerState {
     pub groups: Vec<GroupState>,
 }
 
+impl OptimizerState {
+    /// The same state: new handles to the same tensors.
+    pub fn shallow_clone(&self) -> Self {
+        Self {
+            tensors: self
+                .tensors
+                .iter()
+                .map(|(n, t)| (n.clone(), t.shallow_clone()))
+                .collect(),
+            groups: self.groups.clone(),
+        }
+    }
+}
+
 /// One parameter group's settings in a checkpoint.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GroupState {

@@ -8,8 +8,8 @@ use super::{
     SchedulerFile, TrainerState,
 };
 use crate::checkpoint::{
-    load_checkpoint_in_model, load_safetensors, model_shards_dir, newest_complete,
-    optimizer_shards_dir, verify_complete, CheckpointError, TensorKey,
+    load_safetensors, model_shards_dir, newest_complete, optimizer_shards_dir,
+    stage_checkpoint_in_model, verify_complete, CheckpointError, TensorKey,
 };
 use crate::data::LoaderState;
 use crate::optim::{GroupState, OptimizerState};
@@ -29,8 +29,10 @@ impl Accelerator {
     /// from `dir`, or — with `None` — the newest complete one of the
     /// project (incomplete ones are skipped with a warning), and continues
     /// the iteration count after it. Every prepared object must have its
-    /// counterpart in the checkpoint; nothing is restored when the
-    /// checkpoint is incomplete or a model's tensors do not fit.
+    /// counterpart in the checkpoint. All or nothing: every file is read
+    /// and checked before anything is restored, and when an object refuses
+    /// its state (an optimizer whose groups differ, a scheduler plugin, a
+    /// registered object), those restored before it are put back.
     pub fn load_state(&mut self, dir: Option<&Path>) -> Result<PathBuf, CheckpointError> {
         self.wait_for_checkpoint()?;
         let dir = match dir {
@@ -46,21 +48,55 @@ impl Accelerator {
         let trainer: TrainerState = read_json(&dir.join("trainer_state.json"))?;
         // Hooks first: they may refuse the checkpoint before anything is restored.
         let restored = self.run_load_hooks(&dir, &manifest, &trainer)?;
-        // Then models: their load checks everything before writing. From
-        // a sharded save, each process reads the rows it holds; from a
-        // whole one, into the whole parameters (FULL_SHARD: gathered, their
-        // rows then written back into the shards).
+        // FULL_SHARD models are gathered whole to be read into (released
+        // unchanged if the load fails).
         let sharded_model = |i: usize| dir.join(model_shards_dir(i)).is_dir();
-        let models = self.registered.models.len();
-        let summoned = match (0..models).all(sharded_model) {
+        let summoned = match (0..self.registered.models.len()).all(sharded_model) {
             true => None,
             false => Some(self.summon_for(&dir)?),
         };
-        for i in (0..models).filter(|&i| sharded_model(i)) {
-            self.load_sharded_model(i, &dir.join(model_shards_dir(i)))?;
+        let staged = self.stage_checkpoint(&dir, restored)?;
+        let previous = self.previous_state(&dir)?;
+        if let Err(e) = self.apply_refusable(&staged) {
+            self.put_back(previous);
+            return Err(e);
         }
+        // What is left cannot fail: it was checked when read.
+        tch::no_grad(|| {
+            for (target, value) in &staged.model_writes {
+                target.detach().copy_(value);
+            }
+        });
+        if let Some(summoned) = summoned {
+            summoned.write_back();
+        }
+        if let (Some(scaler), Some(s)) = (&self.scaler, &staged.scaler) {
+            lock(scaler).load_state(s.scale, s.growth_tracker, self.device);
+        }
+        for (loader, state) in self.registered.loaders.iter().zip(staged.loaders) {
+            loader.load_state(state);
+        }
+        self.micro_steps
+            .store(trainer.step, std::sync::atomic::Ordering::Relaxed);
+        self.state
+            .set_accumulation_position(trainer.accumulation_position);
+        self.project.iteration = trainer.iteration + 1;
+        Ok(dir)
+    }
+
+    /// Reads and checks every file of the checkpoint in `dir` that a
+    /// prepared object needs, restoring nothing; `restored` are the model
+    /// tensors the hooks gave back.
+    fn stage_checkpoint(
+        &self,
+        dir: &Path,
+        restored: HashMap<TensorKey, Tensor>,
+    ) -> Result<Staged, CheckpointError> {
+        let mut model_writes = Vec::new();
         for (i, model) in self.registered.models.iter().enumerate() {
-            if sharded_model(i) {
+            let shards = dir.join(model_shards_dir(i));
+            if shards.is_dir() {
+                model_writes.extend(self.stage_sharded_model(i, &shards)?);
                 continue;
             }
             let from_file: Vec<(String, Tensor)> = model
@@ -69,86 +105,158 @@ impl Accelerator {
                 .map(|(n, t)| (n.clone(), t.shallow_clone()))
                 .collect();
             let path = dir.join(numbered("model", i, "safetensors"));
-            load_checkpoint_in_model(&from_file, &path, true)?;
+            model_writes.extend(stage_checkpoint_in_model(&from_file, &path, true)?.0);
         }
-        for (key, source) in &restored {
+        for (key, source) in restored {
             let (_, target) = self.registered.models[key.model as usize]
                 .iter()
                 .find(|(name, _)| *name == key.name)
                 .expect("hooks restore only tensors the model has");
-            let mut target = target.shallow_clone();
-            tch::no_grad(|| target.copy_(source));
+            model_writes.push((target.shallow_clone(), source));
         }
-        if let Some(summoned) = summoned {
-            summoned.write_back();
-        }
-        for (i, opt) in self.optimizers.iter().enumerate() {
-            let path = dir.join(numbered("optimizer", i, "safetensors"));
-            let groups: Vec<GroupState> = read_json(&dir.join(numbered("optimizer", i, "json")))?;
+        let mut optimizers = Vec::new();
+        for i in 0..self.optimizers.len() {
+            let json = dir.join(numbered("optimizer", i, "json"));
+            let groups: Vec<GroupState> = read_json(&json)?;
             let shards = dir.join(optimizer_shards_dir(i));
-            if shards.is_dir() {
-                self.load_sharded_optimizer(i, &shards, groups)?;
-                continue;
-            }
-            let state = OptimizerState {
-                tensors: load_safetensors(&path, Device::Cpu)?,
-                groups,
+            let staged = if shards.is_dir() {
+                let state = self.read_sharded_optimizer(i, &shards, groups)?;
+                StagedOptimizer::Held(shards, state)
+            } else {
+                let path = dir.join(numbered("optimizer", i, "safetensors"));
+                let tensors = load_safetensors(&path, Device::Cpu)?;
+                StagedOptimizer::Full(path, OptimizerState { tensors, groups })
             };
-            lock(opt)
-                .inner
-                .load_full_state_dict(state)
-                .map_err(|m| state_err(&path, m))?;
+            optimizers.push(staged);
         }
-        for (i, sched) in self.registered.schedulers.iter().enumerate() {
+        let mut schedulers = Vec::new();
+        for i in 0..self.registered.schedulers.len() {
             let path = dir.join(numbered("scheduler", i, "bin"));
             let bytes = std::fs::read(&path).map_err(CheckpointError::io(&path))?;
             let file: SchedulerFile = read_json(&dir.join(numbered("scheduler", i, "json")))?;
-            lock(sched)
-                .load_state(file.steps, &bytes)
-                .map_err(|e| state_err(&path, format!("the scheduler refused its state: {e}")))?;
+            schedulers.push((path, file.steps, bytes));
         }
-        if let Some(scaler) = &self.scaler {
-            let path = dir.join("scaler.json");
-            if path.exists() {
-                let s: ScalerFile = read_json(&path)?;
-                lock(scaler).load_state(s.scale, s.growth_tracker, self.device);
-            }
-        }
-        for (i, loader) in self.registered.loaders.iter().enumerate() {
-            let state: LoaderState = read_json(&dir.join(numbered("dataloader", i, "json")))?;
-            loader.load_state(state);
-        }
-        let path = dir.join(format!(
+        let scaler = match &self.scaler {
+            Some(_) => read_scaler(&dir.join("scaler.json"))?,
+            None => None,
+        };
+        let loaders = (0..self.registered.loaders.len())
+            .map(|i| read_json(&dir.join(numbered("dataloader", i, "json"))))
+            .collect::<Result<_, _>>()?;
+        let rng_path = dir.join(format!(
             "random_states_{}.safetensors",
             self.process_index()
         ));
-        let tensors = load_safetensors(&path, Device::Cpu)?;
-        let find = |name: &str| {
-            tensors
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, t)| t.shallow_clone())
-        };
-        let rng = RngState {
-            cpu: find("cpu").ok_or_else(|| state_err(&path, "holds no `cpu` generator state"))?,
-            cuda: (0..).map_while(|i| find(&format!("cuda.{i}"))).collect(),
-        };
-        self.set_rng_state(&rng)
-            .map_err(|e| state_err(&path, format!("cannot restore the generators: {e}")))?;
+        let rng = read_rng(&rng_path)?;
+        let mut custom = Vec::new();
         for (i, object) in self.registered.custom.iter().enumerate() {
             let per_process = lock(object).per_process();
             let path = dir.join(custom_file(i, per_process, self.process_index()));
             let bytes = std::fs::read(&path).map_err(CheckpointError::io(&path))?;
-            lock(object)
-                .load_state_dict(&bytes)
-                .map_err(|m| state_err(&path, m))?;
+            custom.push((path, bytes));
         }
-        self.micro_steps
-            .store(trainer.step, std::sync::atomic::Ordering::Relaxed);
-        self.state
-            .set_accumulation_position(trainer.accumulation_position);
-        self.project.iteration = trainer.iteration + 1;
-        Ok(dir)
+        Ok(Staged {
+            model_writes,
+            optimizers,
+            schedulers,
+            scaler,
+            loaders,
+            rng: (rng_path, rng),
+            custom,
+        })
+    }
+
+    /// The current state of what may refuse its new one, to put back if
+    /// any does (a scheduler that cannot report its state stops the load
+    /// before anything is restored).
+    fn previous_state(&self, dir: &Path) -> Result<Previous, CheckpointError> {
+        let schedulers = self
+            .registered
+            .schedulers
+            .iter()
+            .map(|s| lock(s).state())
+            .collect::<Result<_, _>>()
+            .map_err(|e| {
+                state_err(
+                    dir,
+                    format!(
+                        "the scheduler cannot report its current state (nothing was restored): {e}"
+                    ),
+                )
+            })?;
+        Ok(Previous {
+            optimizers: self
+                .optimizers
+                .iter()
+                .map(|o| lock(o).inner.state_dict())
+                .collect(),
+            schedulers,
+            custom: self
+                .registered
+                .custom
+                .iter()
+                .map(|o| lock(o).state_dict())
+                .collect(),
+            rng: self.rng_state().ok(),
+        })
+    }
+
+    /// Restores what may refuse its state: optimizers, schedulers,
+    /// registered objects and the generators, in that order.
+    fn apply_refusable(&self, staged: &Staged) -> Result<(), CheckpointError> {
+        for (opt, staged) in self.optimizers.iter().zip(&staged.optimizers) {
+            let inner = &mut lock(opt).inner;
+            let result = match staged {
+                StagedOptimizer::Full(path, state) => inner
+                    .load_full_state_dict(state.shallow_clone())
+                    .map_err(|m| state_err(path, m)),
+                StagedOptimizer::Held(folder, state) => inner
+                    .load_state_dict(state.shallow_clone())
+                    .map_err(|m| state_err(folder, m)),
+            };
+            result?;
+        }
+        for (sched, (path, steps, bytes)) in
+            self.registered.schedulers.iter().zip(&staged.schedulers)
+        {
+            lock(sched)
+                .load_state(*steps, bytes)
+                .map_err(|e| state_err(path, format!("the scheduler refused its state: {e}")))?;
+        }
+        for (object, (path, bytes)) in self.registered.custom.iter().zip(&staged.custom) {
+            lock(object)
+                .load_state_dict(bytes)
+                .map_err(|m| state_err(path, m))?;
+        }
+        let (path, rng) = &staged.rng;
+        self.set_rng_state(rng)
+            .map_err(|e| state_err(path, format!("cannot restore the generators: {e}")))
+    }
+
+    /// Puts back what [`previous_state`](Self::previous_state) took after a
+    /// refused load (a failure here is logged: the load's own error is the
+    /// one to report).
+    fn put_back(&self, previous: Previous) {
+        for (opt, state) in self.optimizers.iter().zip(previous.optimizers) {
+            if let Err(e) = lock(opt).inner.load_state_dict(state) {
+                tracing::error!("putting an optimizer's state back after a refused load: {e}");
+            }
+        }
+        for (sched, (steps, bytes)) in self.registered.schedulers.iter().zip(previous.schedulers) {
+            if let Err(e) = lock(sched).load_state(steps, &bytes) {
+                tracing::error!("putting the scheduler's state back after a refused load: {e}");
+            }
+        }
+        for (object, bytes) in self.registered.custom.iter().zip(previous.custom) {
+            if let Err(e) = lock(object).load_state_dict(&bytes) {
+                tracing::error!(
+                    "putting a registered object's state back after a refused load: {e}"
+                );
+            }
+        }
+        if let Some(rng) = previous.rng {
+            let _ = self.set_rng_state(&rng);
+        }
     }
 
     /// Calls every registered hook's `load` on `dir`; returns the tensors
@@ -193,4 +301,69 @@ impl Accelerator {
         }
         Ok(restored)
     }
+}
+
+/// A checkpoint read and checked, nothing of it applied yet.
+struct Staged {
+    /// Each model tensor (or shard) with its value from the checkpoint.
+    model_writes: Vec<(Tensor, Tensor)>,
+    optimizers: Vec<StagedOptimizer>,
+    /// Each scheduler's file, step count and plugin state.
+    schedulers: Vec<(PathBuf, u64, Vec<u8>)>,
+    scaler: Option<ScalerFile>,
+    loaders: Vec<LoaderState>,
+    rng: (PathBuf, RngState),
+    /// Each registered object's file and state.
+    custom: Vec<(PathBuf, Vec<u8>)>,
+}
+
+/// An optimizer's state from a whole save (spread over the shards as
+/// this process holds them when restored), or as this process holds it
+/// already (a sharded save), with the file or folder it came from.
+enum StagedOptimizer {
+    Full(PathBuf, OptimizerState),
+    Held(PathBuf, OptimizerState),
+}
+
+/// What a refused load puts back.
+struct Previous {
+    optimizers: Vec<OptimizerState>,
+    schedulers: Vec<(u64, Vec<u8>)>,
+    custom: Vec<Vec<u8>>,
+    rng: Option<RngState>,
+}
+
+/// `scaler.json`, checked: a finite scale above 0 and a count of at least 0
+/// (`None` when the checkpoint has none: saved without fp16).
+fn read_scaler(path: &Path) -> Result<Option<ScalerFile>, CheckpointError> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let s: ScalerFile = read_json(path)?;
+    if !(s.scale.is_finite() && s.scale > 0.0) || s.growth_tracker < 0 {
+        return Err(state_err(
+            path,
+            format!(
+                "holds scale {} and growth_tracker {}: the scale must be a finite number above 0 \
+                 and the tracker at least 0",
+                s.scale, s.growth_tracker
+            ),
+        ));
+    }
+    Ok(Some(s))
+}
+
+/// The generator states in `path` (`cpu`, then `cuda.<i>` for each device).
+fn read_rng(path: &Path) -> Result<RngState, CheckpointError> {
+    let tensors = load_safetensors(path, Device::Cpu)?;
+    let find = |name: &str| {
+        tensors
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t.shallow_clone())
+    };
+    Ok(RngState {
+        cpu: find("cpu").ok_or_else(|| state_err(path, "holds no `cpu` generator state"))?,
+        cuda: (0..).map_while(|i| find(&format!("cuda.{i}"))).collect(),
+    })
 }

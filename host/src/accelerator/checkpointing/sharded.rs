@@ -133,15 +133,15 @@ impl Accelerator {
         Ok(())
     }
 
-    /// Restores prepared model `i` from the sharded folder `folder`: each
-    /// process reads the rows its shards hold now (the whole parameters
-    /// where it holds them whole). Everything is read and checked — names,
-    /// shapes, dtypes — before anything is written.
-    pub(super) fn load_sharded_model(
+    /// What restoring prepared model `i` from the sharded folder `folder`
+    /// writes, read and checked (names, shapes, dtypes) but not yet
+    /// written: each process reads the rows its shards hold now (the whole
+    /// parameters where it holds them whole). Returns (target, value) pairs.
+    pub(super) fn stage_sharded_model(
         &self,
         i: usize,
         folder: &Path,
-    ) -> Result<(), CheckpointError> {
+    ) -> Result<Vec<(Tensor, Tensor)>, CheckpointError> {
         let (_, rank) = self.ddp.shard_place(self.process_index());
         let shards = ShardedTensors::open(folder)?;
         let model = &self.registered.models[i];
@@ -189,25 +189,21 @@ impl Accelerator {
                 writes.push((p.shard.shallow_clone(), values));
             }
         }
-        tch::no_grad(|| {
-            for (target, values) in writes {
-                target.detach().copy_(&values);
-            }
-        });
-        Ok(())
+        Ok(writes)
     }
 
-    /// Restores prepared optimizer `i` from the sharded folder `folder`
-    /// and its groups: each process reads the rows of the state it holds.
-    pub(super) fn load_sharded_optimizer(
+    /// The state of prepared optimizer `i` in the sharded folder `folder`
+    /// with its `groups`, as this process holds it: the rows of the state
+    /// of the parameters it holds (read and checked, not yet applied).
+    pub(super) fn read_sharded_optimizer(
         &self,
         i: usize,
         folder: &Path,
         groups: Vec<GroupState>,
-    ) -> Result<(), CheckpointError> {
+    ) -> Result<OptimizerState, CheckpointError> {
         let shards = ShardedTensors::open(folder)?;
-        let mut optimizer = lock(&self.optimizers[i]);
-        let inner = &mut optimizer.inner;
+        let optimizer = lock(&self.optimizers[i]);
+        let inner = &optimizer.inner;
         let mut tensors = Vec::new();
         for key in shards.names() {
             let values = match inner.held_rows(key) {
@@ -228,9 +224,7 @@ impl Accelerator {
             };
             tensors.push((key.to_string(), values));
         }
-        inner
-            .load_state_dict(OptimizerState { tensors, groups })
-            .map_err(|m| state_err(folder, m))
+        Ok(OptimizerState { tensors, groups })
     }
 }
 
