@@ -282,3 +282,45 @@ fn env_says_in_words_who_started_the_process() {
     );
     assert!(!said.contains("None"), "{said}");
 }
+
+/// Issue 18, item 6: `hearth launch` gives every rank of a job the same
+/// random job token for the rendezvous store, a new one per job, or the
+/// one set in `HEARTH_JOB_TOKEN` (the same on every machine of a job).
+#[test]
+fn a_spawned_job_shares_a_random_token_of_its_own() {
+    let tokens = |given: Option<&str>| -> Vec<String> {
+        let mut cmd = hearth(&[
+            "launch",
+            "-n",
+            "2",
+            "--launcher",
+            "spawn",
+            "--",
+            "sh",
+            "-c",
+            "echo token=$HEARTH_JOB_TOKEN",
+        ]);
+        match given {
+            Some(t) => cmd.env("HEARTH_JOB_TOKEN", t),
+            None => cmd.env_remove("HEARTH_JOB_TOKEN"),
+        };
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split("token=").nth(1).map(str::to_owned))
+            .collect()
+    };
+    let first = tokens(None);
+    assert_eq!(first.len(), 2);
+    assert_eq!(first[0], first[1], "every rank gets the job's token");
+    assert!(
+        first[0].len() == 32 && first[0].chars().all(|c| c.is_ascii_hexdigit()),
+        "{first:?}"
+    );
+    assert_ne!(tokens(None)[0], first[0], "each job gets its own");
+    assert_eq!(
+        tokens(Some("shared-secret")),
+        ["shared-secret", "shared-secret"]
+    );
+}

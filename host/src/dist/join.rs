@@ -188,7 +188,9 @@ pub fn from_environment(
         }
         #[cfg(feature = "cuda")]
         Join::NcclOverStore { device, host, port } => {
-            let store = super::TcpStore::connect(&host, port, env.rank == 0, timeout)?;
+            let token = std::env::var(super::store::JOB_TOKEN_VAR).ok();
+            let store =
+                super::TcpStore::connect(&host, port, env.rank == 0, timeout, token.as_deref())?;
             let place = super::NcclPlace {
                 rank: env.rank,
                 world_size: env.world_size,

@@ -24,7 +24,7 @@ pub use mpi::MpiGroup;
 pub use nccl::{nccl_unavailable, NcclGroup, NcclPlace};
 pub use process_group::{DistError, Pending, ProcessGroup, ReduceOp};
 pub use single::SingleProcess;
-pub use store::{store_port, TcpStore};
+pub use store::{new_job_token, store_port, TcpStore, JOB_TOKEN_VAR};
 
 /// How long a collective waits by default before it gives up: PyTorch's
 /// `init_process_group` default for its CPU backends (Accelerate's

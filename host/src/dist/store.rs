@@ -10,8 +10,17 @@
 //! next port (see [`store_port`]).
 //!
 //! Frames, little-endian: a request is `op: u8, key_len: u32, key`, then
-//! for `SET` `value_len: u32, value`; the reply to `SET` is one byte 0, the
-//! reply to `GET` `value_len: u32, value` once the key exists.
+//! for `SET` `value_len: u32, value`; the reply to `SET` is one byte (0:
+//! stored, 1: refused, the store is full), the reply to `GET`
+//! `value_len: u32, value` once the key exists.
+//!
+//! A job token (`HEARTH_JOB_TOKEN`, a random one `hearth launch` gives
+//! every rank of a job) keeps other clients out: a store served with one
+//! answers nothing until a client's first request, `AUTH` with the token
+//! as its key, matches it (reply 0; else 1 and the connection closes).
+//! PyTorch's TCPStore has no such check. Lengths are capped on both sides
+//! ([`MAX_KEY`], [`MAX_VALUE`], and [`MAX_STORED`] bytes in all), so that a
+//! peer cannot make the other allocate what it announces.
 
 use super::DistError;
 use std::collections::HashMap;
@@ -23,8 +32,23 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const SET: u8 = 0;
 const GET: u8 = 1;
-/// Larger keys or values are refused (an id or a small object fits easily).
-const MAX_FRAME: u32 = 64 << 20;
+const AUTH: u8 = 2;
+/// The longest key (or token) a store takes, in bytes.
+pub const MAX_KEY: u32 = 4 << 10;
+/// The largest value a store takes or a client accepts, in bytes (an NCCL
+/// id is 128).
+pub const MAX_VALUE: u32 = 1 << 20;
+/// What a store holds in all, keys and values, in bytes; a set past it is
+/// refused.
+pub const MAX_STORED: usize = 64 << 20;
+/// The environment variable that carries a job's token to its ranks.
+pub const JOB_TOKEN_VAR: &str = "HEARTH_JOB_TOKEN";
+
+/// A fresh random job token (128 bits, hex), for a launcher to give
+/// every rank of a job in [`JOB_TOKEN_VAR`].
+pub fn new_job_token() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
 
 /// The port hearth's store listens on for a job whose `MASTER_PORT` is
 /// `master_port`: the next one when torchrun's agent holds that one.
@@ -71,16 +95,19 @@ fn failed(address: &str, message: String) -> DistError {
 impl TcpStore {
     /// Connects to the store at `host:port`, serving it first when `serve`
     /// (rank 0). Connecting retries until `timeout`, so the ranks may start
-    /// in any order; `get` waits at most `timeout` too.
+    /// in any order; `get` waits at most `timeout` too. With a job `token`,
+    /// a served store answers only clients that present it, and this
+    /// client presents it.
     pub fn connect(
         host: &str,
         port: u16,
         serve: bool,
         timeout: Duration,
+        token: Option<&str>,
     ) -> Result<Self, DistError> {
         let address = format!("{host}:{port}");
         let server = if serve {
-            Some(serve_on(port).map_err(|e| {
+            Some(serve_on(port, token.map(str::to_owned)).map_err(|e| {
                 failed(
                     &address,
                     format!("rank 0 cannot listen on port {port}: {e}; choose another MASTER_PORT"),
@@ -103,33 +130,94 @@ impl TcpStore {
             }
         };
         client.set_nodelay(true).ok();
-        Ok(Self {
+        let store = Self {
             client: Mutex::new(client),
             address,
             timeout,
             _server: server,
-        })
+        };
+        if let Some(token) = token {
+            store.authenticate(token)?;
+        }
+        Ok(store)
+    }
+
+    /// Presents the job's `token` to the store.
+    fn authenticate(&self, token: &str) -> Result<(), DistError> {
+        let accepted = self.exchange("(job token)", &request(AUTH, token), |stream| {
+            let mut answer = [0u8; 1];
+            stream.read_exact(&mut answer)?;
+            Ok(answer.to_vec())
+        })?;
+        match accepted.as_slice() {
+            [0] => Ok(()),
+            _ => Err(failed(
+                &self.address,
+                format!(
+                    "the store refused this process's job token: every rank of a job must have the same \
+                     {JOB_TOKEN_VAR} (hearth launch gives its ranks one; on several machines, set the same \
+                     value on each)"
+                ),
+            )),
+        }
     }
 
     /// Sets `key` to `value` (a later set replaces it).
     pub fn set(&self, key: &str, value: &[u8]) -> Result<(), DistError> {
+        self.check_key(key)?;
+        if value.len() > MAX_VALUE as usize {
+            return Err(failed(
+                &self.address,
+                format!(
+                    "key `{key}`: a value of {} bytes is more than the store takes ({MAX_VALUE})",
+                    value.len()
+                ),
+            ));
+        }
         let mut frame = request(SET, key);
         frame.extend_from_slice(&(value.len() as u32).to_le_bytes());
         frame.extend_from_slice(value);
-        self.exchange(key, &frame, |stream| {
-            let mut ok = [0u8; 1];
-            stream.read_exact(&mut ok)?;
-            Ok(Vec::new())
-        })
-        .map(drop)
+        let answer = self.exchange(key, &frame, |stream| {
+            let mut answer = [0u8; 1];
+            stream.read_exact(&mut answer)?;
+            Ok(answer.to_vec())
+        })?;
+        match answer.as_slice() {
+            [0] => Ok(()),
+            _ => Err(failed(
+                &self.address,
+                format!("key `{key}`: the store is full ({MAX_STORED} bytes) and refused it"),
+            )),
+        }
+    }
+
+    fn check_key(&self, key: &str) -> Result<(), DistError> {
+        match key.len() > MAX_KEY as usize {
+            true => Err(failed(
+                &self.address,
+                format!(
+                    "a key of {} bytes is longer than the store takes ({MAX_KEY})",
+                    key.len()
+                ),
+            )),
+            false => Ok(()),
+        }
     }
 
     /// The value of `key`, waiting until some process sets it.
     pub fn get(&self, key: &str) -> Result<Vec<u8>, DistError> {
+        self.check_key(key)?;
         self.exchange(key, &request(GET, key), |stream| {
             let mut len = [0u8; 4];
             stream.read_exact(&mut len)?;
-            let mut value = vec![0u8; u32::from_le_bytes(len) as usize];
+            let len = u32::from_le_bytes(len);
+            if len > MAX_VALUE {
+                return Err(std::io::Error::other(format!(
+                    "the store announced a value of {len} bytes, more than a store holds ({MAX_VALUE}): \
+                     is something other than rank 0's store listening there?"
+                )));
+            }
+            let mut value = vec![0u8; len as usize];
             stream.read_exact(&mut value)?;
             Ok(value)
         })
@@ -160,7 +248,8 @@ impl TcpStore {
                         self.timeout
                     ),
                     _ => format!(
-                        "key `{key}`: {e} (rank 0, which serves the store, may have stopped)"
+                        "key `{key}`: {e} (rank 0, which serves the store, may have stopped, or \
+                         refused this process: the ranks of a job need the same {JOB_TOKEN_VAR})"
                     ),
                 };
                 failed(&self.address, why)
@@ -178,13 +267,43 @@ fn request(op: u8, key: &str) -> Vec<u8> {
 /// The store's contents and a signal for waiting readers.
 #[derive(Default)]
 struct Shared {
-    values: Mutex<HashMap<String, Vec<u8>>>,
+    values: Mutex<Values>,
     changed: tokio::sync::Notify,
+    /// The job token clients must present first, if any.
+    token: Option<String>,
 }
 
-/// Listens on every interface at `port` and serves clients on a thread of
-/// its own until the returned server is dropped.
-fn serve_on(port: u16) -> std::io::Result<Server> {
+/// The keys and values, and their bytes in all.
+#[derive(Default)]
+struct Values {
+    map: HashMap<String, Vec<u8>>,
+    bytes: usize,
+}
+
+impl Values {
+    /// Stores `value` under `key` unless that takes the store past
+    /// [`MAX_STORED`].
+    fn insert(&mut self, key: String, value: Vec<u8>) -> bool {
+        let old = self.map.get(&key).map_or(0, |v| key.len() + v.len());
+        let bytes = self.bytes - old + key.len() + value.len();
+        if bytes > MAX_STORED {
+            return false;
+        }
+        self.bytes = bytes;
+        self.map.insert(key, value);
+        true
+    }
+}
+
+/// `a == b` in a time that does not depend on where they differ.
+fn same_token(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Listens on every interface at `port` and serves clients (those that
+/// present `token`, when given) on a thread of its own until the returned
+/// server is dropped.
+fn serve_on(port: u16, token: Option<String>) -> std::io::Result<Server> {
     let listener = std::net::TcpListener::bind(("0.0.0.0", port))?;
     listener.set_nonblocking(true)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -197,7 +316,10 @@ fn serve_on(port: u16) -> std::io::Result<Server> {
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener)
                     .expect("a non-blocking listener registers with tokio");
-                let shared = Arc::new(Shared::default());
+                let shared = Arc::new(Shared {
+                    token,
+                    ..Shared::default()
+                });
                 let accept = async {
                     while let Ok((socket, _)) = listener.accept().await {
                         socket.set_nodelay(true).ok();
@@ -216,33 +338,51 @@ fn serve_on(port: u16) -> std::io::Result<Server> {
     })
 }
 
-/// Answers one client's requests until it disconnects or sends garbage.
+/// Answers one client's requests until it disconnects, sends garbage or
+/// (when the store has a token) fails to present the token first.
 async fn serve_client(mut socket: tokio::net::TcpStream, shared: Arc<Shared>) {
-    async fn read_frame(socket: &mut tokio::net::TcpStream) -> std::io::Result<Vec<u8>> {
+    /// A length-prefixed frame of at most `max` bytes (a longer one is
+    /// refused before anything is allocated).
+    async fn read_frame(socket: &mut tokio::net::TcpStream, max: u32) -> std::io::Result<Vec<u8>> {
         let len = socket.read_u32_le().await?;
-        if len > MAX_FRAME {
+        if len > max {
             return Err(std::io::Error::other("frame too large"));
         }
         let mut bytes = vec![0u8; len as usize];
         socket.read_exact(&mut bytes).await?;
         Ok(bytes)
     }
+    let mut admitted = shared.token.is_none();
     loop {
         let Ok(op) = socket.read_u8().await else {
             return;
         };
-        let Ok(key) = read_frame(&mut socket).await else {
+        let Ok(key) = read_frame(&mut socket, MAX_KEY).await else {
             return;
         };
+        if op == AUTH {
+            let matches = shared
+                .token
+                .as_ref()
+                .is_none_or(|t| same_token(t.as_bytes(), &key));
+            admitted |= matches;
+            if socket.write_u8(u8::from(!matches)).await.is_err() || !matches {
+                return;
+            }
+            continue;
+        }
+        if !admitted {
+            return;
+        }
         let key = String::from_utf8_lossy(&key).into_owned();
         let answered = match op {
             SET => {
-                let Ok(value) = read_frame(&mut socket).await else {
+                let Ok(value) = read_frame(&mut socket, MAX_VALUE).await else {
                     return;
                 };
-                shared.values.lock().unwrap().insert(key, value);
+                let stored = shared.values.lock().unwrap().insert(key, value);
                 shared.changed.notify_waiters();
-                socket.write_u8(0).await
+                socket.write_u8(u8::from(!stored)).await
             }
             GET => {
                 let value = loop {
@@ -250,7 +390,7 @@ async fn serve_client(mut socket: tokio::net::TcpStream, shared: Arc<Shared>) {
                     let changed = shared.changed.notified();
                     tokio::pin!(changed);
                     changed.as_mut().enable();
-                    if let Some(v) = shared.values.lock().unwrap().get(&key) {
+                    if let Some(v) = shared.values.lock().unwrap().map.get(&key) {
                         break v.clone();
                     }
                     changed.await;
@@ -285,15 +425,15 @@ mod tests {
         let timeout = Duration::from_secs(10);
         // Rank 2 starts before rank 0 serves: it retries until the store is up.
         let early = std::thread::spawn(move || {
-            let store = TcpStore::connect("127.0.0.1", port, false, timeout).unwrap();
+            let store = TcpStore::connect("127.0.0.1", port, false, timeout, None).unwrap();
             let id = store.get("nccl/id").unwrap();
             store.barrier("ready", 2, 3).unwrap();
             id
         });
         std::thread::sleep(Duration::from_millis(200));
-        let master = TcpStore::connect("127.0.0.1", port, true, timeout).unwrap();
+        let master = TcpStore::connect("127.0.0.1", port, true, timeout, None).unwrap();
         let late = std::thread::spawn(move || {
-            let store = TcpStore::connect("127.0.0.1", port, false, timeout).unwrap();
+            let store = TcpStore::connect("127.0.0.1", port, false, timeout, None).unwrap();
             let id = store.get("nccl/id").unwrap();
             store.barrier("ready", 1, 3).unwrap();
             id
@@ -310,7 +450,8 @@ mod tests {
     #[test]
     fn a_key_nobody_sets_fails_after_the_timeout_naming_it() {
         let port = free_port();
-        let store = TcpStore::connect("127.0.0.1", port, true, Duration::from_millis(300)).unwrap();
+        let store =
+            TcpStore::connect("127.0.0.1", port, true, Duration::from_millis(300), None).unwrap();
         let started = Instant::now();
         let e = store.get("nccl/id").unwrap_err().to_string();
         assert!(started.elapsed() < Duration::from_secs(5));
@@ -324,7 +465,7 @@ mod tests {
     #[test]
     fn no_store_at_the_address_fails_saying_what_to_check() {
         let port = free_port();
-        let e = TcpStore::connect("127.0.0.1", port, false, Duration::from_millis(300))
+        let e = TcpStore::connect("127.0.0.1", port, false, Duration::from_millis(300), None)
             .err()
             .unwrap()
             .to_string();
@@ -338,7 +479,7 @@ mod tests {
     fn a_port_in_use_is_refused_on_rank_0() {
         let taken = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
         let port = taken.local_addr().unwrap().port();
-        let e = TcpStore::connect("127.0.0.1", port, true, Duration::from_millis(300))
+        let e = TcpStore::connect("127.0.0.1", port, true, Duration::from_millis(300), None)
             .err()
             .unwrap()
             .to_string();
@@ -349,5 +490,97 @@ mod tests {
     fn torchruns_agent_store_moves_hearths_to_the_next_port() {
         assert_eq!(store_port(29500, false), 29500);
         assert_eq!(store_port(29500, true), 29501);
+    }
+
+    #[test]
+    fn only_clients_with_the_jobs_token_are_answered() {
+        let port = free_port();
+        let timeout = Duration::from_secs(5);
+        let master = TcpStore::connect("127.0.0.1", port, true, timeout, Some("s3cret")).unwrap();
+        master.set("nccl/id", b"id").unwrap();
+        let wrong = TcpStore::connect("127.0.0.1", port, false, timeout, Some("guess"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            wrong.contains("refused this process's job token") && wrong.contains(JOB_TOKEN_VAR),
+            "{wrong}"
+        );
+        let none = TcpStore::connect("127.0.0.1", port, false, timeout, None).unwrap();
+        let e = none.get("nccl/id").unwrap_err().to_string();
+        assert!(e.contains("`nccl/id`") && e.contains(JOB_TOKEN_VAR), "{e}");
+        assert!(none.set("nccl/id", b"evil").is_err());
+        let rank = TcpStore::connect("127.0.0.1", port, false, timeout, Some("s3cret")).unwrap();
+        assert_eq!(
+            rank.get("nccl/id").unwrap(),
+            b"id",
+            "the others changed nothing"
+        );
+    }
+
+    /// Sends raw bytes to the store at `port`; true when it closed the
+    /// connection without answering.
+    fn closes_on(port: u16, bytes: &[u8]) -> bool {
+        let mut raw = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = raw.write_all(bytes);
+        let mut answer = [0u8; 1];
+        matches!(raw.read(&mut answer), Ok(0) | Err(_))
+    }
+
+    #[test]
+    fn lengths_past_the_caps_are_refused_on_both_sides() {
+        let port = free_port();
+        let timeout = Duration::from_secs(5);
+        let master = TcpStore::connect("127.0.0.1", port, true, timeout, None).unwrap();
+        // The server: a key or a value longer than it takes closes the
+        // connection before anything that long is allocated.
+        let mut huge_key = vec![SET];
+        huge_key.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(closes_on(port, &huge_key));
+        let mut huge_value = request(SET, "k");
+        huge_value.extend_from_slice(&(MAX_VALUE + 1).to_le_bytes());
+        assert!(closes_on(port, &huge_value));
+        // The client refuses to send one.
+        let e = master
+            .set("k", &vec![0; MAX_VALUE as usize + 1])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("more than the store takes"), "{e}");
+        let e = master
+            .get(&"k".repeat(MAX_KEY as usize + 1))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("longer than the store takes"), "{e}");
+        // The store still serves.
+        master.set("k", b"v").unwrap();
+        assert_eq!(master.get("k").unwrap(), b"v");
+        // And holds at most MAX_STORED bytes in all.
+        let mb = vec![7u8; MAX_VALUE as usize];
+        let refused = (0..80)
+            .position(|i| master.set(&format!("big/{i}"), &mb).is_err())
+            .expect("the store fills up");
+        assert_eq!(refused, MAX_STORED / MAX_VALUE as usize - 1);
+        let e = master.set("big/x", &mb).unwrap_err().to_string();
+        assert!(e.contains("the store is full"), "{e}");
+        master.set("small", b"fits").unwrap();
+    }
+
+    #[test]
+    fn a_client_refuses_a_value_longer_than_a_store_holds() {
+        // Something that is not a store answers with a huge length.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let fake = std::thread::spawn(move || {
+            let (mut socket, _) = listener.accept().unwrap();
+            let mut request = [0u8; 9]; // GET, length 4, "nccl"
+            socket.read_exact(&mut request).unwrap();
+            socket.write_all(&u32::MAX.to_le_bytes()).unwrap();
+        });
+        let client =
+            TcpStore::connect("127.0.0.1", port, false, Duration::from_secs(5), None).unwrap();
+        let e = client.get("nccl").unwrap_err().to_string();
+        assert!(e.contains("announced a value of 4294967295 bytes"), "{e}");
+        fake.join().unwrap();
     }
 }

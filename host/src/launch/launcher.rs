@@ -357,17 +357,45 @@ fn launch_mpirun(spec: &LaunchSpec) -> Result<(), LaunchError> {
     }
 }
 
+/// The token the ranks present to the rendezvous store: the one in
+/// `HEARTH_JOB_TOKEN` (the same on every machine of a job over several),
+/// else a fresh random one for a job on this machine alone. A job over
+/// several machines without one runs with a store that answers anyone,
+/// as PyTorch's does, and is warned about it.
+fn job_token(nnodes: usize) -> Option<String> {
+    let given = std::env::var(crate::dist::JOB_TOKEN_VAR)
+        .ok()
+        .filter(|t| !t.is_empty());
+    match (given, nnodes) {
+        (Some(token), _) => Some(token),
+        (None, 1) => Some(crate::dist::new_job_token()),
+        (None, _) => {
+            tracing::warn!(
+                "a job over {nnodes} machines without {var}: its rendezvous store answers any \
+                 client that reaches MASTER_ADDR:MASTER_PORT; set {var} to the same secret on \
+                 every machine",
+                var = crate::dist::JOB_TOKEN_VAR
+            );
+            None
+        }
+    }
+}
+
 fn launch_spawn(spec: &LaunchSpec) -> Result<(), LaunchError> {
     let (program, args) = spec.program.split_first().expect("a program to run");
     let world = spec.nnodes * spec.processes;
     let mut children: Vec<(usize, Child)> = Vec::new();
     let mut forwarders = Vec::new();
     let threads = threads_per_process(spec.processes);
+    let token = job_token(spec.nnodes);
     for local in 0..spec.processes {
         let rank = spec.node_rank * spec.processes + local;
         let mut cmd = Command::new(program);
         if let Some(threads) = &threads {
             cmd.env("OMP_NUM_THREADS", threads);
+        }
+        if let Some(token) = &token {
+            cmd.env(crate::dist::JOB_TOKEN_VAR, token);
         }
         let spawned = cmd
             .args(args)
