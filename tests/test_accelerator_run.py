@@ -161,6 +161,48 @@ def test_a_torchscript_model_trains_and_its_weights_load_back_into_pytorch(heart
     assert loss_of(loaded, batch) < 0.8 * loss_of(before, batch), "hearth's training must help on fresh data"
 
 
+class FailingLM(torch.nn.Module):
+    """A module whose forward pass fails on any batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok = torch.nn.Embedding(11, 8)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.shape[1] > 0:
+            raise RuntimeError("this model cannot run")
+        return self.tok(tokens)
+
+
+class PooledLM(torch.nn.Module):
+    """A module that returns one row of logits per sequence, not per token."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok = torch.nn.Embedding(11, 11)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.tok(tokens).mean(1)
+
+
+def test_a_torchscript_model_that_cannot_train_is_refused_at_load_naming_it(hearth, tmp_path):
+    """Issue 18, item 4: a forward pass that fails or returns the wrong
+    shape is found by a probe batch at load, with exit 2 and a message
+    naming the file, not a panic in the middle of training."""
+    for name, model, says in [
+        ("failing.pt", FailingLM(), "this model cannot run"),
+        ("pooled.pt", PooledLM(), "[2, 11]"),
+    ]:
+        torch.jit.script(model).save(str(tmp_path / name))
+        text = gpt_job().replace(
+            '[model]\nkind = "gpt"\nd-model = 32\nlayers = 1\nheads = 2', f'[model]\nkind = "torchscript"\npath = "{name}"'
+        )
+        out = hearth("run", write_config(tmp_path, text), "-q")
+        assert out.returncode == 2, (name, out.returncode, out.stderr)
+        assert name in out.stderr and "forward pass" in out.stderr and says in out.stderr, out.stderr
+        assert "panicked" not in out.stderr
+
+
 def test_a_torchscript_path_that_is_not_a_module_is_a_clear_error(hearth, tmp_path):
     (tmp_path / "junk.pt").write_bytes(b"not a module")
     text = gpt_job().replace(

@@ -741,3 +741,60 @@ fn a_model_in_a_world_without_collectives_is_refused_naming_the_broadcast() {
         "{source}"
     );
 }
+
+/// A schedule that returns the given rates at every step.
+struct Fixed(Vec<f64>);
+impl LrSchedule for Fixed {
+    fn lrs(&mut self, _: u64) -> Result<Vec<f64>, PluginError> {
+        Ok(self.0.clone())
+    }
+}
+
+/// Issue 18, item 4: a schedule of the user's that returns the wrong
+/// number of rates (or an impossible rate) is an error naming the count
+/// and the groups, not silently ignored.
+#[test]
+fn a_schedule_returning_the_wrong_number_of_rates_is_an_error() {
+    let _serial = serial();
+    let prepare = |rates: Vec<f64>| {
+        let mut acc = Accelerator::builder().cpu(true).build().unwrap();
+        let params =
+            |n| vec![Tensor::ones([n], (Kind::Float, Device::Cpu)).set_requires_grad(true)];
+        let opt = Sgd::new(
+            vec![
+                hearth::optim::ParamGroup::new(params(2)),
+                hearth::optim::ParamGroup::new(params(3)),
+            ],
+            sgd(0.1, 0.0),
+        );
+        let schedule: Box<dyn LrSchedule> = Box::new(Fixed(rates));
+        acc.prepare((opt, schedule))
+    };
+    let (opt, mut sched) = prepare(vec![0.5, 0.25]).unwrap();
+    sched.step().unwrap();
+    assert_eq!(opt.lrs(), [0.5, 0.25]);
+    let (opt, mut sched) = prepare(vec![0.5]).unwrap();
+    sched.step().unwrap();
+    assert_eq!(opt.lrs(), [0.5, 0.5], "one rate is for every group");
+    let chain = |e: &dyn std::error::Error| {
+        let mut text = e.to_string();
+        let mut at = e.source();
+        while let Some(cause) = at {
+            text = format!("{text}: {cause}");
+            at = cause.source();
+        }
+        text
+    };
+    // Prepare asks for the first rates already.
+    let error = |rates| match prepare(rates) {
+        Err(e) => chain(&e),
+        Ok((_, mut sched)) => chain(&sched.step().unwrap_err()),
+    };
+    let e = error(vec![0.1, 0.2, 0.3]);
+    assert!(
+        e.contains("returned 3 rates") && e.contains("2 parameter groups"),
+        "{e}"
+    );
+    let e = error(vec![f64::NAN, 0.1]);
+    assert!(e.contains("NaN") && e.contains("finite"), "{e}");
+}

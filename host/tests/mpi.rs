@@ -1032,3 +1032,59 @@ fn ddp_gives_every_rank_rank_0s_buffers_before_each_forward_pass() {
         "without broadcast_buffers each rank keeps its own"
     );
 }
+
+/// One rank of a dispatching loader whose other rank hangs (mode
+/// `dispatch_hang`): the main process, which reads and sends the batches,
+/// hangs; rank 1 reports the error `try_iter` gives.
+#[test]
+fn child_dispatch_hang() {
+    if std::env::var(CHILD).as_deref() != Ok("dispatch_hang") {
+        return; // only under mpirun
+    }
+    let mut acc = Accelerator::builder()
+        .cpu(true)
+        .timeout(Duration::from_secs(3))
+        .dataloader_config(hearth::accelerator::DataLoaderConfiguration {
+            dispatch_batches: true,
+            ..Default::default()
+        })
+        .build()
+        .unwrap();
+    let r = acc.process_index();
+    let data: Vec<Tensor> = (0..8).map(|i| Tensor::from(i as f32)).collect();
+    let loader = acc.prepare(hearth::data::DataLoader::new(data, 2)).unwrap();
+    if r == 0 {
+        std::thread::sleep(Duration::from_secs(60));
+    }
+    for batch in loader.try_iter() {
+        if let Err(e) = batch {
+            eprintln!("rank {r}: dispatch_batches: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Issue 18, item 4: a collective that fails inside `dispatch_batches`
+/// is an error the caller gets (exit 1 with the message), not a panic.
+#[test]
+fn a_dispatching_loader_gives_the_error_when_a_rank_hangs() {
+    let started = Instant::now();
+    let out = mpirun(
+        2,
+        "child_dispatch_hang",
+        "dispatch_hang",
+        &scratch("dispatch_hang"),
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("rank 1: dispatch_batches:")
+            && stderr.contains("did not complete within 3s"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(50),
+        "the hung rank does not hold the job"
+    );
+}

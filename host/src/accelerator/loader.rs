@@ -45,7 +45,7 @@ where
     ///
     /// # Panics
     /// When dispatching a batch fails (a process stopped or hangs past the
-    /// timeout): an iterator has no way to return the error.
+    /// timeout); iterate [`try_iter`](Self::try_iter) to handle that.
     pub fn iter(&self) -> PreparedBatches<'_, S> {
         self.state.set_end_of_dataloader(false);
         let source = match &self.dispatch {
@@ -75,6 +75,13 @@ where
             state: self.state.clone(),
             device: self.device,
         }
+    }
+
+    /// [`iter`](Self::iter) whose items are `Err` when dispatching a batch
+    /// fails (a process stopped, or hangs past the timeout); the epoch
+    /// ends after the error.
+    pub fn try_iter(&self) -> TryPreparedBatches<'_, S> {
+        TryPreparedBatches(self.iter())
     }
 
     /// True when the main process reads the batches and sends every
@@ -130,15 +137,48 @@ where
 {
     type Item = S::Item;
     fn next(&mut self) -> Option<S::Item> {
+        self.try_next().unwrap_or_else(|e| {
+            panic!("dispatch_batches: {e} (iterate the loader's try_iter() to handle this)")
+        })
+    }
+}
+
+/// One epoch of a prepared loader whose batches are `Err` when
+/// dispatching one fails ([`PreparedDataLoader::try_iter`]).
+pub struct TryPreparedBatches<'a, S: BatchSource>(PreparedBatches<'a, S>);
+
+impl<S: BatchSource> Iterator for TryPreparedBatches<'_, S>
+where
+    S::Item: TensorTree,
+{
+    type Item = Result<S::Item, DistError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.try_next().transpose()
+    }
+}
+
+impl<S: BatchSource> PreparedBatches<'_, S>
+where
+    S::Item: TensorTree,
+{
+    /// The next batch, or why dispatching it failed (the epoch then ends).
+    fn try_next(&mut self) -> Result<Option<S::Item>, DistError> {
         let next = match &mut self.source {
             Source::Local(batches) => batches.next().map(|batch| Slice {
                 batch,
                 last: batches.at_end(),
                 real_rows: None,
             }),
-            Source::Dispatched(d) => d.next().unwrap_or_else(|e| panic!("dispatch_batches: {e}")),
+            Source::Dispatched(d) => match d.next() {
+                Ok(slice) => slice,
+                Err(e) => {
+                    d.done = true;
+                    self.state.set_end_of_dataloader(false);
+                    return Err(e);
+                }
+            },
         };
-        match next {
+        Ok(match next {
             Some(slice) => {
                 if let Some(rows) = slice.real_rows {
                     self.state.set_remainder(Some(rows));
@@ -150,7 +190,7 @@ where
                 self.state.set_end_of_dataloader(false);
                 None
             }
-        }
+        })
     }
 }
 

@@ -26,7 +26,7 @@ pub use checkpointing::{node_name, Checkpointable, ProjectConfiguration, Trainer
 pub use ddp::BackwardError;
 pub use facade::{Accelerator, RngState};
 pub use grad::clip_grad_norm_;
-pub use loader::{PreparedBatches, PreparedDataLoader};
+pub use loader::{PreparedBatches, PreparedDataLoader, TryPreparedBatches};
 pub use memory::{find_executable_batch_size, is_out_of_memory, BatchSizeError};
 pub use model::PreparedModel;
 pub use nested::{TensorTree, TreeShape};

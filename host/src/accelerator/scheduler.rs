@@ -70,12 +70,30 @@ impl SchedulerCore {
     /// Sets the optimizer's rates to the schedule's at the current step.
     fn apply(&mut self) -> Result<(), PluginError> {
         let lrs = self.schedule.lrs(self.step)?;
+        let bad = |message: String| PluginError::Runtime {
+            name: "learning-rate schedule".into(),
+            message,
+        };
+        if let Some(lr) = lrs.iter().find(|lr| !lr.is_finite() || **lr < 0.0) {
+            return Err(bad(format!(
+                "returned the rate {lr} at step {}; a rate must be a finite number of at least 0",
+                self.step
+            )));
+        }
         if let Some(opt) = &self.optimizer {
             let mut core = super::lock(opt);
-            if lrs.len() == core.inner.lrs().len() {
+            let groups = core.inner.lrs().len();
+            if lrs.len() == groups {
                 core.inner.set_lrs(&lrs);
             } else if let [lr] = lrs[..] {
                 core.inner.set_lr(lr);
+            } else {
+                return Err(bad(format!(
+                    "returned {} rates at step {} for an optimizer of {groups} parameter groups; \
+                     return one rate per group, or one for all",
+                    lrs.len(),
+                    self.step
+                )));
             }
         }
         self.last_lrs = lrs;

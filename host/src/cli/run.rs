@@ -41,9 +41,10 @@ pub(super) fn execute(args: RunArgs) -> Result<(), Failure> {
         resume: args.resume,
     };
     let summary = train::run(&config, &options).map_err(|e| match e {
-        TrainError::Data(_) | TrainError::NoCuda(_) | TrainError::Plugin { .. } => {
-            Failure::bad_input(e)
-        }
+        TrainError::Data(_)
+        | TrainError::NoCuda(_)
+        | TrainError::Plugin { .. }
+        | TrainError::TorchScript(_) => Failure::bad_input(e),
         _ => Failure::failed(e),
     })?;
     if summary.process_index != 0 {

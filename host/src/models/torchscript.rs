@@ -101,6 +101,48 @@ impl TorchScriptModel {
     }
 }
 
+impl TorchScriptModel {
+    /// Runs `forward` once (evaluation mode, no gradients) on a `batch` ×
+    /// `seq_len` batch of tokens below `vocab`, as the data gives them: an
+    /// error, or an output that is not `[batch, seq_len, ≥ vocab]` logits,
+    /// names the file and what the model did, before training starts.
+    pub fn probe(&self, batch: i64, seq_len: i64, vocab: i64) -> Result<(), TorchScriptError> {
+        let err = |message: String| TorchScriptError {
+            path: self.path.clone(),
+            message,
+        };
+        let device = self.params[0].1.device();
+        let tokens = Tensor::arange(batch * seq_len, (tch::Kind::Int64, device))
+            .remainder(vocab)
+            .view([batch, seq_len]);
+        let shape = [batch, seq_len];
+        let out = tch::no_grad(|| self.try_forward(&tokens, false)).map_err(|e| {
+            err(format!(
+                "its forward pass fails on a {shape:?} batch of int64 tokens below {vocab} (what the \
+                 data gives): {}; forward must take [batch, time] token ids",
+                last_line(&e)
+            ))
+        })?;
+        let size = out.size();
+        let fits = size.len() == 3 && size[..2] == shape && size[2] >= vocab;
+        if !fits || !out.is_floating_point() {
+            return Err(err(format!(
+                "its forward pass returns {:?} {size:?} for a {shape:?} batch of tokens; hearth needs \
+                 [batch, time, vocab] floating-point logits with vocab at least {vocab} (the data's)",
+                out.kind()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The last line of a TorchScript interpreter error: the exception raised.
+fn last_line(e: &TchError) -> String {
+    let text = e.to_string();
+    let line = text.lines().rev().find(|l| !l.trim().is_empty());
+    line.unwrap_or_default().trim().to_string()
+}
+
 fn first_line(e: &TchError) -> String {
     e.to_string().lines().next().unwrap_or_default().to_string()
 }

@@ -118,7 +118,9 @@ pub(super) fn model(
                     .as_deref()
                     .expect("validated: torchscript has a path"),
             );
-            Box::new(TorchScriptModel::load(&path, device)?)
+            let model = TorchScriptModel::load(&path, device)?;
+            model.probe(2, data.seq_len(), data.vocab_size())?;
+            Box::new(model)
         }
         ModelKind::Gpt => Box::new(Gpt::with_weights(
             GptConfig {
