@@ -203,3 +203,62 @@ def test_plugins_list_and_inspect_show_the_built_ins(hearth):
     assert inspect.returncode == 0, inspect.stderr
     assert "its logging folder, read-write, at /logs" in inspect.stdout
     assert "network: none" in inspect.stdout and "loads:       yes" in inspect.stdout
+
+
+def plugin_lines(out, name):
+    return [l for l in out.stderr.splitlines() if f"[plugin {name} stdout]" in l]
+
+
+def test_a_plugin_cannot_fill_the_disk_past_its_quota(hearth, fixture_wasm, tmp_path):
+    """Issue 18, item 2: a tracker's folder holds at most `disk-mb` and
+    `files` (here lowered by its manifest to 2 MiB and 40 entries); a write
+    past them fails inside the plugin with an error it handles (no space
+    left on device: raw os error 51 under WASI), not a trap, and the run
+    goes on. A run config raises them for a plugin it trusts."""
+    plugins = tmp_path / "third-party"
+    make_plugin(plugins, "filler", fixture_wasm("filler"), limits="[limits]\ndisk-mb = 2\nfiles = 40\n")
+    config = write_config(tmp_path, SHORT_JOB + tracker_tables("filler"))
+    out = hearth("run", "--plugin-dir", plugins, config, timeout=300)
+    assert out.returncode == 0, out.stderr
+    (line,) = plugin_lines(out, "filler")
+    assert "bytes=2097152 " in line, line
+    assert "append_error=" in line and "/51" in line.split("append_error=")[1].split()[0], line
+    assert "files=39 " in line and "file_error=" in line and line.endswith("/51"), line
+    folder = tmp_path / "runs" / "short" / "trackers" / "filler"
+    assert (folder / "big.bin").stat().st_size == 2 << 20
+    assert len(list(folder.rglob("*"))) <= 40
+    assert "trapped" not in out.stderr and "disabled" not in out.stderr, out.stderr
+
+    raised = SHORT_JOB + tracker_tables("filler") + "\n[plugin-limits.filler]\ndisk-mb = 3\n"
+    config = write_config(tmp_path, raised.replace('name = "short"', 'name = "raised"'), "raised.toml")
+    out = hearth("run", "--plugin-dir", plugins, config, timeout=300)
+    assert out.returncode == 0, out.stderr
+    (line,) = plugin_lines(out, "filler")
+    assert "bytes=3145728 " in line, line
+
+
+def test_a_manifest_cannot_raise_its_own_quota(hearth, fixture_wasm, tmp_path):
+    plugins = tmp_path / "third-party"
+    make_plugin(plugins, "filler", fixture_wasm("filler"), limits="[limits]\ndisk-mb = 4096\n")
+    out = hearth("run", "--plugin-dir", plugins, write_config(tmp_path, SHORT_JOB + tracker_tables("filler")))
+    assert out.returncode == 2
+    assert "limits.disk-mb" in out.stderr and "[plugin-limits.filler]" in out.stderr, out.stderr
+
+
+def test_a_plugins_output_has_a_budget_per_call_and_per_run(hearth, fixture_wasm, tmp_path):
+    """Issue 18, item 2: 5 000 lines per call reach the log as at most
+    1 000 per call, and 2 500 over the run (its manifest's lowered budget);
+    the rest is dropped with a line saying how much."""
+    plugins = tmp_path / "third-party"
+    make_plugin(plugins, "chatter", fixture_wasm("chatter"), limits="[limits]\nlog-lines-per-run = 2500\n")
+    config = write_config(tmp_path, SHORT_JOB + tracker_tables("chatter"))
+    out = hearth("run", "--plugin-dir", plugins, config)
+    assert out.returncode == 0, out.stderr
+    kept = plugin_lines(out, "chatter")
+    assert len(kept) == 2500, len(kept)
+    assert sum("chatter start line" in l for l in kept) == 1000
+    dropped = [l for l in out.stderr.splitlines() if "[plugin chatter] dropped" in l]
+    assert dropped and "dropped 4000 line(s)" in dropped[0], dropped
+    calls = 2 + len(LOGGED_STEPS) + 1  # start, each log, the eval values, finish
+    assert len(out.stderr) < 2_000_000
+    assert len(dropped) <= calls

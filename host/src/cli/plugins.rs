@@ -110,9 +110,17 @@ fn describe(m: &Manifest) -> String {
         _ => "none",
     };
     out += &format!("  permissions: files: {fs}; network: none; environment: none\n");
+    let l = &m.limits;
     out += &format!(
-        "  limits:      memory {} MiB, {} ms per call",
-        m.limits.memory_mb, m.limits.call_timeout_ms
+        "  limits:      memory {} MiB, {} ms per call, folder {} MiB and {} files, output {} lines \
+         and {} bytes per call and {} lines per run",
+        l.memory_mb,
+        l.call_timeout_ms,
+        l.disk_mb,
+        l.files,
+        l.log_lines_per_call,
+        l.log_bytes_per_call,
+        l.log_lines_per_run
     );
     out
 }

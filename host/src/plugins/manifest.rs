@@ -108,6 +108,26 @@ pub struct Limits {
     /// Deadline of each call in milliseconds (default 5000, at most [`Limits::MAX_CALL_TIMEOUT_MS`]).
     #[serde(default = "default_timeout_ms")]
     pub call_timeout_ms: u64,
+    /// What the plugin may store in its folder (a tracker's logging folder,
+    /// what a checkpoint hook adds to a checkpoint), in MiB (default and
+    /// most a manifest may ask: 1024; a run config may raise it). A write
+    /// past it fails inside the plugin with "no space left on device".
+    #[serde(default = "default_disk_mb")]
+    pub disk_mb: u64,
+    /// Files and folders the plugin may have there (default and most a
+    /// manifest may ask: 10 000).
+    #[serde(default = "default_files")]
+    pub files: u64,
+    /// Lines of stdout and stderr kept per call (default 1 000); the rest
+    /// is dropped, with one line saying how much.
+    #[serde(default = "default_log_lines_per_call")]
+    pub log_lines_per_call: u64,
+    /// Bytes of stdout and stderr kept per call (default 256 KiB).
+    #[serde(default = "default_log_bytes_per_call")]
+    pub log_bytes_per_call: u64,
+    /// Lines of stdout and stderr kept over the whole run (default 20 000).
+    #[serde(default = "default_log_lines_per_run")]
+    pub log_lines_per_run: u64,
 }
 
 impl Limits {
@@ -115,6 +135,18 @@ impl Limits {
     pub const MAX_MEMORY_MB: u64 = 1024;
     /// Host maximum for `call-timeout-ms`.
     pub const MAX_CALL_TIMEOUT_MS: u64 = 60_000;
+
+    /// Raises (or lowers) these limits as a run config asks for a plugin
+    /// its user trusts; the manifest cannot go past the defaults.
+    pub fn overridden(mut self, o: &LimitOverrides) -> Self {
+        let set = |v: &mut u64, o: Option<u64>| *v = o.unwrap_or(*v);
+        set(&mut self.disk_mb, o.disk_mb);
+        set(&mut self.files, o.files);
+        set(&mut self.log_lines_per_call, o.log_lines_per_call);
+        set(&mut self.log_bytes_per_call, o.log_bytes_per_call);
+        set(&mut self.log_lines_per_run, o.log_lines_per_run);
+        self
+    }
 
     /// The memory cap in bytes.
     pub fn memory_bytes(&self) -> usize {
@@ -132,8 +164,46 @@ impl Default for Limits {
         Self {
             memory_mb: default_memory_mb(),
             call_timeout_ms: default_timeout_ms(),
+            disk_mb: default_disk_mb(),
+            files: default_files(),
+            log_lines_per_call: default_log_lines_per_call(),
+            log_bytes_per_call: default_log_bytes_per_call(),
+            log_lines_per_run: default_log_lines_per_run(),
         }
     }
+}
+
+/// A run config's `[plugin-limits.<name>]`: the limits a user raises for a
+/// plugin they trust (the keys of [`Limits`] that a manifest may not raise).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct LimitOverrides {
+    /// See [`Limits::disk_mb`].
+    pub disk_mb: Option<u64>,
+    /// See [`Limits::files`].
+    pub files: Option<u64>,
+    /// See [`Limits::log_lines_per_call`].
+    pub log_lines_per_call: Option<u64>,
+    /// See [`Limits::log_bytes_per_call`].
+    pub log_bytes_per_call: Option<u64>,
+    /// See [`Limits::log_lines_per_run`].
+    pub log_lines_per_run: Option<u64>,
+}
+
+fn default_disk_mb() -> u64 {
+    1024
+}
+fn default_files() -> u64 {
+    10_000
+}
+fn default_log_lines_per_call() -> u64 {
+    1_000
+}
+fn default_log_bytes_per_call() -> u64 {
+    256 * 1024
+}
+fn default_log_lines_per_run() -> u64 {
+    20_000
 }
 
 fn default_memory_mb() -> u64 {
@@ -225,6 +295,34 @@ impl Manifest {
                 "key `limits.call-timeout-ms` must be 1..={}",
                 Limits::MAX_CALL_TIMEOUT_MS
             )));
+        }
+        let defaults = Limits::default();
+        for (key, value, most) in [
+            ("disk-mb", m.limits.disk_mb, defaults.disk_mb),
+            ("files", m.limits.files, defaults.files),
+            (
+                "log-lines-per-call",
+                m.limits.log_lines_per_call,
+                defaults.log_lines_per_call,
+            ),
+            (
+                "log-bytes-per-call",
+                m.limits.log_bytes_per_call,
+                defaults.log_bytes_per_call,
+            ),
+            (
+                "log-lines-per-run",
+                m.limits.log_lines_per_run,
+                defaults.log_lines_per_run,
+            ),
+        ] {
+            if value > most {
+                return Err(bad(format!(
+                    "key `limits.{key}` is {value}, more than a manifest may ask ({most}); a user who \
+                     trusts the plugin raises it in the run config's [plugin-limits.{}]",
+                    m.name
+                )));
+            }
         }
         if m.component.is_absolute()
             || m.component

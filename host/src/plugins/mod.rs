@@ -14,6 +14,7 @@ mod engine;
 mod error;
 mod inspect;
 mod manifest;
+mod quota;
 mod registry;
 mod runtime;
 mod sandbox;
@@ -29,7 +30,7 @@ pub use checkpoint_hook::{load_checkpoint_hook, CheckpointHookPlugin, HookCheckp
 pub use engine::PluginEngine;
 pub use error::PluginError;
 pub use inspect::{ComponentReport, WIT_PACKAGE, WIT_VERSION};
-pub use manifest::{Limits, Manifest, PluginKind};
+pub use manifest::{LimitOverrides, Limits, Manifest, PluginKind};
 pub use registry::{Found, PluginSource, Registry, SearchPath};
 pub use scheduler::{load_scheduler, SchedulerPlugin};
 pub use tracker::{load_tracker, TrackerPlugin};

@@ -9,10 +9,13 @@
 
 use super::engine::EPOCH_TICK;
 use super::inspect::{check_is_component, check_world, report};
+use super::quota::{HasQuotaFs, Quota};
 use super::sandbox::{PluginState, Preopen};
+use super::stdio::OutputBudget;
 use super::{ComponentReport, Manifest, PluginEngine, PluginError, PluginKind};
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Store, Trap};
 
@@ -32,6 +35,10 @@ pub(crate) struct Prepared {
     files: Option<PathBuf>,
     /// Drives its async calls on the calling thread.
     runtime: tokio::runtime::Runtime,
+    /// The quota of its logging folder.
+    logs_quota: Option<Arc<Quota>>,
+    /// Its stdout and stderr budget, over every store.
+    budget: Arc<OutputBudget>,
 }
 
 impl Prepared {
@@ -69,6 +76,15 @@ impl Prepared {
             message: format!("{e:#}"),
         };
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(runtime)?;
+        // The filesystem again, over wasmtime-wasi's: the same calls, under
+        // the folder's quota.
+        linker.allow_shadowing(true);
+        wasmtime_wasi::p2::bindings::filesystem::types::add_to_linker::<PluginState, HasQuotaFs>(
+            &mut linker,
+            PluginState::quota_fs,
+        )
+        .map_err(runtime)?;
+        linker.allow_shadowing(false);
         add_world(&mut linker).map_err(runtime)?;
         let executor = tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -86,7 +102,13 @@ impl Prepared {
                 source,
             })?;
         }
+        let limits = &manifest.limits;
+        let logs_quota = files
+            .as_deref()
+            .map(|dir| Quota::new(dir, limits.disk_mb << 20, limits.files, false));
         Ok(Self {
+            budget: OutputBudget::new(name.into(), limits),
+            logs_quota,
             manifest: manifest.clone(),
             component,
             linker,
@@ -104,8 +126,18 @@ impl Prepared {
     /// A fresh sandboxed store: memory cap, no network, its folder only
     /// (`files`, else the logging folder it was prepared with).
     pub(crate) fn store(&self, files: Option<Preopen<'_>>) -> wasmtime::Result<Store<PluginState>> {
+        let limits = &self.manifest.limits;
+        // A folder given for this store (a checkpoint being written): what
+        // the plugin adds to it is capped, not what the host writes.
+        let quota = match files {
+            Some(f) if f.writable => {
+                Some(Quota::new(f.host, limits.disk_mb << 20, limits.files, true))
+            }
+            Some(_) => None,
+            None => self.logs_quota.clone(),
+        };
         let files = files.or(self.files.as_deref().map(Preopen::logs));
-        let state = PluginState::new(self.name(), &self.manifest.limits, files)?;
+        let state = PluginState::new(self.name(), limits, files, quota, self.budget.clone())?;
         let mut store = Store::new(PluginEngine::global().engine(), state);
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(self.deadline_ticks());
@@ -134,8 +166,9 @@ impl Prepared {
         ticks as u64 + 1
     }
 
-    /// Arms `store`'s epoch deadline for one call.
+    /// Arms `store`'s epoch deadline (and the output budget) for one call.
     pub(crate) fn arm(&self, store: &mut Store<PluginState>) {
+        self.budget.start_call();
         store.set_epoch_deadline(self.deadline_ticks());
     }
 

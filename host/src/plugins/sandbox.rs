@@ -5,14 +5,18 @@
 //! a filesystem only where the kind needs one — a tracker's own logging
 //! folder, preopened read-write at `/logs`; a checkpoint hook the checkpoint
 //! folder being written (read-write) or loaded (read-only) at `/checkpoint`.
-//! Linear memory is capped by `StoreLimits`; growth past the cap traps.
+//! Linear memory is capped by `StoreLimits`; growth past the cap traps. A
+//! writable folder has a quota ([`Quota`]), and stdout/stderr a budget
+//! ([`OutputBudget`]).
 
-use super::stdio::LogStream;
+use super::quota::{Quota, QuotaFs};
+use super::stdio::{LogStream, OutputBudget};
 use super::{Limits, PluginError};
 use std::path::Path;
 use std::sync::Arc;
 use wasmtime::component::ResourceTable;
 use wasmtime::{StoreLimits, StoreLimitsBuilder};
+use wasmtime_wasi::filesystem::WasiFilesystemCtxView;
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 /// Linear memories per instance; each is capped at the manifest's `memory-mb`.
@@ -68,19 +72,24 @@ pub struct PluginState {
     wasi: WasiCtx,
     table: ResourceTable,
     pub(crate) limits: StoreLimits,
+    quota: Option<Arc<Quota>>,
 }
 
 impl PluginState {
-    /// A sandbox for plugin `name` that reaches `files` (if any) and nothing else.
+    /// A sandbox for plugin `name` that reaches `files` (if any, under
+    /// `quota` when writable) and nothing else; its output is counted
+    /// against `budget`.
     pub fn new(
         name: &str,
         limits: &Limits,
         files: Option<Preopen<'_>>,
+        quota: Option<Arc<Quota>>,
+        budget: Arc<OutputBudget>,
     ) -> Result<Self, PluginError> {
         let name: Arc<str> = name.into();
         let mut wasi = WasiCtxBuilder::new();
-        wasi.stdout(LogStream::new(name.clone(), "stdout"))
-            .stderr(LogStream::new(name.clone(), "stderr"))
+        wasi.stdout(LogStream::budgeted(name.clone(), "stdout", budget.clone()))
+            .stderr(LogStream::budgeted(name.clone(), "stderr", budget))
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false);
@@ -115,7 +124,20 @@ impl PluginState {
             wasi: wasi.build(),
             table,
             limits,
+            quota,
         })
+    }
+
+    /// The filesystem as the plugin sees it: wasmtime-wasi's, under the
+    /// folder's quota.
+    pub(crate) fn quota_fs(&mut self) -> QuotaFs<'_> {
+        QuotaFs {
+            fs: WasiFilesystemCtxView {
+                ctx: self.wasi.filesystem(),
+                table: &mut self.table,
+            },
+            quota: self.quota.clone(),
+        }
     }
 
     /// The plugin's name.

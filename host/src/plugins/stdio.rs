@@ -25,11 +25,98 @@ pub fn clip(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
     format!("{} … ({} more bytes cut)", &text[..end], text.len() - end).into()
 }
 
+/// How much of a plugin's stdout and stderr reaches the host's log: lines
+/// and bytes per call, lines per run. Past a budget, lines are dropped and
+/// counted; one line says how many when the call (or the run) ends.
+pub struct OutputBudget {
+    plugin: Arc<str>,
+    lines_per_call: u64,
+    bytes_per_call: u64,
+    lines_per_run: u64,
+    used: Mutex<Used>,
+}
+
+#[derive(Default)]
+struct Used {
+    call_lines: u64,
+    call_bytes: u64,
+    run_lines: u64,
+    dropped_lines: u64,
+    dropped_bytes: u64,
+}
+
+impl OutputBudget {
+    /// The budget of plugin `plugin` under `limits`.
+    pub fn new(plugin: Arc<str>, limits: &super::Limits) -> Arc<Self> {
+        Arc::new(Self {
+            plugin,
+            lines_per_call: limits.log_lines_per_call,
+            bytes_per_call: limits.log_bytes_per_call,
+            lines_per_run: limits.log_lines_per_run,
+            used: Mutex::new(Used::default()),
+        })
+    }
+
+    /// A call starts: says what the last one dropped, and resets the
+    /// per-call counts.
+    pub fn start_call(&self) {
+        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        self.report(&mut used);
+        used.call_lines = 0;
+        used.call_bytes = 0;
+    }
+
+    fn report(&self, used: &mut Used) {
+        if used.dropped_lines == 0 {
+            return;
+        }
+        tracing::warn!(
+            "[plugin {}] dropped {} line(s) ({} bytes) of its output past its budget ({} lines and \
+             {} bytes per call, {} lines per run; raise them in the run config's [plugin-limits.{}])",
+            self.plugin,
+            used.dropped_lines,
+            used.dropped_bytes,
+            self.lines_per_call,
+            self.bytes_per_call,
+            self.lines_per_run,
+            self.plugin
+        );
+        used.dropped_lines = 0;
+        used.dropped_bytes = 0;
+    }
+
+    /// Whether a line of `bytes` bytes may be logged (counted either way).
+    fn admit(&self, bytes: usize) -> bool {
+        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        let bytes = bytes as u64 + 1;
+        let fits = used.call_lines < self.lines_per_call
+            && used.call_bytes + bytes <= self.bytes_per_call
+            && used.run_lines < self.lines_per_run;
+        if fits {
+            used.call_lines += 1;
+            used.call_bytes += bytes;
+            used.run_lines += 1;
+        } else {
+            used.dropped_lines += 1;
+            used.dropped_bytes += bytes;
+        }
+        fits
+    }
+}
+
+impl Drop for OutputBudget {
+    fn drop(&mut self) {
+        let mut used = std::mem::take(&mut *self.used.lock().unwrap_or_else(|p| p.into_inner()));
+        self.report(&mut used);
+    }
+}
+
 struct LineBuffer {
     plugin: Arc<str>,
     stream: &'static str,
     line: Vec<u8>,
     cut: usize,
+    budget: Option<Arc<OutputBudget>>,
 }
 
 impl LineBuffer {
@@ -50,6 +137,15 @@ impl LineBuffer {
     }
 
     fn emit(&mut self) {
+        let admitted = self
+            .budget
+            .as_ref()
+            .is_none_or(|b| b.admit(self.line.len()));
+        if !admitted {
+            self.line.clear();
+            self.cut = 0;
+            return;
+        }
         let text = String::from_utf8_lossy(&self.line);
         let text = text.trim_end_matches('\r');
         if self.cut > 0 {
@@ -87,7 +183,15 @@ impl LogStream {
             stream,
             line: Vec::new(),
             cut: 0,
+            budget: None,
         })))
+    }
+
+    /// [`new`](Self::new), its lines counted against `budget`.
+    pub fn budgeted(plugin: Arc<str>, stream: &'static str, budget: Arc<OutputBudget>) -> Self {
+        let this = Self::new(plugin, stream);
+        this.0.lock().unwrap_or_else(|e| e.into_inner()).budget = Some(budget);
+        this
     }
 
     fn push(&self, bytes: &[u8]) {

@@ -213,8 +213,8 @@ pub(super) fn trackers(
         .iter()
         .map(|t| {
             let found = registry.find(&t.name).map_err(plugin_err)?;
-            load_tracker(&found.manifest, &logging_dir.join("trackers").join(&t.name))
-                .map_err(plugin_err)
+            let manifest = config.plugin_manifest(&found.manifest);
+            load_tracker(&manifest, &logging_dir.join("trackers").join(&t.name)).map_err(plugin_err)
         })
         .collect()
 }
@@ -233,7 +233,8 @@ pub(super) fn checkpoint_hooks(
         .iter()
         .map(|h| {
             let found = registry.find(&h.name).map_err(plugin_err)?;
-            load_checkpoint_hook(&found.manifest, &h.options_json()).map_err(plugin_err)
+            let manifest = config.plugin_manifest(&found.manifest);
+            load_checkpoint_hook(&manifest, &h.options_json()).map_err(plugin_err)
         })
         .collect()
 }
@@ -251,7 +252,7 @@ pub(super) fn scheduler(
     let plugin_err = plugin_error(config);
     let found = registry.find(&section.name).map_err(plugin_err)?;
     load_scheduler(
-        &found.manifest,
+        &config.plugin_manifest(&found.manifest),
         &section.options_json(),
         base_lrs,
         Some(steps),

@@ -71,6 +71,10 @@ pub struct TrainConfig {
     /// `[[checkpoint-hooks]]`: checkpoint hook plugins, in the order they run.
     #[serde(default)]
     pub checkpoint_hooks: Vec<CheckpointHookSection>,
+    /// `[plugin-limits.<name>]`: a plugin's folder quota and output budget,
+    /// raised (or lowered) for a plugin the user trusts.
+    #[serde(default)]
+    pub plugin_limits: std::collections::BTreeMap<String, crate::plugins::LimitOverrides>,
     /// The file this config was read from (paths in it are relative to its folder).
     #[serde(skip)]
     pub source: PathBuf,
@@ -124,7 +128,31 @@ impl TrainConfig {
         plugin_names("trackers", "tracker", trackers, &invalid)?;
         let hooks = self.checkpoint_hooks.iter().map(|h| h.name.as_str());
         plugin_names("checkpoint-hooks", "checkpoint hook", hooks, &invalid)?;
+        for (name, o) in &self.plugin_limits {
+            let keys = [
+                ("disk-mb", o.disk_mb),
+                ("files", o.files),
+                ("log-lines-per-call", o.log_lines_per_call),
+                ("log-bytes-per-call", o.log_bytes_per_call),
+                ("log-lines-per-run", o.log_lines_per_run),
+            ];
+            if let Some((key, _)) = keys.iter().find(|(_, v)| *v == Some(0)) {
+                return Err(invalid(
+                    &format!("plugin-limits.{name}.{key}"),
+                    "must be at least 1".into(),
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// `manifest` with the limits `[plugin-limits.<its name>]` sets.
+    pub fn plugin_manifest(&self, manifest: &crate::plugins::Manifest) -> crate::plugins::Manifest {
+        let mut manifest = manifest.clone();
+        if let Some(o) = self.plugin_limits.get(&manifest.name) {
+            manifest.limits = manifest.limits.overridden(o);
+        }
+        manifest
     }
 
     /// The config as flat tracker entries (`optimizer.lr = 0.002`), the run's
