@@ -165,3 +165,60 @@ macro_rules! export_checkpoint_hook {
         };
     };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use safetensors::Dtype;
+
+    #[test]
+    fn element_sizes_are_the_safetensors_crates() {
+        let dtypes = [
+            Dtype::BOOL,
+            Dtype::U8,
+            Dtype::I8,
+            Dtype::F8_E5M2,
+            Dtype::F8_E4M3,
+            Dtype::I16,
+            Dtype::U16,
+            Dtype::F16,
+            Dtype::BF16,
+            Dtype::I32,
+            Dtype::U32,
+            Dtype::F32,
+            Dtype::F64,
+            Dtype::I64,
+            Dtype::U64,
+        ];
+        for dtype in dtypes {
+            let name = format!("{dtype:?}");
+            assert_eq!(
+                dtype_size(&name),
+                Some(dtype.bitsize() as u64 / 8),
+                "{name}"
+            );
+        }
+        assert_eq!(dtype_size("C64"), None);
+    }
+
+    #[test]
+    fn a_tensors_byte_length_is_its_elements_times_their_size() {
+        let info = |dtype: &str, shape: Vec<u64>| TensorInfo {
+            key: TensorKey {
+                model: 0,
+                name: "w".into(),
+            },
+            dtype: dtype.into(),
+            shape,
+        };
+        assert_eq!(byte_len(&info("BF16", vec![3, 5])), Ok(30));
+        assert_eq!(
+            byte_len(&info("F32", vec![])),
+            Ok(4),
+            "a scalar is one element"
+        );
+        assert_eq!(byte_len(&info("F64", vec![4, 0])), Ok(0));
+        let e = byte_len(&info("Q4", vec![2])).unwrap_err();
+        assert!(e.contains("`w`") && e.contains("Q4"), "{e}");
+    }
+}

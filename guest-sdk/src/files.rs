@@ -62,3 +62,51 @@ impl Appenders {
         self.open.clear();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(dir: &tempfile::TempDir, name: &str) -> String {
+        dir.path().join(name).to_str().unwrap().to_string()
+    }
+
+    #[test]
+    fn an_atomic_write_replaces_the_whole_file_and_makes_its_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = path(&dir, "a/b/summary.json");
+        write_atomically(&file, "{\"loss\": 2}").unwrap();
+        write_atomically(&file, "{}").unwrap();
+        assert_eq!(fs::read_to_string(&file).unwrap(), "{}");
+        assert!(!std::path::Path::new(&format!("{file}.tmp")).exists());
+    }
+
+    #[test]
+    fn appenders_write_the_header_once_also_after_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = path(&dir, "m/metrics.csv");
+        let mut logs = Appenders::default();
+        logs.append(&file, Some("step,loss"), "1,2.5").unwrap();
+        logs.append(&file, Some("step,loss"), "2,2.0").unwrap();
+        logs.close_all();
+        // A resumed run opens the file again: no second header.
+        let mut resumed = Appenders::default();
+        resumed.append(&file, Some("step,loss"), "3,1.5").unwrap();
+        drop(resumed);
+        assert_eq!(
+            fs::read_to_string(&file).unwrap(),
+            "step,loss\n1,2.5\n2,2.0\n3,1.5\n"
+        );
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_opened_is_named_in_the_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let blocker = path(&dir, "blocker");
+        fs::write(&blocker, "a file, not a folder").unwrap();
+        let e = Appenders::default()
+            .append(&format!("{blocker}/x.log"), None, "line")
+            .unwrap_err();
+        assert!(e.contains("blocker"), "{e}");
+    }
+}

@@ -576,8 +576,12 @@ fn hearth_run_takes_its_backend_and_gradient_averaging_from_its_config() {
     );
 }
 
+/// The collectives' values on two ranks, worked out by hand from
+/// Accelerate's documented behaviour (even batches, `gather_for_metrics`
+/// dropping the repeated rows); Accelerate itself runs as the oracle of
+/// the process helpers (`process_helpers_on_three_ranks_match_accelerate`).
 #[test]
-fn collectives_across_two_ranks_give_accelerates_values() {
+fn collectives_across_two_ranks_give_the_worked_out_values() {
     let dir = scratch("two");
     mpirun_ok(2, "child_collectives", "normal", &dir);
     let ranks = results(&dir, 2);

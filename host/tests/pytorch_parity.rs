@@ -196,6 +196,65 @@ fn adamw_param_groups_match_pytorch() {
     );
 }
 
+/// `[optimizer] no-decay = ["bias", "ln"]` as `hearth run` reads it: the
+/// biases and the LayerNorm weights go in a group without weight decay,
+/// the rest decay — the groups PyTorch gets by name give the same steps.
+#[test]
+fn the_configs_no_decay_groups_match_pytorch() {
+    let section: hearth::train::config::OptimizerSection = toml::from_str(
+        "kind = \"adamw\"\nlr = 0.01\nweight-decay = 0.1\nno-decay = [\"bias\", \"ln\"]",
+    )
+    .unwrap();
+    let hyper = AdamHyper {
+        lr: section.lr(),
+        betas: section.betas(),
+        weight_decay: section.weight_decay(),
+        eps: section.eps(),
+        decoupled: true,
+    };
+    check_against_pytorch(
+        "no-decay",
+        r#"{"kind": "adamw", "lr": 0.01, "betas": [0.9, 0.999], "weight_decay": 0.1, "eps": 1e-8,
+            "groups": [{"match": "", "exclude": ["bias", "ln"]}, {"match": ["bias", "ln"], "weight_decay": 0.0}]}"#,
+        None,
+        move |p| {
+            let groups = section.param_groups(p);
+            assert_eq!(groups.len(), 2, "a decayed group and an exempt one");
+            Box::new(Adam::new(groups, hyper))
+        },
+    );
+}
+
+/// SGD with momentum and two parameter groups (biases at their own rate
+/// and without weight decay), as PyTorch's `param_groups`.
+#[test]
+fn sgd_param_groups_match_pytorch() {
+    let hyper = SgdHyper {
+        lr: 0.1,
+        momentum: 0.9,
+        dampening: 0.0,
+        weight_decay: 1e-3,
+        nesterov: false,
+    };
+    check_against_pytorch(
+        "sgd-groups",
+        r#"{"kind": "sgd", "lr": 0.1, "momentum": 0.9, "dampening": 0.0, "weight_decay": 0.001, "nesterov": false,
+            "groups": [{"match": "", "exclude": ["bias"]}, {"match": ["bias"], "lr": 0.05, "weight_decay": 0.0}]}"#,
+        None,
+        |p| {
+            let (biases, rest): (Vec<_>, Vec<_>) =
+                p.into_iter().partition(|(n, _)| n.contains("bias"));
+            Box::new(Sgd::new(
+                vec![
+                    ParamGroup::new(tensors(rest)),
+                    ParamGroup::new(tensors(biases)).lr(0.05).weight_decay(0.0),
+                ],
+                hyper,
+            ))
+        },
+    );
+}
+
 #[test]
 fn gpt_with_nesterov_sgd_matches_pytorch() {
     nesterov_sgd(Device::Cpu, "sgd-nesterov");
