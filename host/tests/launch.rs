@@ -324,3 +324,103 @@ fn a_spawned_job_shares_a_random_token_of_its_own() {
         ["shared-secret", "shared-secret"]
     );
 }
+
+/// A two-rank job long enough to be killed in the middle.
+const ELASTIC_JOB: &str = r#"
+[run]
+name = "elastic"
+steps = 300
+seed = 3
+log-every = 100
+save-every = 10
+keep-checkpoints = 3
+
+[model]
+kind = "gpt"
+d-model = 32
+layers = 1
+heads = 2
+
+[data]
+kind = "sort-digits"
+digits = 6
+batch-size = 16
+
+[optimizer]
+kind = "adamw"
+lr = 3e-3
+
+[eval]
+samples = 20
+"#;
+
+/// Issue 18, elastic restart: `hearth launch --max-restarts 2` starts
+/// both ranks again when one is killed (SIGKILL, after the run's first
+/// checkpoints), the restarted `hearth run` continues from the newest
+/// complete checkpoint, and the final weights are those of a run nobody
+/// killed.
+#[test]
+fn a_killed_rank_restarts_the_job_from_its_newest_checkpoint_to_the_unbroken_weights() {
+    let dir = common::scratch("elastic");
+    let config = dir.join("elastic.toml");
+    std::fs::write(&config, ELASTIC_JOB).unwrap();
+    let (whole, broken) = (dir.join("whole"), dir.join("broken"));
+    let run = |out: &std::path::Path, restarts: &str| {
+        hearth(&[
+            "launch",
+            "-n",
+            "2",
+            "--cpu",
+            "--max-restarts",
+            restarts,
+            config.to_str().unwrap(),
+            "--",
+            "--quiet",
+            "--output-dir",
+            out.to_str().unwrap(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+    };
+    let unbroken = run(&whole, "0").wait_with_output().unwrap();
+    assert!(unbroken.status.success(), "{}", text(&unbroken));
+
+    let job = run(&broken, "2");
+    let second = broken.join("elastic/checkpoints/checkpoint_1/hearth_checkpoint.json");
+    let started = Instant::now();
+    while !second.exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no checkpoint appeared"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A rank (not mpirun): its command line starts with the binary.
+    let rank = format!("^{HEARTH} run {}", config.display());
+    let pids = Command::new("pgrep").args(["-f", &rank]).output().unwrap();
+    let pid = String::from_utf8_lossy(&pids.stdout)
+        .lines()
+        .next()
+        .expect("a rank is running")
+        .to_string();
+    assert!(Command::new("kill")
+        .args(["-9", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let out = job.wait_with_output().unwrap();
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    assert!(
+        all.contains("starting every process again (restart 1 of 2)"),
+        "{all}"
+    );
+    assert!(all.contains("resumed from"), "{all}");
+    assert_eq!(
+        std::fs::read(whole.join("elastic/model.safetensors")).unwrap(),
+        std::fs::read(broken.join("elastic/model.safetensors")).unwrap(),
+        "restarted after a kill = never killed"
+    );
+}

@@ -38,6 +38,11 @@ pub(super) struct LaunchArgs {
     /// Open MPI hostfile for a CPU job over several machines.
     #[arg(long)]
     hostfile: Option<PathBuf>,
+    /// When a process fails, start every process again, up to this many
+    /// times (torchrun's --max-restarts); `hearth run` then continues from
+    /// the newest complete checkpoint.
+    #[arg(long, default_value_t = 0)]
+    max_restarts: usize,
     /// The training config for `hearth run`.
     config: Option<PathBuf>,
     /// After `--`: with a config, more `hearth run` flags (`--steps 100`);
@@ -93,6 +98,7 @@ pub(super) fn execute(args: LaunchArgs) -> Result<(), Failure> {
         master_addr: args.master_addr,
         master_port: args.master_port,
         hostfile: args.hostfile,
+        max_restarts: args.max_restarts,
     };
     launch(&spec).map_err(|e| Failure {
         code: u8::try_from(e.exit_code()).unwrap_or(super::EXIT_FAILURE),

@@ -39,6 +39,9 @@ pub(super) fn execute(args: RunArgs) -> Result<(), Failure> {
         quiet: args.quiet,
         plugin_dirs: args.plugin_dirs,
         resume: args.resume,
+        // Restarted by `hearth launch --max-restarts`: from the newest
+        // complete checkpoint, if the run got to one.
+        resume_if_any: crate::launch::restart_count() > 0,
     };
     let summary = train::run(&config, &options).map_err(|e| match e {
         TrainError::Data(_)

@@ -41,6 +41,22 @@ pub struct LaunchSpec {
     pub master_port: u16,
     /// An Open MPI hostfile for a job over several machines (mpirun mode).
     pub hostfile: Option<PathBuf>,
+    /// How many times every process is started again when one fails
+    /// (torchrun's `--max-restarts`; default 0).
+    pub max_restarts: usize,
+}
+
+/// The variable that tells a restarted process how many times the job was
+/// restarted (torchrun's `TORCHELASTIC_RESTART_COUNT` is set too).
+pub const RESTART_COUNT_VAR: &str = "HEARTH_RESTART_COUNT";
+
+/// How many times `hearth launch --max-restarts` has restarted this
+/// process's job (0: the first start, or not started so).
+pub fn restart_count() -> u32 {
+    std::env::var(RESTART_COUNT_VAR)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Why a launched job did not succeed.
@@ -127,10 +143,33 @@ fn threads_per_process(processes: usize) -> Option<String> {
 
 /// Runs the job to its end.
 pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
-    match spec.mode {
-        LaunchMode::Mpirun => launch_mpirun(spec),
-        LaunchMode::Spawn => launch_spawn(spec),
+    let mut restarts = 0;
+    loop {
+        let result = match spec.mode {
+            LaunchMode::Mpirun => launch_mpirun(spec, restarts),
+            LaunchMode::Spawn => launch_spawn(spec, restarts),
+        };
+        match result {
+            // A process failed (not the launch itself): all start again.
+            Err(e @ (LaunchError::RankFailed { .. } | LaunchError::Mpirun(_)))
+                if restarts < spec.max_restarts =>
+            {
+                restarts += 1;
+                eprintln!(
+                    "hearth launch: {e}; starting every process again (restart {restarts} of {})",
+                    spec.max_restarts
+                );
+            }
+            other => return other,
+        }
     }
+}
+
+/// Sets the restart variables on a process of restart `restarts`.
+fn restart_env(cmd: &mut Command, restarts: usize, max_restarts: usize) {
+    cmd.env(RESTART_COUNT_VAR, restarts.to_string())
+        .env("TORCHELASTIC_RESTART_COUNT", restarts.to_string())
+        .env("TORCHELASTIC_MAX_RESTARTS", max_restarts.to_string());
 }
 
 fn running_as_root() -> bool {
@@ -271,10 +310,19 @@ struct MpirunReport {
     code: Option<i32>,
 }
 
-fn launch_mpirun(spec: &LaunchSpec) -> Result<(), LaunchError> {
+fn launch_mpirun(spec: &LaunchSpec, restarts: usize) -> Result<(), LaunchError> {
     let mut cmd = Command::new("mpirun");
     cmd.arg("--tag-output")
         .args(["-n", &spec.processes.to_string()]);
+    // Exported to the processes on other machines too.
+    restart_env(&mut cmd, restarts, spec.max_restarts);
+    for var in [
+        RESTART_COUNT_VAR,
+        "TORCHELASTIC_RESTART_COUNT",
+        "TORCHELASTIC_MAX_RESTARTS",
+    ] {
+        cmd.args(["-x", var]);
+    }
     match &spec.hostfile {
         Some(hostfile) => cmd.arg("--hostfile").arg(hostfile),
         // One machine: more processes than cores is the user's call.
@@ -381,7 +429,7 @@ fn job_token(nnodes: usize) -> Option<String> {
     }
 }
 
-fn launch_spawn(spec: &LaunchSpec) -> Result<(), LaunchError> {
+fn launch_spawn(spec: &LaunchSpec, restarts: usize) -> Result<(), LaunchError> {
     let (program, args) = spec.program.split_first().expect("a program to run");
     let world = spec.nnodes * spec.processes;
     let mut children: Vec<(usize, Child)> = Vec::new();
@@ -397,6 +445,7 @@ fn launch_spawn(spec: &LaunchSpec) -> Result<(), LaunchError> {
         if let Some(token) = &token {
             cmd.env(crate::dist::JOB_TOKEN_VAR, token);
         }
+        restart_env(&mut cmd, restarts, spec.max_restarts);
         let spawned = cmd
             .args(args)
             .env("RANK", rank.to_string())

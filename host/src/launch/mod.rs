@@ -5,4 +5,4 @@
 
 mod launcher;
 
-pub use launcher::{launch, LaunchError, LaunchMode, LaunchSpec};
+pub use launcher::{launch, restart_count, LaunchError, LaunchMode, LaunchSpec, RESTART_COUNT_VAR};

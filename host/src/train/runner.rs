@@ -38,6 +38,9 @@ pub struct RunOptions {
     pub plugin_dirs: Vec<PathBuf>,
     /// Continue from the newest complete checkpoint of the run folder.
     pub resume: bool,
+    /// Continue from the newest complete checkpoint if there is one, else
+    /// start afresh (a rank restarted by `hearth launch --max-restarts`).
+    pub resume_if_any: bool,
 }
 
 /// What a finished run reports (also written as `summary.json`).
@@ -241,7 +244,13 @@ impl Job {
         let stream = Arc::new(Mutex::new(DataStream(rng)));
         acc.register_for_checkpointing(stream.clone());
         let mut first_step = 1;
-        if options.resume {
+        let resume = options.resume
+            || (options.resume_if_any
+                && crate::checkpoint::newest_complete(
+                    &acc.project_configuration().checkpoints_dir(),
+                )
+                .is_some());
+        if resume {
             let from = acc.load_state(None).map_err(TrainError::State)?;
             first_step = acc.step() / acc.gradient_accumulation_steps() as u64 + 1;
             acc.print(format!(
@@ -250,7 +259,7 @@ impl Job {
             ));
         }
         let history = if acc.is_main_process() {
-            let resumed_at = options.resume.then_some(first_step - 1);
+            let resumed_at = resume.then_some(first_step - 1);
             Some(History::open(run_dir, resumed_at).map_err(io_err(&run_dir.join(HISTORY_NAME)))?)
         } else {
             None
