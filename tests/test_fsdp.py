@@ -541,3 +541,32 @@ def test_a_mixed_precision_policy_on_two_processes_reduces_in_its_dtype_and_save
     saved = load_file(tmp_path / "bf16" / "fsdp" / "model.safetensors")
     assert all(t.dtype == torch.float32 for t in saved.values())
     peer_gpt.build(**SIZES).load_state_dict(saved, strict=True)
+
+
+def test_a_sharded_torchscript_models_buffers_are_saved_and_resumed(hearth_bin, tmp_path):
+    """Issue 18, item 3, under sharding: a BatchNorm model's buffers are not
+    sharded but held whole, saved in a SHARDED_STATE_DICT checkpoint (rank
+    0's pieces) and in model.safetensors, and a run stopped and resumed
+    ends with the unbroken run's parameters and buffers, bit for bit."""
+    sys.path.insert(0, str(ROOT / "tests" / "oracles"))
+    from batchnorm_lm import BatchNormLM
+
+    torch.manual_seed(0)
+    fresh = BatchNormLM(vocab=256, seq=16)
+    torch.jit.script(fresh).save(str(tmp_path / "bn.pt"))
+    table = fsdp_table("no-wrap", 'state-dict-type = "SHARDED_STATE_DICT"')
+    text = job(table, steps=8).replace("log-every = 2\n", "log-every = 2\nsave-every = 4\n")
+    text = text.replace('kind = "gpt"\nd-model = 128\nlayers = 4\nheads = 4', 'kind = "torchscript"\npath = "bn.pt"')
+    config = write_config(tmp_path, text.replace("seq-len = 128", "seq-len = 16"), "bn.toml")
+    whole = mpirun(hearth_bin, 2, "run", config, "--quiet", "--output-dir", tmp_path / "whole", cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr
+    first = mpirun(hearth_bin, 2, "run", config, "--quiet", "--steps", 4, "--output-dir", tmp_path / "broken", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert (tmp_path / "broken" / "fsdp" / "checkpoints" / "checkpoint_0" / "pytorch_model_fsdp_0").is_dir()
+    resumed = mpirun(hearth_bin, 2, "run", config, "--quiet", "--resume", "--output-dir", tmp_path / "broken", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    saved = load_file(tmp_path / "whole" / "fsdp" / "model.safetensors")
+    assert set(saved) == set(fresh.state_dict())
+    assert int(saved["bn.num_batches_tracked"]) == 8
+    again = load_file(tmp_path / "broken" / "fsdp" / "model.safetensors")
+    assert all(torch.equal(saved[k], again[k]) for k in saved), "state differs after a sharded resume"
