@@ -155,3 +155,24 @@ def test_a_torchscript_models_buffers_are_saved_checkpointed_and_resumed(hearth,
     assert int(checkpoint["bn.num_batches_tracked"]) == 40
     resumed = load_file(tmp_path / "split" / "r" / "model.safetensors")
     assert all(torch.equal(saved[k], resumed[k]) for k in saved), "state differs after resume"
+
+
+def test_a_restarted_run_resumes_only_from_its_own_launchs_checkpoints(hearth, tmp_path):
+    """`hearth launch --max-restarts` restarts `hearth run` with
+    HEARTH_RESTART_COUNT and the launch's HEARTH_LAUNCH_ID: it continues
+    from the newest checkpoint its own launch wrote, never from an older
+    run's left in the same folder."""
+    config = write_config(tmp_path, JOB)
+    ours = {"HEARTH_LAUNCH_ID": "launch-a"}
+    out = hearth("run", config, "--output-dir", tmp_path / "a", "--steps", "20", "-q", env=ours)
+    assert out.returncode == 0, out.stderr
+    restarted = {**ours, "HEARTH_RESTART_COUNT": "1"}
+    out = hearth("run", config, "--output-dir", tmp_path / "a", "-q", env=restarted)
+    assert out.returncode == 0, out.stderr
+    assert "resumed from" in out.stdout + out.stderr and "step 21" in out.stdout + out.stderr
+
+    out = hearth("run", config, "--output-dir", tmp_path / "b", "--steps", "20", "-q", env=ours)
+    assert out.returncode == 0, out.stderr
+    other = {"HEARTH_LAUNCH_ID": "launch-b", "HEARTH_RESTART_COUNT": "1"}
+    out = hearth("run", config, "--output-dir", tmp_path / "b", "-q", env=other)
+    assert "resumed from" not in out.stdout + out.stderr, "another launch's checkpoint was taken"

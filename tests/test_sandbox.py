@@ -243,6 +243,10 @@ def test_a_manifest_cannot_raise_its_own_quota(hearth, fixture_wasm, tmp_path):
     out = hearth("run", "--plugin-dir", plugins, write_config(tmp_path, SHORT_JOB + tracker_tables("filler")))
     assert out.returncode == 2
     assert "limits.disk-mb" in out.stderr and "[plugin-limits.filler]" in out.stderr, out.stderr
+    # A run config's limits for a plugin the run does not use: a typo, named.
+    text = SHORT_JOB + tracker_tables("jsonl") + "\n[plugin-limits.jsnol]\ndisk-mb = 10\n"
+    out = hearth("run", write_config(tmp_path, text, "typo.toml"))
+    assert out.returncode == 2 and "plugin-limits.jsnol" in out.stderr and "jsonl" in out.stderr, out.stderr
 
 
 def test_a_plugins_output_has_a_budget_per_call_and_per_run(hearth, fixture_wasm, tmp_path):

@@ -244,6 +244,28 @@ fn a_bad_config_is_refused_once_before_any_process_starts() {
         assert_eq!(all.matches(named).count(), 1, "{all}");
         assert!(!all.contains("[rank"), "no process was started: {all}");
     }
+    // Restarting one machine's processes of a job over several cannot work.
+    let out = hearth(&[
+        "launch",
+        "-n",
+        "1",
+        "--launcher",
+        "spawn",
+        "--nnodes",
+        "2",
+        "--max-restarts",
+        "1",
+        "--",
+        "true",
+    ])
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("--max-restarts with --nnodes 2"),
+        "{}",
+        text(&out)
+    );
 }
 
 #[test]

@@ -575,9 +575,15 @@ impl Accelerator {
         if !once {
             return Ok(None);
         }
+        if !every_forward {
+            let broadcast = |b: &Tensor| group.broadcast(&mut b.shallow_clone(), 0);
+            tch::no_grad(|| buffers.iter().try_for_each(broadcast))
+                .map_err(super::PrepareError::Dist)?;
+            return Ok(None);
+        }
         let sync = crate::parallel::BufferBroadcast::new(group, buffers)
             .map_err(super::PrepareError::Dist)?;
-        Ok(every_forward.then_some(sync))
+        Ok(Some(sync))
     }
 
     /// Registers a prepared model's parameters for averaging, or shards

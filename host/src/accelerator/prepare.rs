@@ -124,8 +124,10 @@ fn prepare_model<M: Model + 'static>(
     let handles = buffers.iter().map(|(_, b)| b.shallow_clone()).collect();
     prepared.set_buffer_broadcast(acc.register_buffers(handles)?);
     // Checkpoints hold the buffers too (PyTorch's state_dict).
+    let buffer_names = buffers.iter().map(|(n, _)| n.clone()).collect();
     acc.remember_model(
         parameters.into_iter().chain(buffers).collect(),
+        buffer_names,
         sharding.units,
     );
     Ok(prepared)
@@ -156,7 +158,7 @@ impl Prepare for crate::models::VarStoreModel {
             .map(|(n, p)| (n.clone(), p.shallow_clone()))
             .collect();
         let sharding = acc.register_for_sync(&self.module_tree(), handles, false)?;
-        acc.remember_model(variables, sharding.units);
+        acc.remember_model(variables, Default::default(), sharding.units);
         Ok(self.vs)
     }
 }

@@ -70,6 +70,14 @@ pub(super) fn execute(args: LaunchArgs) -> Result<(), Failure> {
             args.node_rank
         )));
     }
+    if args.max_restarts > 0 && args.nnodes > 1 && mode == LaunchMode::Spawn {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--max-restarts with --nnodes {}: each machine's launcher would restart only its own \
+             processes while the others wait; restart the job on every machine together, or use \
+             --launcher mpirun with a --hostfile",
+            args.nnodes
+        )));
+    }
     let program = match (&args.config, args.program.is_empty()) {
         (None, false) => args.program,
         (Some(config), _) => {

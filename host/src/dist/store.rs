@@ -41,6 +41,13 @@ pub const MAX_VALUE: u32 = 1 << 20;
 /// What a store holds in all, keys and values, in bytes; a set past it is
 /// refused.
 pub const MAX_STORED: usize = 64 << 20;
+/// Connections a store serves at once; more are closed at once (a job
+/// needs one per rank).
+pub const MAX_CONNECTIONS: usize = 1024;
+/// How long a new connection may take to send its first request (its
+/// token, when the store has one) before it is closed.
+const FIRST_REQUEST_WITHIN: Duration = Duration::from_secs(if cfg!(test) { 1 } else { 10 });
+
 /// The environment variable that carries a job's token to its ranks.
 pub const JOB_TOKEN_VAR: &str = "HEARTH_JOB_TOKEN";
 
@@ -308,6 +315,7 @@ fn serve_on(port: u16, token: Option<String>) -> std::io::Result<Server> {
     listener.set_nonblocking(true)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
+        .enable_time()
         .build()?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let thread = std::thread::Builder::new()
@@ -320,10 +328,29 @@ fn serve_on(port: u16, token: Option<String>) -> std::io::Result<Server> {
                     token,
                     ..Shared::default()
                 });
+                let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
                 let accept = async {
-                    while let Ok((socket, _)) = listener.accept().await {
+                    loop {
+                        let socket = match listener.accept().await {
+                            Ok((socket, _)) => socket,
+                            // Out of descriptors, a connection reset before
+                            // it was taken: keep serving.
+                            Err(_) => {
+                                tokio::time::sleep(Duration::from_millis(50)).await;
+                                continue;
+                            }
+                        };
+                        use std::sync::atomic::Ordering::SeqCst;
+                        if live.fetch_add(1, SeqCst) >= MAX_CONNECTIONS {
+                            live.fetch_sub(1, SeqCst);
+                            continue; // dropped: closed
+                        }
                         socket.set_nodelay(true).ok();
-                        tokio::spawn(serve_client(socket, shared.clone()));
+                        let (shared, live) = (shared.clone(), live.clone());
+                        tokio::spawn(async move {
+                            serve_client(socket, shared).await;
+                            live.fetch_sub(1, SeqCst);
+                        });
                     }
                 };
                 tokio::select! {
@@ -352,12 +379,20 @@ async fn serve_client(mut socket: tokio::net::TcpStream, shared: Arc<Shared>) {
         socket.read_exact(&mut bytes).await?;
         Ok(bytes)
     }
+    async fn read_request(socket: &mut tokio::net::TcpStream) -> std::io::Result<(u8, Vec<u8>)> {
+        let op = socket.read_u8().await?;
+        Ok((op, read_frame(socket, MAX_KEY).await?))
+    }
     let mut admitted = shared.token.is_none();
     loop {
-        let Ok(op) = socket.read_u8().await else {
-            return;
+        // A client that has not presented the token has a while to do so.
+        let request = match admitted {
+            true => read_request(&mut socket).await,
+            false => tokio::time::timeout(FIRST_REQUEST_WITHIN, read_request(&mut socket))
+                .await
+                .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())),
         };
-        let Ok(key) = read_frame(&mut socket, MAX_KEY).await else {
+        let Ok((op, key)) = request else {
             return;
         };
         if op == AUTH {
@@ -582,5 +617,31 @@ mod tests {
         let e = client.get("nccl").unwrap_err().to_string();
         assert!(e.contains("announced a value of 4294967295 bytes"), "{e}");
         fake.join().unwrap();
+    }
+
+    #[test]
+    fn a_client_that_never_presents_the_token_is_closed_and_others_are_served() {
+        let port = free_port();
+        let timeout = Duration::from_secs(5);
+        let master = TcpStore::connect("127.0.0.1", port, true, timeout, Some("t0ken")).unwrap();
+        // Idle, and half a request: both closed after FIRST_REQUEST_WITHIN.
+        let idle = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let mut slow = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        slow.write_all(&[AUTH, 200, 0]).unwrap();
+        let started = Instant::now();
+        for mut socket in [idle, slow] {
+            socket
+                .set_read_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            let mut byte = [0u8; 1];
+            assert!(
+                matches!(socket.read(&mut byte), Ok(0)),
+                "closed without an answer"
+            );
+        }
+        assert!(started.elapsed() < Duration::from_secs(5));
+        master.set("k", b"v").unwrap();
+        let rank = TcpStore::connect("127.0.0.1", port, false, timeout, Some("t0ken")).unwrap();
+        assert_eq!(rank.get("k").unwrap(), b"v");
     }
 }

@@ -50,6 +50,15 @@ pub struct LaunchSpec {
 /// restarted (torchrun's `TORCHELASTIC_RESTART_COUNT` is set too).
 pub const RESTART_COUNT_VAR: &str = "HEARTH_RESTART_COUNT";
 
+/// The variable that names one `hearth launch` (the same across its
+/// restarts, different for every launch).
+pub const LAUNCH_ID_VAR: &str = "HEARTH_LAUNCH_ID";
+
+/// The id of the `hearth launch` that started this process, if one did.
+pub fn launch_id() -> Option<String> {
+    std::env::var(LAUNCH_ID_VAR).ok().filter(|v| !v.is_empty())
+}
+
 /// How many times `hearth launch --max-restarts` has restarted this
 /// process's job (0: the first start, or not started so).
 pub fn restart_count() -> u32 {
@@ -143,16 +152,23 @@ fn threads_per_process(processes: usize) -> Option<String> {
 
 /// Runs the job to its end.
 pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
+    let id = crate::dist::new_job_token();
     let mut restarts = 0;
     loop {
+        let run = Restart {
+            count: restarts,
+            max: spec.max_restarts,
+            launch_id: &id,
+        };
         let result = match spec.mode {
-            LaunchMode::Mpirun => launch_mpirun(spec, restarts),
-            LaunchMode::Spawn => launch_spawn(spec, restarts),
+            LaunchMode::Mpirun => launch_mpirun(spec, &run),
+            LaunchMode::Spawn => launch_spawn(spec, &run),
         };
         match result {
-            // A process failed (not the launch itself): all start again.
+            // A process failed (not the launch itself, and not on bad
+            // input, exit 2, which would fail again): all start again.
             Err(e @ (LaunchError::RankFailed { .. } | LaunchError::Mpirun(_)))
-                if restarts < spec.max_restarts =>
+                if restarts < spec.max_restarts && e.exit_code() != 2 =>
             {
                 restarts += 1;
                 eprintln!(
@@ -165,11 +181,27 @@ pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
     }
 }
 
-/// Sets the restart variables on a process of restart `restarts`.
-fn restart_env(cmd: &mut Command, restarts: usize, max_restarts: usize) {
-    cmd.env(RESTART_COUNT_VAR, restarts.to_string())
-        .env("TORCHELASTIC_RESTART_COUNT", restarts.to_string())
-        .env("TORCHELASTIC_MAX_RESTARTS", max_restarts.to_string());
+/// Which start of a launch this is.
+struct Restart<'a> {
+    count: usize,
+    max: usize,
+    launch_id: &'a str,
+}
+
+/// The variables a process of one start gets.
+const RESTART_VARS: [&str; 4] = [
+    RESTART_COUNT_VAR,
+    LAUNCH_ID_VAR,
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+];
+
+/// Sets the restart variables on a process of start `run`.
+fn restart_env(cmd: &mut Command, run: &Restart) {
+    cmd.env(RESTART_COUNT_VAR, run.count.to_string())
+        .env(LAUNCH_ID_VAR, run.launch_id)
+        .env("TORCHELASTIC_RESTART_COUNT", run.count.to_string())
+        .env("TORCHELASTIC_MAX_RESTARTS", run.max.to_string());
 }
 
 fn running_as_root() -> bool {
@@ -310,17 +342,13 @@ struct MpirunReport {
     code: Option<i32>,
 }
 
-fn launch_mpirun(spec: &LaunchSpec, restarts: usize) -> Result<(), LaunchError> {
+fn launch_mpirun(spec: &LaunchSpec, run: &Restart) -> Result<(), LaunchError> {
     let mut cmd = Command::new("mpirun");
     cmd.arg("--tag-output")
         .args(["-n", &spec.processes.to_string()]);
     // Exported to the processes on other machines too.
-    restart_env(&mut cmd, restarts, spec.max_restarts);
-    for var in [
-        RESTART_COUNT_VAR,
-        "TORCHELASTIC_RESTART_COUNT",
-        "TORCHELASTIC_MAX_RESTARTS",
-    ] {
+    restart_env(&mut cmd, run);
+    for var in RESTART_VARS {
         cmd.args(["-x", var]);
     }
     match &spec.hostfile {
@@ -429,7 +457,7 @@ fn job_token(nnodes: usize) -> Option<String> {
     }
 }
 
-fn launch_spawn(spec: &LaunchSpec, restarts: usize) -> Result<(), LaunchError> {
+fn launch_spawn(spec: &LaunchSpec, run: &Restart) -> Result<(), LaunchError> {
     let (program, args) = spec.program.split_first().expect("a program to run");
     let world = spec.nnodes * spec.processes;
     let mut children: Vec<(usize, Child)> = Vec::new();
@@ -445,7 +473,7 @@ fn launch_spawn(spec: &LaunchSpec, restarts: usize) -> Result<(), LaunchError> {
         if let Some(token) = &token {
             cmd.env(crate::dist::JOB_TOKEN_VAR, token);
         }
-        restart_env(&mut cmd, restarts, spec.max_restarts);
+        restart_env(&mut cmd, run);
         let spawned = cmd
             .args(args)
             .env("RANK", rank.to_string())

@@ -5,4 +5,7 @@
 
 mod launcher;
 
-pub use launcher::{launch, restart_count, LaunchError, LaunchMode, LaunchSpec, RESTART_COUNT_VAR};
+pub use launcher::{
+    launch, launch_id, restart_count, LaunchError, LaunchMode, LaunchSpec, LAUNCH_ID_VAR,
+    RESTART_COUNT_VAR,
+};

@@ -97,14 +97,21 @@ impl Quota {
         limit.saturating_sub(used.0)
     }
 
+    /// Charges `growth` bytes, or refuses them (checked and charged under
+    /// one lock, so stores sharing the folder cannot both take the room).
     fn charge_bytes(&self, growth: u64) -> Result<(), ErrorCode> {
         if growth == 0 {
             return Ok(());
         }
-        if self.room(growth) < growth {
+        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        let limit = self.baseline.0.saturating_add(self.max_bytes);
+        if used.0.saturating_add(growth) > limit {
+            self.recount(&mut used);
+        }
+        if used.0.saturating_add(growth) > limit {
             return Err(nospc());
         }
-        self.used.lock().unwrap_or_else(|p| p.into_inner()).0 += growth;
+        used.0 += growth;
         Ok(())
     }
 
@@ -154,9 +161,11 @@ impl QuotaStream {
     fn growth(&self, n: u64) -> u64 {
         match self.mode {
             Mode::Append => n,
+            // Past the end, the gap counts too (a sparse file is charged
+            // its length).
             Mode::At(pos) => {
                 let len = self.file.metadata().map(|m| m.len()).unwrap_or(0);
-                (pos + n).saturating_sub(len.max(pos))
+                pos.saturating_add(n).saturating_sub(len)
             }
         }
     }
@@ -164,7 +173,7 @@ impl QuotaStream {
         let g = self.growth(n as u64);
         self.quota.charge_bytes(g).map_err(|_| stream_nospc())?;
         if let Mode::At(p) = &mut self.mode {
-            *p += n as u64
+            *p = p.saturating_add(n as u64)
         }
         Ok(())
     }
@@ -202,7 +211,7 @@ impl OutputStream for QuotaStream {
         };
         // Never fail here (a flush waits on check-write); clamp so a write ends
         // exactly at the limit, and let the next write() report ENOSPC.
-        let room = self.quota.room(1) + free_overwrite;
+        let room = self.quota.room(1).saturating_add(free_overwrite);
         if room == 0 {
             return Ok(n);
         }
@@ -282,22 +291,22 @@ impl HostDescriptor for QuotaFs<'_> {
     ) -> FsResult<types::Filesize> {
         if let Some(q) = self.quota.clone() {
             let (_, len) = file_len(self.fs.table.get(&fd)?)?;
-            let end = offset.saturating_add(buf.len() as u64);
-            let growth = end.saturating_sub(len.max(offset));
-            if growth > 0 {
+            // What the file grows by, the gap before `offset` included (a
+            // sparse file is charged its length).
+            let growth = offset.saturating_add(buf.len() as u64).saturating_sub(len);
+            if growth > 0 && q.room(growth) < growth {
+                // Write what fits: the part over existing bytes, then room.
                 let room = q.room(growth);
-                if room < growth {
-                    let allowed = len.saturating_sub(offset) + room; // overwrite part + room
-                    if allowed == 0 {
-                        return Err(nospc().into());
-                    }
-                    buf.truncate(allowed as usize);
+                let allowed = match offset >= len {
+                    true => room.saturating_sub(offset - len),
+                    false => (len - offset).saturating_add(room),
+                };
+                if allowed == 0 {
+                    return Err(nospc().into());
                 }
-                q.charge_bytes(
-                    end.min(offset + buf.len() as u64)
-                        .saturating_sub(len.max(offset)),
-                )?;
+                buf.truncate(allowed.min(buf.len() as u64) as usize);
             }
+            q.charge_bytes(offset.saturating_add(buf.len() as u64).saturating_sub(len))?;
         }
         HostDescriptor::write(&mut self.fs, fd, buf, offset).await
     }

@@ -103,9 +103,14 @@ impl Prepared {
             })?;
         }
         let limits = &manifest.limits;
-        let logs_quota = files
-            .as_deref()
-            .map(|dir| Quota::new(dir, limits.disk_mb << 20, limits.files, false));
+        let logs_quota = files.as_deref().map(|dir| {
+            Quota::new(
+                dir,
+                limits.disk_mb.saturating_mul(1 << 20),
+                limits.files,
+                false,
+            )
+        });
         Ok(Self {
             budget: OutputBudget::new(name.into(), limits),
             logs_quota,
@@ -130,9 +135,12 @@ impl Prepared {
         // A folder given for this store (a checkpoint being written): what
         // the plugin adds to it is capped, not what the host writes.
         let quota = match files {
-            Some(f) if f.writable => {
-                Some(Quota::new(f.host, limits.disk_mb << 20, limits.files, true))
-            }
+            Some(f) if f.writable => Some(Quota::new(
+                f.host,
+                limits.disk_mb.saturating_mul(1 << 20),
+                limits.files,
+                true,
+            )),
             Some(_) => None,
             None => self.logs_quota.clone(),
         };

@@ -43,6 +43,9 @@ struct Used {
     run_lines: u64,
     dropped_lines: u64,
     dropped_bytes: u64,
+    /// The run's budget is spent and was reported: what is dropped from
+    /// now on is reported once, at the end.
+    run_spent: bool,
 }
 
 impl OutputBudget {
@@ -61,7 +64,10 @@ impl OutputBudget {
     /// per-call counts.
     pub fn start_call(&self) {
         let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-        self.report(&mut used);
+        if !used.run_spent {
+            self.report(&mut used);
+            used.run_spent = used.run_lines >= self.lines_per_run;
+        }
         used.call_lines = 0;
         used.call_bytes = 0;
     }

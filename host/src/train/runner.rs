@@ -38,8 +38,9 @@ pub struct RunOptions {
     pub plugin_dirs: Vec<PathBuf>,
     /// Continue from the newest complete checkpoint of the run folder.
     pub resume: bool,
-    /// Continue from the newest complete checkpoint if there is one, else
-    /// start afresh (a rank restarted by `hearth launch --max-restarts`).
+    /// Continue from the newest complete checkpoint if this process's
+    /// `hearth launch` wrote it, else start afresh (a rank restarted by
+    /// `hearth launch --max-restarts`).
     pub resume_if_any: bool,
 }
 
@@ -246,10 +247,7 @@ impl Job {
         let mut first_step = 1;
         let resume = options.resume
             || (options.resume_if_any
-                && crate::checkpoint::newest_complete(
-                    &acc.project_configuration().checkpoints_dir(),
-                )
-                .is_some());
+                && own_checkpoint(&acc.project_configuration().checkpoints_dir()));
         if resume {
             let from = acc.load_state(None).map_err(TrainError::State)?;
             first_step = acc.step() / acc.gradient_accumulation_steps() as u64 + 1;
@@ -584,4 +582,18 @@ fn write_results(
         std::fs::write(&summary_path, json).map_err(io_err(&summary_path))?;
     }
     Ok(summary)
+}
+
+/// Whether the newest complete checkpoint in `folder` was written by the
+/// `hearth launch` that started this process (a restarted job continues
+/// from its own checkpoints, never from an older run's in the same folder).
+fn own_checkpoint(folder: &std::path::Path) -> bool {
+    let Some((_, newest)) = crate::checkpoint::newest_complete(folder) else {
+        return false;
+    };
+    let written_by = std::fs::read(newest.join("trainer_state.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<crate::accelerator::TrainerState>(&b).ok())
+        .and_then(|t| t.launch_id);
+    written_by.is_some() && written_by == crate::launch::launch_id()
 }

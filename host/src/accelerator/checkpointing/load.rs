@@ -105,7 +105,27 @@ impl Accelerator {
                 .map(|(n, t)| (n.clone(), t.shallow_clone()))
                 .collect();
             let path = dir.join(numbered("model", i, "safetensors"));
-            model_writes.extend(stage_checkpoint_in_model(&from_file, &path, true)?.0);
+            let (writes, report) = stage_checkpoint_in_model(&from_file, &path, false)?;
+            let buffers = &self.registered.buffers[i];
+            let (absent_buffers, missing): (Vec<String>, Vec<String>) = report
+                .missing
+                .into_iter()
+                .partition(|n| buffers.contains(n));
+            if !missing.is_empty() || !report.unexpected.is_empty() {
+                return Err(CheckpointError::Keys {
+                    path,
+                    missing,
+                    unexpected: report.unexpected,
+                });
+            }
+            if !absent_buffers.is_empty() {
+                tracing::warn!(
+                    "{} holds no {} (saved before hearth saved buffers?): they keep their values",
+                    path.display(),
+                    absent_buffers.join(", ")
+                );
+            }
+            model_writes.extend(writes);
         }
         for (key, source) in restored {
             let (_, target) = self.registered.models[key.model as usize]

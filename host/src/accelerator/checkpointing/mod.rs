@@ -132,6 +132,11 @@ pub struct TrainerState {
     pub epoch: u64,
     /// The hearth version that wrote it.
     pub hearth_version: String,
+    /// The `hearth launch` that started the run (see
+    /// [`crate::launch::launch_id`]), so that a restarted job resumes only
+    /// from its own checkpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_id: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -175,6 +180,9 @@ fn hook_failed(
 #[derive(Default)]
 pub(super) struct Registered {
     pub models: Vec<Vec<(String, Tensor)>>,
+    /// The names of each model's buffers (a checkpoint without them, saved
+    /// before hearth saved buffers, still loads: they keep their values).
+    pub buffers: Vec<std::collections::BTreeSet<String>>,
     /// Each model's sharded units (empty when it is not sharded).
     pub shards: Vec<Vec<crate::parallel::sharded::UnitShard>>,
     pub schedulers: Vec<SharedScheduler>,
@@ -248,12 +256,16 @@ impl Accelerator {
         }
     }
 
+    /// Remembers a prepared model's `state` (parameters and buffers; the
+    /// names of the buffers in `buffers`) and its sharded units.
     pub(super) fn remember_model(
         &mut self,
-        params: Vec<(String, Tensor)>,
+        state: Vec<(String, Tensor)>,
+        buffers: std::collections::BTreeSet<String>,
         shards: Vec<crate::parallel::sharded::UnitShard>,
     ) {
-        self.registered.models.push(params);
+        self.registered.models.push(state);
+        self.registered.buffers.push(buffers);
         self.registered.shards.push(shards);
     }
 

@@ -521,6 +521,7 @@ impl Accelerator {
                 .loaders
                 .first()
                 .map_or(0, |l| l.state().epoch),
+            launch_id: crate::launch::launch_id(),
             hearth_version: env!("CARGO_PKG_VERSION").into(),
         };
         parts.push(Part::Json(

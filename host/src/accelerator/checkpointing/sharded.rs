@@ -157,12 +157,19 @@ impl Accelerator {
         for (name, t) in model {
             let p = held.get(name.as_str());
             let whole = p.map_or_else(|| t.size(), |p| p.shape.clone());
-            let (shape, kind) = shards.shape(name).ok_or_else(|| {
-                state_err(
+            let Some((shape, kind)) = shards.shape(name) else {
+                if self.registered.buffers[i].contains(name) {
+                    tracing::warn!(
+                        "{} holds no buffer `{name}` (saved before hearth saved buffers?): it keeps its value",
+                        folder.display()
+                    );
+                    continue;
+                }
+                return Err(state_err(
                     folder,
                     format!("holds no `{name}` of model {i} in any shard file"),
-                )
-            })?;
+                ));
+            };
             if shape != whole.as_slice() || kind != t.kind() {
                 return Err(state_err(
                     folder,

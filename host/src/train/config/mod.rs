@@ -128,7 +128,20 @@ impl TrainConfig {
         plugin_names("trackers", "tracker", trackers, &invalid)?;
         let hooks = self.checkpoint_hooks.iter().map(|h| h.name.as_str());
         plugin_names("checkpoint-hooks", "checkpoint hook", hooks, &invalid)?;
+        let used: Vec<&str> = (self.trackers.iter().map(|t| t.name.as_str()))
+            .chain(self.checkpoint_hooks.iter().map(|h| h.name.as_str()))
+            .chain(self.scheduler.iter().map(|s| s.name.as_str()))
+            .collect();
         for (name, o) in &self.plugin_limits {
+            if !used.contains(&name.as_str()) {
+                return Err(invalid(
+                    &format!("plugin-limits.{name}"),
+                    format!(
+                        "names no tracker, checkpoint hook or scheduler of this run (they are: {})",
+                        used.join(", ")
+                    ),
+                ));
+            }
             let keys = [
                 ("disk-mb", o.disk_mb),
                 ("files", o.files),
