@@ -419,8 +419,9 @@ fn a_killed_rank_restarts_the_job_from_its_newest_checkpoint_to_the_unbroken_wei
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    // A rank (not mpirun): its command line starts with the binary.
-    let rank = format!("^{HEARTH} run {}", config.display());
+    // A rank (not mpirun): its command line starts with the binary (by
+    // whatever path it was started: links resolved or not).
+    let rank = format!(r"^\S*hearth run {}", config.display());
     let pids = Command::new("pgrep").args(["-f", &rank]).output().unwrap();
     let pid = String::from_utf8_lossy(&pids.stdout)
         .lines()

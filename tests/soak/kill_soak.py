@@ -75,7 +75,8 @@ def command(config, ranks):
 
 
 def rank_pids(config):
-    out = subprocess.run(["pgrep", "-f", f"^{HEARTH} run {config}"], capture_output=True, text=True)
+    # A rank (not mpirun): its command line starts with the binary.
+    out = subprocess.run(["pgrep", "-f", rf"^\S*hearth run {config}"], capture_output=True, text=True)
     return [int(p) for p in out.stdout.split()]
 
 
