@@ -18,7 +18,7 @@ CARGO_FEATURES := $(if $(CUDA),--features hearth/cuda,)
 # Plugin crates are unit-tested natively (their .wasm is built for wasm32-wasip2).
 HOST_TARGET = $(shell rustc -vV | sed -n 's/host: //p')
 
-.PHONY: run test setup system-packages wasm-target python-env build plugins example-plugins bench bench-plugins bench-checkpoint bench-fsdp gpu-bundle lint
+.PHONY: run test setup system-packages wasm-target python-env build plugins example-plugins bench bench-plugins bench-checkpoint bench-fsdp gpu-bundle lint soak fuzz
 
 run: build
 	$(HEARTH) run examples/sort-digits.toml
@@ -134,3 +134,14 @@ lint: setup
 	cargo clippy -p hearth --all-targets --features cuda -- -D warnings
 	for ws in plugins tests/plugins; do (cd $$ws && cargo fmt --all --check && cargo clippy --release -- -D warnings); done
 	cd guest-sdk && cargo fmt --check && cargo clippy --target wasm32-wasip2 -- -D warnings
+
+# Reliability runs, not part of `make test` (issue 18). `make soak`:
+# SIGKILL `hearth run` 20 times in each of three scenarios (rotation, a large
+# async save, two MPI ranks) and check every visible checkpoint is complete.
+soak: build
+	$(PY) tests/soak/kill_soak.py $(or $(KILLS),20)
+
+# `make fuzz`: every cargo-fuzz target (fuzz/fuzz_targets) for FUZZ_SECONDS
+# each (default 600), on a nightly toolchain; prints executions and crashes.
+fuzz: build
+	fuzz/run.sh $(or $(FUZZ_SECONDS),600)

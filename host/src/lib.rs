@@ -13,6 +13,9 @@ pub mod cli;
 pub mod data;
 pub mod dist;
 pub mod durable;
+/// Fuzz-target bodies (the `fuzz/` crate and `tests/fuzz_corpus.rs` call them).
+#[doc(hidden)]
+pub mod fuzz_entry;
 pub mod launch;
 pub mod models;
 pub mod ops;

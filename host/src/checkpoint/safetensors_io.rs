@@ -293,8 +293,32 @@ pub(crate) fn tensor_from_view(
         path: path.into(),
         message: format!("tensor `{name}` has unsupported dtype {:?}", view.dtype()),
     })?;
-    let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
+    let shape = checked_shape(path, name, view.shape(), kind)?;
     Ok(Tensor::from_data_size(view.data(), &shape, kind))
+}
+
+/// `dims` as libtorch sizes, refused (naming the tensor and the file) when
+/// a dimension or the bytes they hold do not fit in an `i64`.
+pub(crate) fn checked_shape(
+    path: &Path,
+    name: &str,
+    dims: &[usize],
+    kind: Kind,
+) -> Result<Vec<i64>, CheckpointError> {
+    let bad = || CheckpointError::Format {
+        path: path.into(),
+        message: format!("tensor `{name}` has an impossible shape {dims:?}"),
+    };
+    let shape: Vec<i64> = dims
+        .iter()
+        .map(|&d| i64::try_from(d).map_err(|_| bad()))
+        .collect::<Result<_, _>>()?;
+    shape
+        .iter()
+        .filter(|&&d| d != 0)
+        .try_fold(kind.elt_size_in_bytes() as i64, |n, &d| n.checked_mul(d))
+        .ok_or_else(bad)?;
+    Ok(shape)
 }
 
 /// Reads the tensor `name` of the safetensors file at `path` (mapped; only

@@ -170,13 +170,13 @@ impl ShardedTensors {
                 .transpose()
                 .map_err(|e| format_err(&path, format!("{SHARDING_INFO} is not JSON: {e}")))?;
             for (name, view) in header.tensors() {
-                let shape: Vec<i64> = view.shape.iter().map(|&d| d as i64).collect();
                 let kind = kind_of(view.dtype).ok_or_else(|| {
                     format_err(
                         &path,
                         format!("`{name}` has unsupported dtype {:?}", view.dtype),
                     )
                 })?;
+                let shape = super::safetensors_io::checked_shape(&path, &name, &view.shape, kind)?;
                 let (begin, end) = view.data_offsets;
                 let offsets: Vec<i64> = match &info {
                     None => vec![0; shape.len()],
@@ -213,7 +213,14 @@ impl ShardedTensors {
                     ));
                 }
                 for (w, (o, s)) in entry.whole.iter_mut().zip(offsets.iter().zip(&shape)) {
-                    *w = (*w).max(o + s);
+                    let end = (*o >= 0).then(|| o.checked_add(*s)).flatten();
+                    let end = end.ok_or_else(|| {
+                        format_err(
+                            &path,
+                            format!("`{name}` has impossible offsets {offsets:?}"),
+                        )
+                    })?;
+                    *w = (*w).max(end);
                 }
                 entry.pieces.push(Located {
                     file,
@@ -223,6 +230,30 @@ impl ShardedTensors {
                 });
             }
             files.push((path, map));
+        }
+        // The pieces must be able to cover each whole tensor: a header
+        // cannot make a reader allocate more than the files hold.
+        for (name, entry) in &entries {
+            let held: u64 = entry
+                .pieces
+                .iter()
+                .map(|p| (p.bytes.end - p.bytes.start) as u64)
+                .sum();
+            let whole = entry
+                .whole
+                .iter()
+                .try_fold(entry.kind.elt_size_in_bytes() as u64, |n, &d| {
+                    n.checked_mul(d as u64)
+                });
+            if whole.is_none_or(|w| w > held) {
+                return Err(format_err(
+                    dir,
+                    format!(
+                        "`{name}` is {:?} whole, more than its pieces hold ({held} bytes)",
+                        entry.whole
+                    ),
+                ));
+            }
         }
         Ok(Self {
             dir: dir.into(),

@@ -46,6 +46,7 @@ impl Accelerator {
         };
         let manifest = verify_complete(&dir)?;
         let trainer: TrainerState = read_json(&dir.join("trainer_state.json"))?;
+        check_counters(&dir, &trainer)?;
         // Hooks first: they may refuse the checkpoint before anything is restored.
         let restored = self.run_load_hooks(&dir, &manifest, &trainer)?;
         // FULL_SHARD models are gathered whole to be read into (released
@@ -153,7 +154,9 @@ impl Accelerator {
         for i in 0..self.registered.schedulers.len() {
             let path = dir.join(numbered("scheduler", i, "bin"));
             let bytes = std::fs::read(&path).map_err(CheckpointError::io(&path))?;
-            let file: SchedulerFile = read_json(&dir.join(numbered("scheduler", i, "json")))?;
+            let json = dir.join(numbered("scheduler", i, "json"));
+            let file: SchedulerFile = read_json(&json)?;
+            plausible(&json, "steps", file.steps)?;
             schedulers.push((path, file.steps, bytes));
         }
         let scaler = match &self.scaler {
@@ -161,8 +164,14 @@ impl Accelerator {
             None => None,
         };
         let loaders = (0..self.registered.loaders.len())
-            .map(|i| read_json(&dir.join(numbered("dataloader", i, "json"))))
-            .collect::<Result<_, _>>()?;
+            .map(|i| {
+                let path = dir.join(numbered("dataloader", i, "json"));
+                let state: LoaderState = read_json(&path)?;
+                plausible(&path, "epoch", state.epoch)?;
+                plausible(&path, "batches_seen", state.batches_seen as u64)?;
+                Ok(state)
+            })
+            .collect::<Result<_, CheckpointError>>()?;
         let rng_path = dir.join(format!(
             "random_states_{}.safetensors",
             self.process_index()
@@ -386,4 +395,29 @@ fn read_rng(path: &Path) -> Result<RngState, CheckpointError> {
         cpu: find("cpu").ok_or_else(|| state_err(path, "holds no `cpu` generator state"))?,
         cuda: (0..).map_while(|i| find(&format!("cuda.{i}"))).collect(),
     })
+}
+
+/// Counters past 2^53 (beyond what JSON numbers hold exactly, and where
+/// adding to them could overflow) are refused, naming the file and key.
+fn plausible(path: &Path, key: &str, value: u64) -> Result<(), CheckpointError> {
+    match value > 1 << 53 {
+        true => Err(state_err(
+            path,
+            format!("`{key}` is {value}, not a count a run reaches"),
+        )),
+        false => Ok(()),
+    }
+}
+
+/// `trainer_state.json`'s counters, checked to be plausible counts.
+fn check_counters(dir: &Path, t: &TrainerState) -> Result<(), CheckpointError> {
+    let path = dir.join("trainer_state.json");
+    plausible(&path, "iteration", t.iteration)?;
+    plausible(&path, "step", t.step)?;
+    plausible(&path, "epoch", t.epoch)?;
+    plausible(
+        &path,
+        "accumulation_position",
+        t.accumulation_position as u64,
+    )
 }

@@ -58,7 +58,7 @@ impl ModelSection {
 
     /// MLP hidden width (default 4 × d-model).
     pub fn hidden(&self) -> i64 {
-        self.hidden.unwrap_or(4 * self.d_model)
+        self.hidden.unwrap_or(self.d_model.saturating_mul(4))
     }
 
     pub(super) fn validate(&self, invalid: &Invalid) -> Result<(), ConfigError> {
