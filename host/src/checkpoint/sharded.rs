@@ -231,30 +231,6 @@ impl ShardedTensors {
             }
             files.push((path, map));
         }
-        // The pieces must be able to cover each whole tensor: a header
-        // cannot make a reader allocate more than the files hold.
-        for (name, entry) in &entries {
-            let held: u64 = entry
-                .pieces
-                .iter()
-                .map(|p| (p.bytes.end - p.bytes.start) as u64)
-                .sum();
-            let whole = entry
-                .whole
-                .iter()
-                .try_fold(entry.kind.elt_size_in_bytes() as u64, |n, &d| {
-                    n.checked_mul(d as u64)
-                });
-            if whole.is_none_or(|w| w > held) {
-                return Err(format_err(
-                    dir,
-                    format!(
-                        "`{name}` is {:?} whole, more than its pieces hold ({held} bytes)",
-                        entry.whole
-                    ),
-                ));
-            }
-        }
         Ok(Self {
             dir: dir.into(),
             files,
@@ -312,11 +288,41 @@ impl ShardedTensors {
                 ),
             ));
         }
+        // Every row asked for must be in some piece, checked before the
+        // output is allocated (a header cannot make a reader allocate more
+        // than the files hold).
+        let mut spans: Vec<(i64, i64)> = entry
+            .pieces
+            .iter()
+            .filter_map(|p| {
+                Some((
+                    *p.offsets.first()?,
+                    p.offsets[0].checked_add(*p.shape.first()?)?,
+                ))
+            })
+            .map(|(a, b)| (a.max(start), b.min(start + count)))
+            .filter(|(lo, hi)| lo < hi)
+            .collect();
+        spans.sort();
+        let mut next = start;
+        for (lo, hi) in spans {
+            if lo > next {
+                break;
+            }
+            next = next.max(hi);
+        }
+        if next < start + count {
+            return Err(format_err(
+                &self.dir,
+                format!(
+                    "no shard file holds row {next} of `{name}` (a process's file is missing?)"
+                ),
+            ));
+        }
         let mut shape = entry.whole.clone();
         shape[0] = count;
-        // Every row is written below, or the read fails.
+        // Every row is written below.
         let out = Tensor::empty(shape.as_slice(), (entry.kind, tch::Device::Cpu));
-        let mut covered: Vec<(i64, i64)> = Vec::new();
         for piece in &entry.pieces {
             if piece.offsets[1..].iter().any(|&o| o != 0) || piece.shape[1..] != entry.whole[1..] {
                 return Err(format_err(
@@ -334,23 +340,6 @@ impl ShardedTensors {
             }
             let values = self.rows_of_piece(piece, entry.kind, lo - a, hi - lo, &entry.whole[1..]);
             tch::no_grad(|| out.narrow(0, lo - start, hi - lo).copy_(&values));
-            covered.push((lo, hi));
-        }
-        covered.sort();
-        let mut next = start;
-        for (lo, hi) in covered {
-            if lo > next {
-                break;
-            }
-            next = next.max(hi);
-        }
-        if next < start + count {
-            return Err(format_err(
-                &self.dir,
-                format!(
-                    "no shard file holds row {next} of `{name}` (a process's file is missing?)"
-                ),
-            ));
         }
         Ok(out)
     }
