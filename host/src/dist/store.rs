@@ -428,7 +428,18 @@ async fn serve_client(mut socket: tokio::net::TcpStream, shared: Arc<Shared>) {
                     if let Some(v) = shared.values.lock().unwrap().map.get(&key) {
                         break v.clone();
                     }
-                    changed.await;
+                    // A client gone while it waits frees its connection.
+                    let mut probe = [0u8; 1];
+                    let peeked = tokio::select! {
+                        _ = changed.as_mut() => None,
+                        peeked = socket.peek(&mut probe) => Some(peeked),
+                    };
+                    match peeked {
+                        Some(Ok(0) | Err(_)) => return,
+                        // Bytes sent while waiting: wait for the value only.
+                        Some(Ok(_)) => changed.as_mut().await,
+                        None => {}
+                    }
                 };
                 let mut reply = (value.len() as u32).to_le_bytes().to_vec();
                 reply.extend_from_slice(&value);
@@ -643,5 +654,21 @@ mod tests {
         master.set("k", b"v").unwrap();
         let rank = TcpStore::connect("127.0.0.1", port, false, timeout, Some("t0ken")).unwrap();
         assert_eq!(rank.get("k").unwrap(), b"v");
+    }
+
+    #[test]
+    fn a_client_gone_while_waiting_frees_its_connection() {
+        let port = free_port();
+        let timeout = Duration::from_secs(5);
+        let master = TcpStore::connect("127.0.0.1", port, true, timeout, None).unwrap();
+        // More waiting clients than the store serves at once, each gone.
+        for _ in 0..MAX_CONNECTIONS + 8 {
+            let mut raw = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            raw.write_all(&request(GET, "never/set")).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let rank = TcpStore::connect("127.0.0.1", port, false, timeout, None).unwrap();
+        master.set("k", b"v").unwrap();
+        assert_eq!(rank.get("k").unwrap(), b"v", "the store still answers");
     }
 }
