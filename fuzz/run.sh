@@ -12,9 +12,7 @@
 # checked in) with at most 200 inputs, 2 MB, of fuzz/corpus/<t>,
 # fuzz/target/work/<t> and fuzz/seeds/<t> that cover the most edges
 # (fuzz/cmin.py).
-#
-# HEARTH_FUZZ_SKIP_KNOWN=1 skips inputs of crashes already reported (see
-# host/src/fuzz_entry.rs) so a run looks past them.
+
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

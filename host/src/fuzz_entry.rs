@@ -32,16 +32,6 @@ use tch::{Device, Kind, Reduction, Tensor};
 /// Between the files of a multi-file input.
 pub const SEP: &[u8] = b"\n--8<--\n";
 
-/// Set (to anything), inputs that trigger a crash already reported are
-/// skipped, so that a long fuzzing run looks past them; unset (CI), they
-/// run and fail until the bug is fixed.
-pub const SKIP_KNOWN_VAR: &str = "HEARTH_FUZZ_SKIP_KNOWN";
-
-fn skip_known() -> bool {
-    static SKIP: OnceLock<bool> = OnceLock::new();
-    *SKIP.get_or_init(|| std::env::var_os(SKIP_KNOWN_VAR).is_some())
-}
-
 /// This process's scratch folder.
 fn scratch() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -130,9 +120,6 @@ pub fn run_config(data: &[u8]) {
     let dir = fresh("run_config");
     let path = dir.join("job.toml");
     write(&path, data);
-    if skip_known() && known::run_config(data) {
-        return;
-    }
     let _ = crate::train::flatten_toml(&String::from_utf8_lossy(data));
     let Ok(c) = TrainConfig::from_file(&path) else {
         return;
@@ -203,10 +190,10 @@ pub fn plugin_manifest(data: &[u8]) {
         let _ = registry.find(&m.name);
         let _ = registry.find("jsonl");
     }
-    let known = FUZZ_PLUGINS
+    let ours = FUZZ_PLUGINS
         .iter()
         .any(|(_, name)| m.component == Path::new(&format!("{name}.wasm")));
-    if known && m.component_path().is_file() {
+    if ours && m.component_path().is_file() {
         let _ = plugins::check_plugin(&m);
         if m.kind == plugins::PluginKind::Scheduler {
             let _ = plugins::load_scheduler(&m, "{\"warmup\":1}", &[1e-3], Some(10));
@@ -225,9 +212,6 @@ pub fn safetensors_file(data: &[u8]) {
     let dir = fresh("safetensors_file");
     let path = dir.join(ck::SAFE_WEIGHTS_NAME);
     write(&path, data);
-    if skip_known() && known::safetensors(data) {
-        return;
-    }
     let _ = ck::tensor_infos(&path, false);
     let _ = ck::tensor_infos(&path, true);
     if let Ok(all) = ck::load_safetensors(&path, Device::Cpu) {
@@ -468,9 +452,6 @@ pub fn checkpoint_state(data: &[u8]) {
     for (name, part) in STATE_FILES.iter().zip(split(data, STATE_FILES.len())) {
         write(&dir.join(name), part);
     }
-    if skip_known() && known::checkpoint_state(&dir) {
-        return;
-    }
     // The manifest of what is there now.
     let mut manifest: ck::Manifest =
         serde_json::from_slice(&std::fs::read(dir.join(ck::MANIFEST_NAME)).expect("manifest"))
@@ -495,9 +476,6 @@ pub fn sharded_index(data: &[u8]) {
     let parts = split(data, 4);
     for (rank, part) in parts.iter().enumerate() {
         write(&dir.join(ck::shard_file_name(rank)), part);
-    }
-    if skip_known() && parts.iter().any(|p| known::sharded_part(p)) {
-        return;
     }
     let Ok(shards) = ck::ShardedTensors::open(&dir) else {
         return;
@@ -759,9 +737,6 @@ pub fn store_protocol(data: &[u8]) {
         let mut answers = Vec::new();
         let _ = client.read_to_end(&mut answers);
     }
-    if skip_known() {
-        known::store_wake_waiters(data, *port);
-    }
     let probe = TcpStore::connect(
         "127.0.0.1",
         *port,
@@ -777,181 +752,4 @@ pub fn store_protocol(data: &[u8]) {
         matches!(&probe, Ok(v) if v == b"alive"),
         "the store no longer answers a client with the job's token after this input: {probe:?}"
     );
-}
-
-/// Inputs that trigger crashes already reported (see [`SKIP_KNOWN_VAR`]);
-/// each check goes once the bug it names is fixed.
-mod known {
-    use std::path::Path;
-
-    /// `[model] kind = "mlp"` without `hidden` and a `d-model` past
-    /// `i64::MAX / 4`: `ModelSection::hidden` computes `4 * d_model`
-    /// unchecked (train/config/model.rs), an overflow panic in validation.
-    pub(super) fn run_config(data: &[u8]) -> bool {
-        let Ok(table) = std::str::from_utf8(data)
-            .unwrap_or_default()
-            .parse::<toml::Table>()
-        else {
-            return false;
-        };
-        let Some(model) = table.get("model").and_then(|m| m.as_table()) else {
-            return false;
-        };
-        let d_model = model.get("d-model").and_then(|v| v.as_integer());
-        model.get("kind").and_then(|k| k.as_str()) == Some("mlp")
-            && model.get("hidden").is_none()
-            && d_model.is_some_and(|d| d.checked_mul(4).is_none())
-    }
-
-    /// A safetensors file's header, when it parses.
-    fn header(data: &[u8]) -> Option<serde_json::Map<String, serde_json::Value>> {
-        let len = u64::from_le_bytes(data.get(..8)?.try_into().ok()?);
-        let header = data.get(8..8usize.checked_add(usize::try_from(len).ok()?)?)?;
-        match serde_json::from_slice(header) {
-            Ok(serde_json::Value::Object(map)) => Some(map),
-            _ => None,
-        }
-    }
-
-    /// The shapes in a safetensors header, when it parses.
-    fn shapes(data: &[u8]) -> Vec<Vec<u64>> {
-        header(data)
-            .unwrap_or_default()
-            .values()
-            .filter_map(|t| t.get("shape")?.as_array().cloned())
-            .map(|dims| dims.iter().filter_map(|d| d.as_u64()).collect())
-            .collect()
-    }
-
-    /// A shape libtorch refuses: a dimension past `i64::MAX` (hearth casts
-    /// it `as i64`), or dimensions whose product overflows (zeros left out,
-    /// so the file can hold it: 0 bytes). hearth hands such a shape to the
-    /// unchecked `Tensor::from_data_size` / `Tensor::empty`, which panic.
-    fn bad_shape(shape: &[u64]) -> bool {
-        shape
-            .iter()
-            .filter(|&&d| d != 0)
-            .try_fold(8i64, |n, &d| n.checked_mul(i64::try_from(d).ok()?))
-            .is_none()
-    }
-
-    /// A safetensors file with a [`bad_shape`].
-    pub(super) fn safetensors(data: &[u8]) -> bool {
-        shapes(data).iter().any(|s| bad_shape(s))
-    }
-
-    /// A checkpoint whose counters overflow when the run goes on:
-    /// `trainer_state.json`'s `iteration` at `u64::MAX` (`load_state` adds
-    /// 1, accelerator/checkpointing/load.rs), its `accumulation_position`
-    /// near `usize::MAX` (`GradientState::advance` adds 1 per micro-batch,
-    /// accelerator/state.rs), `scheduler.json`'s `steps` (the next
-    /// `AcceleratedScheduler::step` adds, accelerator/scheduler.rs),
-    /// `dataloader.json`'s `epoch` (the epoch's end adds 1,
-    /// `Batches::next_epoch`, data/loader.rs); or its safetensors files
-    /// with a [`bad_shape`].
-    pub(super) fn checkpoint_state(dir: &Path) -> bool {
-        let json = |name: &str| -> serde_json::Value {
-            std::fs::read(dir.join(name))
-                .ok()
-                .and_then(|t| serde_json::from_slice(&t).ok())
-                .unwrap_or_default()
-        };
-        let trainer = json("trainer_state.json");
-        let scheduler = json("scheduler.json");
-        let loader = json("dataloader.json");
-        let near_max = |v: &serde_json::Value, key: &str| {
-            v.get(key)
-                .and_then(|n| n.as_u64())
-                .is_some_and(|n| n > u64::MAX - 16)
-        };
-        near_max(&trainer, "iteration")
-            || near_max(&trainer, "accumulation_position")
-            || near_max(&scheduler, "steps")
-            || near_max(&loader, "epoch")
-            || ["optimizer.safetensors", "random_states_0.safetensors"]
-                .iter()
-                .any(|f| std::fs::read(dir.join(f)).is_ok_and(|d| safetensors(&d)))
-    }
-
-    /// A sharded checkpoint file (safetensors with `DCP_SHARDING_INFO`)
-    /// that crashes `ShardedTensors`: an offset plus a dimension past
-    /// `i64::MAX` (`open` adds them unchecked, checkpoint/sharded.rs), a
-    /// whole tensor too large to allocate (`read_rows` calls the unchecked
-    /// `Tensor::empty` with the size offsets give, before checking that
-    /// the pieces cover it), or a [`bad_shape`].
-    pub(super) fn sharded_part(data: &[u8]) -> bool {
-        let Some(header) = header(data) else {
-            return false;
-        };
-        let info: serde_json::Value = header
-            .get("__metadata__")
-            .and_then(|m| m.get("DCP_SHARDING_INFO"))
-            .and_then(|i| i.as_str())
-            .and_then(|i| serde_json::from_str(i).ok())
-            .unwrap_or_default();
-        header.iter().any(|(name, t)| {
-            let shape: Vec<u64> = t
-                .get("shape")
-                .and_then(|s| s.as_array())
-                .map(|d| d.iter().filter_map(|d| d.as_u64()).collect())
-                .unwrap_or_default();
-            let offsets: Vec<i64> = info
-                .get(name)
-                .and_then(|i| i.get("saved_offsets"))
-                .and_then(|o| o.as_array())
-                .map(|o| o.iter().filter_map(|o| o.as_i64()).collect())
-                .unwrap_or_default();
-            let ends: Option<Vec<i64>> = shape
-                .iter()
-                .zip(offsets.iter().chain(std::iter::repeat(&0)))
-                .map(|(&s, &o)| o.checked_add(i64::try_from(s).ok()?))
-                .collect();
-            let too_big = |ends: &Vec<i64>| {
-                ends.iter()
-                    .try_fold(8i64, |n, &e| n.checked_mul(e.max(1)))
-                    .is_none_or(|bytes| bytes > 1 << 31)
-            };
-            bad_shape(&shape) || ends.as_ref().is_none_or(too_big)
-        })
-    }
-
-    /// A `get` of a key nobody sets waits in the store for good, holding
-    /// its connection's socket even after the client has gone (the task
-    /// in `serve_client`, dist/store.rs, does not watch for the close);
-    /// enough of them exhaust the store's file descriptors, and the accept
-    /// loop then ends, so the store answers no one. This sets every key
-    /// the input's requests `get`, so their waiters answer and finish.
-    pub(super) fn store_wake_waiters(data: &[u8], port: u16) {
-        /// A length-prefixed frame, taken off `rest`.
-        fn frame(rest: &mut &[u8]) -> Option<Vec<u8>> {
-            let len = u32::from_le_bytes(rest.get(..4)?.try_into().ok()?) as usize;
-            let bytes = rest.get(4..4usize.checked_add(len)?)?.to_vec();
-            *rest = &rest[4 + len..];
-            Some(bytes)
-        }
-        let mut keys = Vec::new();
-        let mut rest = data;
-        while let Some((&op, after)) = rest.split_first() {
-            rest = after;
-            let Some(key) = frame(&mut rest) else {
-                break;
-            };
-            match op {
-                0 if frame(&mut rest).is_none() => break,
-                // The store's longest key (`MAX_KEY`, private to dist/store.rs).
-                1 if key.len() <= 4096 => keys.push(key),
-                _ => {}
-            }
-        }
-        if keys.is_empty() {
-            return;
-        }
-        let timeout = std::time::Duration::from_secs(5);
-        let token = Some(super::STORE_TOKEN);
-        if let Ok(c) = crate::dist::TcpStore::connect("127.0.0.1", port, false, timeout, token) {
-            for key in keys {
-                let _ = c.set(&String::from_utf8_lossy(&key), b"");
-            }
-        }
-    }
 }
