@@ -545,7 +545,7 @@ fn tied_weights_staging_and_refusals_keep_the_model_whole() {
 
     // Refused, the model untouched and nothing written: a split tie, a GPU
     // this machine lacks.
-    let gpus = tch::Cuda::device_count() as usize;
+    let gpus = hearth::ops::cuda::device_count();
     for (map, words) in [
         (
             tied_map(&[("", cpu), ("head", disk)]),

@@ -20,7 +20,10 @@ const SMALL_GPT: GptConfig = GptConfig {
 };
 
 fn cuda() -> Device {
-    assert!(tch::Cuda::is_available(), "this test needs a CUDA GPU");
+    assert!(
+        hearth::ops::cuda::is_available(),
+        "this test needs a CUDA GPU"
+    );
     Device::Cuda(0)
 }
 

@@ -447,3 +447,66 @@ fn a_killed_rank_restarts_the_job_from_its_newest_checkpoint_to_the_unbroken_wei
         "restarted after a kill = never killed"
     );
 }
+
+/// libtorch_cuda is not linked (start-up and memory, issue 22): without a
+/// driver hearth never maps it; with one (here a stand-in `libcuda.so.1`
+/// whose cuInit fails, as a driver without a GPU does) it is opened at
+/// start, `hearth env` says so, and a CPU run still trains.
+#[test]
+fn libtorch_cuda_is_opened_only_where_a_driver_is() {
+    let out = hearth(&["env", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runtime = v["cuda_runtime"].as_str().unwrap().to_string();
+
+    let driver = tempfile::tempdir().unwrap();
+    let source = driver.path().join("cuda.c");
+    std::fs::write(&source, "int cuInit(unsigned flags) { return 100; }\n").unwrap();
+    let built = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(driver.path().join("libcuda.so.1"))
+        .arg(&source)
+        .status()
+        .unwrap();
+    assert!(built.success());
+    let with_driver = |args: &[&str]| {
+        let mut cmd = hearth(args);
+        cmd.env("LD_LIBRARY_PATH", driver.path());
+        cmd.output().unwrap()
+    };
+    let out = with_driver(&["env", "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let loaded = v["cuda_runtime"].as_str().unwrap();
+    assert!(
+        loaded.starts_with("loaded (") && loaded.ends_with("libtorch_cuda.so)"),
+        "{loaded}"
+    );
+    assert_eq!(
+        v["cuda_devices"], 0,
+        "a driver without a GPU has no devices"
+    );
+
+    // The machine's own driver decides what plain `hearth env` said.
+    let machine_has_driver = std::path::Path::new("/dev/nvidiactl").exists();
+    if !machine_has_driver {
+        assert_eq!(
+            runtime, "not loaded: no NVIDIA driver (libcuda.so.1)",
+            "without a driver libtorch_cuda stays unopened"
+        );
+    }
+
+    let out_dir = tempfile::tempdir().unwrap();
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/bench-gpt.toml");
+    let out = with_driver(&[
+        "run",
+        config,
+        "--quiet",
+        "--steps",
+        "2",
+        "--output-dir",
+        out_dir.path().to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(out_dir.path().join("bench-gpt/model.safetensors").is_file());
+}

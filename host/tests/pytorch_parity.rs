@@ -300,7 +300,10 @@ fn gpt_with_plain_sgd_matches_pytorch() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpt_with_adamw_and_clipping_matches_pytorch_on_cuda() {
-    assert!(tch::Cuda::is_available(), "this test needs a CUDA GPU");
+    assert!(
+        hearth::ops::cuda::is_available(),
+        "this test needs a CUDA GPU"
+    );
     adamw_and_clipping(Device::Cuda(0), "adamw-cuda");
 }
 
@@ -308,6 +311,9 @@ fn gpt_with_adamw_and_clipping_matches_pytorch_on_cuda() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpt_with_nesterov_sgd_matches_pytorch_on_cuda() {
-    assert!(tch::Cuda::is_available(), "this test needs a CUDA GPU");
+    assert!(
+        hearth::ops::cuda::is_available(),
+        "this test needs a CUDA GPU"
+    );
     nesterov_sgd(Device::Cuda(0), "sgd-nesterov-cuda");
 }

@@ -285,10 +285,15 @@ impl AcceleratorBuilder {
                 .unwrap_or(0),
         };
         let device = match self.device {
+            Some(device @ Device::Cuda(_)) => {
+                // Loads libtorch_cuda (ops::cuda) before the device is used.
+                crate::ops::cuda::is_available();
+                device
+            }
             Some(device) => device,
             None if cpu => Device::Cpu,
-            None if tch::Cuda::is_available() => {
-                Device::Cuda(local_rank % tch::Cuda::device_count() as usize)
+            None if crate::ops::cuda::is_available() => {
+                Device::Cuda(local_rank % crate::ops::cuda::device_count())
             }
             None => Device::Cpu,
         };

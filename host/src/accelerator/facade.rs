@@ -294,7 +294,7 @@ impl Accelerator {
             seed
         };
         tch::manual_seed(seed as i64);
-        if tch::Cuda::is_available() {
+        if crate::ops::cuda::is_available() {
             tch::Cuda::manual_seed_all(seed);
         }
     }
@@ -528,9 +528,5 @@ impl Drop for Accelerator {
 }
 
 fn cuda_devices() -> usize {
-    if tch::Cuda::is_available() {
-        tch::Cuda::device_count() as usize
-    } else {
-        0
-    }
+    crate::ops::cuda::device_count()
 }

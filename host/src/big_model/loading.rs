@@ -208,7 +208,7 @@ fn check_mapped(
     notes: &mut Notes,
 ) -> Result<MappedPlan, BigModelError> {
     super::device_map::check_device_map(handles.tree(), map, notes)?;
-    let gpus = tch::Cuda::device_count().max(0) as usize;
+    let gpus = crate::ops::cuda::device_count();
     if let Some((module, MapDevice::Gpu(index))) = map
         .iter()
         .find(|(_, d)| matches!(d, MapDevice::Gpu(i) if *i >= gpus))

@@ -161,7 +161,7 @@ pub fn get_max_memory(max_memory: Option<&MaxMemory>, notes: &mut Notes) -> MaxM
         free.insert(MapDevice::Cpu, available_host_memory());
         return free;
     };
-    let gpus = tch::Cuda::device_count().max(0) as usize;
+    let gpus = crate::ops::cuda::device_count();
     let mut ordered: Vec<(MapDevice, u64)> = given.iter().map(|(d, m)| (*d, *m)).collect();
     ordered.sort_by_key(|(d, _)| *d);
     for (device, _) in &ordered {

@@ -15,11 +15,8 @@ pub(super) struct EnvArgs {
 
 pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
     let launch = LaunchEnv::from_env().map_err(Failure::bad_input)?;
-    let cuda_devices = if tch::Cuda::is_available() {
-        tch::Cuda::device_count()
-    } else {
-        0
-    };
+    let cuda_devices = crate::ops::cuda::device_count();
+    let cuda_runtime = crate::ops::cuda::runtime().to_string();
     let mpi_library = mpi::environment::library_version()
         .map(|v| {
             v.trim_matches(|c: char| c == '\0' || c.is_whitespace())
@@ -36,7 +33,8 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
         "tch": "0.24.0",
         "cuda_available": cuda_devices > 0,
         "cuda_devices": cuda_devices,
-        "cudnn_available": tch::Cuda::cudnn_is_available(),
+        "cuda_runtime": cuda_runtime,
+        "cudnn_available": crate::ops::cuda::cudnn_is_available(),
         "backends": backends,
         "nccl": nccl,
         "mpi_library": mpi_library,
@@ -48,7 +46,7 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
     }
     println!("hearth {}", env!("CARGO_PKG_VERSION"));
     println!("tch 0.24.0 (libtorch from the PyTorch 2.11 wheel)");
-    println!("CUDA devices: {cuda_devices}");
+    println!("CUDA devices: {cuda_devices} (libtorch_cuda {cuda_runtime})");
     println!("backends: {} (NCCL: {nccl})", backends.join(", "));
     println!("MPI library: {mpi_library}");
     println!(

@@ -52,10 +52,10 @@ pub(super) struct LaunchArgs {
 }
 
 pub(super) fn execute(args: LaunchArgs) -> Result<(), Failure> {
-    let gpus = if args.cpu || !tch::Cuda::is_available() {
+    let gpus = if args.cpu {
         0
     } else {
-        tch::Cuda::device_count() as usize
+        crate::ops::cuda::device_count()
     };
     let mode = args.launcher.unwrap_or(if gpus > 0 {
         LaunchMode::Spawn

@@ -152,11 +152,7 @@ pub fn from_environment(
             "this process trains on a GPU in a world of several processes, which needs the NCCL backend, and this hearth was built without it: rebuild with `--features cuda` (`make build CUDA=1`), or train on the CPU (`--cpu`) under mpirun".into(),
         ));
     }
-    let gpus = if tch::Cuda::is_available() {
-        tch::Cuda::device_count() as usize
-    } else {
-        0
-    };
+    let gpus = crate::ops::cuda::device_count();
     if matches!(join, Join::NcclOverMpi { .. } | Join::NcclOverStore { .. })
         && env.local_world_size > gpus
     {

@@ -3,6 +3,7 @@
 //! gradient scaler's kernels, autocast on any device and generator states.
 
 mod amp;
+pub mod cuda;
 mod ffi;
 mod foreach;
 mod jit;

@@ -30,7 +30,7 @@ pub(super) fn accelerator(
     } else {
         config.run.device
     };
-    if device_choice == DeviceChoice::Cuda && !tch::Cuda::is_available() {
+    if device_choice == DeviceChoice::Cuda && !crate::ops::cuda::is_available() {
         return Err(TrainError::NoCuda(config.source.clone()));
     }
     let mut builder = Accelerator::builder();
