@@ -56,12 +56,20 @@ impl Unit for Block {
     }
     fn forward_t(&self, x: &Tensor, _train: bool) -> Tensor {
         let (b, t, d) = x.size3().expect("a block takes [batch, time, d_model]");
-        let qkv = self
-            .qkv
-            .forward(&self.ln1.forward(x))
-            .view([b, t, 3, self.heads, d / self.heads])
-            .permute([2, 0, 3, 1, 4]);
-        let (q, k, v) = (qkv.get(0), qkv.get(1), qkv.get(2));
+        // q, k and v are views of the qkv projection, split along its
+        // features ([b, t, 3d] -> 3 x [b, h, t, d/h]): their gradients come
+        // back through one `cat`, where the peer's permute of a
+        // [b, t, 3, h, d/h] view and its unbind (three `select`s would be
+        // worse: each fills a zero tensor of all three) copy twice.
+        let qkv = self.qkv.forward(&self.ln1.forward(x));
+        let heads = |part: &Tensor| {
+            part.view([b, t, self.heads, d / self.heads])
+                .transpose(1, 2)
+        };
+        let (q, k, v) = match &qkv.split(d, -1)[..] {
+            [q, k, v] => (heads(q), heads(k), heads(v)),
+            _ => unreachable!("qkv has 3 * d features"),
+        };
         let a = Tensor::scaled_dot_product_attention(
             &q,
             &k,
