@@ -243,6 +243,7 @@ impl AcceleratorBuilder {
 
     /// Creates the accelerator.
     pub fn build(self) -> Result<Accelerator, BuildError> {
+        crate::ops::keep_freed_memory_for_reuse();
         use crate::parallel::FsdpPlugin;
         let fsdp = match self.fsdp {
             Some(plugin) => Some(

@@ -17,6 +17,40 @@ pub use foreach::{
 pub use jit::{JitStructure, ScriptModule};
 pub use rng::{empty_device_cache, randperm, rng_state, set_rng_state, to_pinned_host};
 
+/// Keeps the memory a training step frees for the next step instead of
+/// handing it back to the system and faulting it in again. glibc trims the
+/// top of its heap whenever 128 KiB or more (twice its dynamic mmap
+/// threshold) is free there, which happens at the end of every step, when
+/// the activations go: on the bench GPT that was ~4 000 page faults per
+/// step and ~7 % of its time (perf). This sets `M_TRIM_THRESHOLD` to
+/// 256 MiB and, since setting it freezes glibc's dynamic mmap threshold,
+/// `M_MMAP_THRESHOLD` to 32 MiB, the most that dynamic threshold reaches
+/// (blocks that large are still mapped and unmapped one by one).
+/// Process-wide and idempotent; left alone when any of glibc's
+/// `MALLOC_TRIM_THRESHOLD_`, `MALLOC_MMAP_THRESHOLD_` or `MALLOC_TOP_PAD_`
+/// variables is set. [`free_large_blocks_at_once`] and
+/// [`return_freed_host_memory`] still act after it.
+pub fn keep_freed_memory_for_reuse() {
+    #[cfg(target_env = "gnu")]
+    {
+        let tuned_by_user = [
+            "MALLOC_TRIM_THRESHOLD_",
+            "MALLOC_MMAP_THRESHOLD_",
+            "MALLOC_TOP_PAD_",
+        ]
+        .iter()
+        .any(|var| std::env::var_os(var).is_some());
+        if tuned_by_user {
+            return;
+        }
+        // SAFETY: mallopt only sets glibc tunables.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+        }
+    }
+}
+
 /// Makes glibc hand blocks of at least `bytes` back to the system as soon
 /// as they are freed (`mallopt(M_MMAP_THRESHOLD)`, which also stops glibc
 /// raising that threshold as large blocks are freed). FULL_SHARD gathers
