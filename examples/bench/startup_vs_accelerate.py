@@ -1,0 +1,100 @@
+"""Whole-process cost of a tiny job, hearth vs Accelerate, in one run.
+
+Each side starts a process that builds the peer benchmark's GPT, takes one
+AdamW step on one batch, writes model.safetensors and exits:
+`hearth run examples/bench-gpt.toml --steps 1` against this file's `peer`
+mode (Accelerator(cpu=True), prepare, backward, step, save_model). Reports
+the median wall time and the median peak RSS (the child's ru_maxrss, from
+wait4) of ROUNDS alternating runs, and their ratios. A benchmark, not a
+test: nothing is asserted.
+Usage: python startup_vs_accelerate.py [ROUNDS]   (make bench runs it)
+"""
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+HEARTH = pathlib.Path(os.environ.get("HEARTH_BIN", ROOT / "target" / "debug" / "hearth"))
+
+
+def timed(cmd) -> tuple[float, int]:
+    """Wall seconds and peak RSS in bytes of one process run to its end."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"{cmd[0]} failed ({proc.returncode}): {proc.stderr.read().decode()[-2000:]}")
+    return wall, usage.ru_maxrss * 1024
+
+
+def hearth_cmd(out: pathlib.Path) -> list:
+    return [HEARTH, "run", ROOT / "examples" / "bench-gpt.toml", "--cpu", "--quiet",
+            "--steps", "1", "--output-dir", out]
+
+
+def peer_cmd(out: pathlib.Path) -> list:
+    return [sys.executable, __file__, "peer", out]
+
+
+def peer(out: str) -> None:
+    """The peer's process: the bench GPT, one AdamW step, save_model."""
+    sys.path.insert(0, str(ROOT / "tests" / "oracles"))
+    import torch
+    import torch.nn.functional as F
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from peer_gpt import build
+
+    acc = Accelerator(cpu=True)
+    set_seed(0)
+    vocab, block, batch = 256, 128, 16
+    model = build(vocab, block, 128, 4, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    model, opt = acc.prepare(model, opt)
+    x = torch.randint(0, vocab, (batch, block + 1))
+    logits = model(x[:, :-1])
+    loss = F.cross_entropy(logits.reshape(-1, vocab), x[:, 1:].reshape(-1))
+    acc.backward(loss)
+    opt.step()
+    opt.zero_grad()
+    acc.save_model(model, out)
+
+
+def measure(rounds: int) -> dict:
+    """{"hearth"|"peer": {"wall": [s...], "rss": [bytes...]}}."""
+    runs = {"hearth": {"wall": [], "rss": []}, "peer": {"wall": [], "rss": []}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(rounds):
+            for side, cmd in (("hearth", hearth_cmd), ("peer", peer_cmd)):
+                out = pathlib.Path(tmp) / f"{side}-{i}"
+                wall, rss = timed(cmd(out))
+                saved = list(out.rglob("model.safetensors"))
+                if not saved:
+                    raise SystemExit(f"{side} wrote no model.safetensors under {out}")
+                runs[side]["wall"].append(wall)
+                runs[side]["rss"].append(rss)
+    return runs
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    runs = measure(rounds)
+    h, p = runs["hearth"], runs["peer"]
+    wall = (statistics.median(h["wall"]), statistics.median(p["wall"]))
+    rss = (statistics.median(h["rss"]) / 2**20, statistics.median(p["rss"]) / 2**20)
+    print(f"start -> 1 AdamW step -> model.safetensors -> exit, median of {rounds}:")
+    print(f"  wall: hearth {wall[0]:.2f} s, accelerate {wall[1]:.2f} s, ratio {wall[0] / wall[1]:.2f}x")
+    print(f"  peak RSS: hearth {rss[0]:.0f} MiB, accelerate {rss[1]:.0f} MiB, ratio {rss[0] / rss[1]:.2f}x")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "peer":
+        peer(sys.argv[2])
+    else:
+        main()
