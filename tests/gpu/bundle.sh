@@ -7,10 +7,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
-cargo build --release --features hearth/cuda --bin hearth
+cargo build --release --bin hearth
 cp target/release/hearth .gpu/bin/
 # The test binaries, by the name of their test file (cuda, pytorch_parity).
-cargo test --release --features hearth/cuda --no-run --message-format=json \
+cargo test --release --no-run --message-format=json \
     --test cuda --test pytorch_parity 2>/dev/null |
     python3 -c '
 import json, shutil, sys

@@ -79,6 +79,6 @@ fn nccl_status() -> String {
     }
     #[cfg(not(feature = "cuda"))]
     {
-        "not built (rebuild with `--features cuda`: `make build CUDA=1`)".into()
+        "not built (this hearth was built with `--no-default-features`; rebuild without it)".into()
     }
 }

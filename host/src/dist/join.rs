@@ -149,7 +149,7 @@ pub fn from_environment(
     let join = choose_backend(&env, requested, cuda_device, agent_store).map_err(refused)?;
     if matches!(join, Join::NcclOverMpi { .. } | Join::NcclOverStore { .. }) && !NCCL_BUILT {
         return Err(refused(
-            "this process trains on a GPU in a world of several processes, which needs the NCCL backend, and this hearth was built without it: rebuild with `--features cuda` (`make build CUDA=1`), or train on the CPU (`--cpu`) under mpirun".into(),
+            "this process trains on a GPU in a world of several processes, which needs the NCCL backend, and this hearth was built without it: rebuild without `--no-default-features`, or train on the CPU (`--cpu`) under mpirun".into(),
         ));
     }
     let gpus = crate::ops::cuda::device_count();
