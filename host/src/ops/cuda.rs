@@ -11,7 +11,7 @@
 //! It must be loaded before libtorch first asks for its CUDA hooks (which
 //! it then caches for good; `at::manual_seed` is one such call), so it is
 //! loaded from a constructor that runs before `main` in every program that
-//! links this module; [`runtime`], [`is_available`] and [`device_count`]
+//! links hearth (`ops::BEFORE_MAIN`); [`runtime`], [`is_available`] and [`device_count`]
 //! load it too, and every CUDA query in hearth goes through them (clippy.toml
 //! forbids tch's own).
 
@@ -42,18 +42,6 @@ impl std::fmt::Display for CudaRuntime {
         }
     }
 }
-
-/// Runs [`runtime`] before `main` (an ELF constructor): a program's first
-/// libtorch call then already finds the CUDA hooks.
-#[cfg(target_os = "linux")]
-#[used]
-#[link_section = ".init_array"]
-static LOAD_BEFORE_MAIN: extern "C" fn() = {
-    extern "C" fn load_before_main() {
-        runtime();
-    }
-    load_before_main
-};
 
 /// Loads libtorch_cuda once if the driver is present; later calls return
 /// what the first one did.
