@@ -24,6 +24,11 @@ fn main() {
     // to it by symbol), and hearth opens it at run time when the NVIDIA
     // driver is present (src/ops/cuda.rs), so a CPU run does not map it.
 
+    println!(
+        "cargo:rustc-env=HEARTH_TORCH_VERSION={}",
+        torch_version(&root)
+    );
+
     if env::var_os("CARGO_FEATURE_CUDA").is_some() {
         link_nccl(&root);
     }
@@ -40,6 +45,27 @@ fn main() {
         .define("_GLIBCXX_USE_CXX11_ABI", abi.as_str())
         .file("csrc/shim.cpp")
         .compile("hearth_shim");
+}
+
+/// libtorch's version from its headers (`TORCH_VERSION_MAJOR` and the
+/// others), for `hearth::environment::torch_version` when the wheel's
+/// `version.py` cannot be read at run time.
+fn torch_version(torch: &std::path::Path) -> String {
+    let header = torch.join("include/torch/headeronly/version.h");
+    println!("cargo:rerun-if-changed={}", header.display());
+    let text = std::fs::read_to_string(&header).unwrap_or_default();
+    let part = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("#define TORCH_VERSION_{name} ")))
+            .and_then(|v| v.trim().parse::<u32>().ok())
+    };
+    match (part("MAJOR"), part("MINOR"), part("PATCH")) {
+        (Some(major), Some(minor), Some(patch)) => format!("{major}.{minor}.{patch}"),
+        _ => panic!(
+            "could not read libtorch's version from {}; is LIBTORCH a libtorch 2.x?",
+            header.display()
+        ),
+    }
 }
 
 /// cudarc opens `libnccl.so`; the nvidia-nccl wheel beside torch ships only

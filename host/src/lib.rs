@@ -13,6 +13,7 @@ pub mod cli;
 pub mod data;
 pub mod dist;
 pub mod durable;
+pub mod environment;
 /// Fuzz-target bodies (the `fuzz/` crate and `tests/fuzz_corpus.rs` call them).
 #[doc(hidden)]
 pub mod fuzz_entry;

@@ -510,3 +510,65 @@ fn libtorch_cuda_is_opened_only_where_a_driver_is() {
     assert!(out.status.success(), "{}", text(&out));
     assert!(out_dir.path().join("bench-gpt/model.safetensors").is_file());
 }
+
+/// `hearth::environment` against Accelerate's own checks, run live in the
+/// venv: torch's version, `is_torch_version` over every operation and
+/// versions around, before and after the running one (pre-releases, dev and
+/// post releases, a local part, fewer and more parts), `is_cuda_available`
+/// and `is_bf16_available`; `hearth env --json` reports the same.
+#[test]
+fn environment_checks_give_accelerates_answers() {
+    use hearth::environment as env;
+    let ops = [">", ">=", "==", "!=", "<=", "<", "=>", "~="];
+    let versions = [
+        "2",
+        "2.11",
+        "2.11.0",
+        "2.11.0.0",
+        "2.11.0rc1",
+        "2.11.0.dev20251001",
+        "2.11.0.post1",
+        "2.11.0+cu130",
+        "2.10.1",
+        "2.12",
+        "1.13.1",
+        "3.0a1",
+        "10",
+        "2.11.1",
+        "two",
+    ];
+    let pairs: Vec<String> = ops
+        .iter()
+        .flat_map(|op| versions.iter().map(move |v| format!("{op} {v}")))
+        .collect();
+    let args: Vec<&str> = pairs.iter().map(String::as_str).collect();
+    let oracle: serde_json::Value =
+        serde_json::from_str(&common::oracle("accelerate_environment.py", &args)).unwrap();
+    assert_eq!(
+        env::torch_version().to_string(),
+        oracle["torch_version"].as_str().unwrap()
+    );
+    assert_eq!(env::is_cuda_available(), oracle["cuda"].as_bool().unwrap());
+    assert_eq!(env::is_bf16_available(), oracle["bf16"].as_bool().unwrap());
+    for (pair, expected) in pairs
+        .iter()
+        .zip(oracle["is_torch_version"].as_array().unwrap())
+    {
+        let (op, version) = pair.split_once(' ').unwrap();
+        let ours = env::is_torch_version(op, version).ok();
+        assert_eq!(
+            ours,
+            expected.as_bool(),
+            "is_torch_version({op:?}, {version:?})"
+        );
+    }
+
+    let out = hearth(&["env", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["torch"], oracle["torch_version"]);
+    assert_eq!(v["available"]["cuda"], oracle["cuda"]);
+    assert_eq!(v["available"]["bf16"], oracle["bf16"]);
+    assert_eq!(v["available"]["mpi"], true, "hearth links Open MPI");
+    assert_eq!(v["available"]["nccl"], env::is_nccl_available());
+}

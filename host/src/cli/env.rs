@@ -34,6 +34,13 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
         "cuda_available": cuda_devices > 0,
         "cuda_devices": cuda_devices,
         "cuda_runtime": cuda_runtime,
+        "torch": crate::environment::torch_version().to_string(),
+        "available": {
+            "cuda": crate::environment::is_cuda_available(),
+            "nccl": crate::environment::is_nccl_available(),
+            "mpi": crate::environment::is_mpi_available(),
+            "bf16": crate::environment::is_bf16_available(),
+        },
         "cudnn_available": crate::ops::cuda::cudnn_is_available(),
         "backends": backends,
         "nccl": nccl,
@@ -45,7 +52,10 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
         return Ok(());
     }
     println!("hearth {}", env!("CARGO_PKG_VERSION"));
-    println!("tch 0.24.0 (libtorch from the PyTorch 2.11 wheel)");
+    println!(
+        "tch 0.24.0, libtorch of PyTorch {}",
+        crate::environment::torch_version()
+    );
     println!("CUDA devices: {cuda_devices} (libtorch_cuda {cuda_runtime})");
     println!("backends: {} (NCCL: {nccl})", backends.join(", "));
     println!("MPI library: {mpi_library}");

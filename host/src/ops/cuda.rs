@@ -108,7 +108,7 @@ fn load() -> CudaRuntime {
 
 /// The folder of the libtorch_cpu.so this process runs (from its maps),
 /// where the wheel keeps libtorch_cuda.so beside it.
-fn libtorch_folder() -> Option<PathBuf> {
+pub(crate) fn libtorch_folder() -> Option<PathBuf> {
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
     maps.lines()
         .filter_map(|line| line.split_whitespace().nth(5))

@@ -1,0 +1,176 @@
+//! What this machine and this build offer, as Accelerate's `accelerate.utils`
+//! reports it: `is_cuda_available`, `is_nccl_available`, `is_mpi_available`,
+//! `is_bf16_available`, `is_torch_version`. `hearth env --json` prints them.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::{fmt, str::FromStr};
+
+use pep440_rs::Version;
+
+/// Whether CUDA can be used: the NVIDIA driver, libtorch_cuda and a GPU
+/// (`accelerate.utils.is_cuda_available`).
+pub fn is_cuda_available() -> bool {
+    crate::ops::cuda::is_available()
+}
+
+/// Whether the NCCL backend can be used: built in (the default `cuda`
+/// feature) and the driver and `libnccl.so` load. A GPU is not needed.
+pub fn is_nccl_available() -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        crate::dist::nccl_unavailable().is_none()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        false
+    }
+}
+
+/// Whether the MPI library hearth links answers (its version query works),
+/// so that `mpirun` can start a job of hearth processes.
+pub fn is_mpi_available() -> bool {
+    mpi::environment::library_version().is_ok()
+}
+
+/// Whether bf16 can be used on the device a process would train on
+/// (`accelerate.utils.is_bf16_available`): always on the CPU; on a GPU when
+/// a bf16 tensor can be made there, as `torch.cuda.is_bf16_supported()`
+/// checks (with emulation, its default).
+pub fn is_bf16_available() -> bool {
+    if !is_cuda_available() {
+        return true;
+    }
+    tch::Tensor::f_ones([1], (tch::Kind::BFloat16, tch::Device::Cuda(0))).is_ok()
+}
+
+/// The version of the PyTorch whose libtorch this process runs, without a
+/// local part (`2.11.0`, not `2.11.0+cu130`), as Accelerate's
+/// `torch_version`: read from the wheel's `version.py` beside the loaded
+/// libtorch, else the version libtorch's headers had at build time.
+pub fn torch_version() -> &'static Version {
+    static VERSION: OnceLock<Version> = OnceLock::new();
+    VERSION.get_or_init(|| {
+        let text = wheel_version().unwrap_or_else(|| env!("HEARTH_TORCH_VERSION").to_string());
+        let parsed = Version::from_str(text.trim())
+            .or_else(|_| Version::from_str(env!("HEARTH_TORCH_VERSION")))
+            .expect("build.rs checks that libtorch's version parses");
+        parsed.without_local()
+    })
+}
+
+/// `__version__` of the `version.py` in the torch folder whose libtorch
+/// this process loaded.
+fn wheel_version() -> Option<String> {
+    let lib: PathBuf = crate::ops::cuda::libtorch_folder()?;
+    let text = std::fs::read_to_string(lib.parent()?.join("version.py")).ok()?;
+    let line = text.lines().find(|l| l.starts_with("__version__"))?;
+    let quoted = line.split_once('=')?.1.trim();
+    Some(quoted.trim_matches(|c| c == '\'' || c == '"').to_string())
+}
+
+/// A comparison of versions, spelled as Accelerate's `STR_OPERATION_TO_FUNC`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VersionOp {
+    /// `>`
+    Greater,
+    /// `>=`
+    GreaterEqual,
+    /// `==`
+    Equal,
+    /// `!=`
+    NotEqual,
+    /// `<=`
+    LessEqual,
+    /// `<`
+    Less,
+}
+
+impl FromStr for VersionOp {
+    type Err = VersionError;
+    fn from_str(s: &str) -> Result<Self, VersionError> {
+        Ok(match s {
+            ">" => Self::Greater,
+            ">=" => Self::GreaterEqual,
+            "==" => Self::Equal,
+            "!=" => Self::NotEqual,
+            "<=" => Self::LessEqual,
+            "<" => Self::Less,
+            other => return Err(VersionError::Operation(other.to_string())),
+        })
+    }
+}
+
+/// A comparison that cannot be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VersionError {
+    /// The operation is none of Accelerate's.
+    #[error(
+        "`operation` must be one of [\">\", \">=\", \"==\", \"!=\", \"<=\", \"<\"], received {0:?}"
+    )]
+    Operation(String),
+    /// The version is not a PEP 440 version.
+    #[error("{0:?} is not a version (PEP 440, as Python's `packaging` reads it): {1}")]
+    Version(String, String),
+}
+
+impl fmt::Display for VersionOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Greater => ">",
+            Self::GreaterEqual => ">=",
+            Self::Equal => "==",
+            Self::NotEqual => "!=",
+            Self::LessEqual => "<=",
+            Self::Less => "<",
+        })
+    }
+}
+
+/// `version` compared to `requirement` by `operation` (Accelerate's
+/// `compare_versions`, under PEP 440's ordering as `packaging` has it).
+pub fn compare_versions(
+    version: &Version,
+    operation: &str,
+    requirement: &str,
+) -> Result<bool, VersionError> {
+    let op: VersionOp = operation.parse()?;
+    let other = Version::from_str(requirement)
+        .map_err(|e| VersionError::Version(requirement.to_string(), e.to_string()))?;
+    let order = version.cmp(&other);
+    Ok(match op {
+        VersionOp::Greater => order.is_gt(),
+        VersionOp::GreaterEqual => order.is_ge(),
+        VersionOp::Equal => order.is_eq(),
+        VersionOp::NotEqual => order.is_ne(),
+        VersionOp::LessEqual => order.is_le(),
+        VersionOp::Less => order.is_lt(),
+    })
+}
+
+/// The running PyTorch's version compared to `version`
+/// (`accelerate.utils.is_torch_version(operation, version)`), e.g.
+/// `is_torch_version(">=", "2.4")`.
+pub fn is_torch_version(operation: &str, version: &str) -> Result<bool, VersionError> {
+    compare_versions(torch_version(), operation, version)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_torch_version_is_the_wheels_without_its_local_part() {
+        let v = torch_version().to_string();
+        assert!(v.starts_with("2.11"), "{v}");
+        assert!(!v.contains('+'), "{v}");
+    }
+
+    #[test]
+    fn bad_operations_and_versions_are_refused_by_name() {
+        let e = is_torch_version("=>", "2.0").unwrap_err();
+        assert!(e.to_string().contains("\"=>\""), "{e}");
+        let e = is_torch_version(">=", "two").unwrap_err();
+        assert!(e.to_string().contains("\"two\""), "{e}");
+    }
+}
