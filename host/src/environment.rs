@@ -1,6 +1,8 @@
 //! What this machine and this build offer, as Accelerate's `accelerate.utils`
 //! reports it: `is_cuda_available`, `is_nccl_available`, `is_mpi_available`,
-//! `is_bf16_available`, `is_torch_version`. `hearth env --json` prints them.
+//! `is_bf16_available`, `is_torch_version` (`hearth env --json` prints
+//! them); and its scoped changes of the environment, `patch_environment`
+//! and `clear_environment`.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -153,6 +155,86 @@ pub fn compare_versions(
 /// `is_torch_version(">=", "2.4")`.
 pub fn is_torch_version(operation: &str, version: &str) -> Result<bool, VersionError> {
     compare_versions(torch_version(), operation, version)
+}
+
+/// The process environment as it was before a [`patch_environment`] or
+/// [`clear_environment`]; dropping it (or [`EnvironmentGuard::restore`])
+/// puts that back.
+///
+/// Changing the environment is process-wide: as with
+/// `std::env::set_var`, no other thread may read or write it meanwhile
+/// (libc's `getenv` is not synchronised with it).
+#[must_use = "the environment is restored when the guard is dropped"]
+pub struct EnvironmentGuard {
+    /// Each variable touched and its value before (`None`: it was unset);
+    /// `None` for a cleared environment, which is restored whole.
+    previous: Vec<(std::ffi::OsString, Option<std::ffi::OsString>)>,
+    cleared: Option<Vec<(std::ffi::OsString, std::ffi::OsString)>>,
+}
+
+/// Sets each variable for as long as the guard lives, with its name
+/// upper-cased (Accelerate's `patch_environment(**kwargs)`); dropping the
+/// guard gives each back its value before, or unsets it.
+pub fn patch_environment<K, V>(vars: impl IntoIterator<Item = (K, V)>) -> EnvironmentGuard
+where
+    K: AsRef<str>,
+    V: ToString,
+{
+    let mut previous = Vec::new();
+    for (key, value) in vars {
+        let key = std::ffi::OsString::from(key.as_ref().to_uppercase());
+        previous.push((key.clone(), std::env::var_os(&key)));
+        // SAFETY: see EnvironmentGuard: the caller keeps other threads off
+        // the environment, as std::env::set_var requires.
+        unsafe { std::env::set_var(&key, value.to_string()) };
+    }
+    EnvironmentGuard {
+        previous,
+        cleared: None,
+    }
+}
+
+/// Empties the environment for as long as the guard lives (Accelerate's
+/// `clear_environment()`); dropping the guard restores it exactly, undoing
+/// whatever was set meanwhile.
+pub fn clear_environment() -> EnvironmentGuard {
+    let old: Vec<_> = std::env::vars_os().collect();
+    for (key, _) in &old {
+        // SAFETY: as in patch_environment.
+        unsafe { std::env::remove_var(key) };
+    }
+    EnvironmentGuard {
+        previous: Vec::new(),
+        cleared: Some(old),
+    }
+}
+
+impl EnvironmentGuard {
+    /// Restores the environment now (what dropping the guard does).
+    pub fn restore(self) {}
+}
+
+impl Drop for EnvironmentGuard {
+    fn drop(&mut self) {
+        // SAFETY: as in patch_environment.
+        unsafe {
+            if let Some(old) = self.cleared.take() {
+                for (key, _) in std::env::vars_os().collect::<Vec<_>>() {
+                    std::env::remove_var(key);
+                }
+                for (key, value) in old {
+                    std::env::set_var(key, value);
+                }
+            }
+            // Restored in reverse, so a name patched twice ends as before.
+            for (key, value) in self.previous.drain(..).rev() {
+                match value {
+                    Some(value) => std::env::set_var(&key, value),
+                    None => std::env::remove_var(&key),
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

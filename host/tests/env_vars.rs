@@ -1,6 +1,7 @@
 //! `HEARTH_*` environment variables fill in what the builder was not given,
-//! and an explicit setting wins. One test in its own binary: it changes the
-//! process environment, which other tests must not see.
+//! and an explicit setting wins; `patch_environment` and `clear_environment`
+//! change the environment for a scope. One test in its own binary: it
+//! changes the process environment, which other tests must not see.
 
 use hearth::accelerator::{Accelerator, BuildError};
 use hearth::precision::MixedPrecision;
@@ -70,4 +71,45 @@ fn environment_fills_in_and_explicit_settings_win() {
         std::env::set_var("RANK", "0");
     }
     assert_eq!(Accelerator::builder().build().unwrap().num_processes(), 1);
+
+    scoped_changes_are_undone();
+}
+
+/// Accelerate's `patch_environment` (upper-cased names, values as strings,
+/// each variable back to its value before or unset) and
+/// `clear_environment` (empty inside, exactly restored after).
+fn scoped_changes_are_undone() {
+    use hearth::environment::{clear_environment, patch_environment};
+    let var = |k: &str| std::env::var(k).ok();
+    unsafe {
+        std::env::set_var("HEARTH_KEPT", "before");
+        std::env::remove_var("HEARTH_NEW");
+    }
+    {
+        let _guard = patch_environment([("hearth_kept", 1), ("Hearth_New", 2)]);
+        assert_eq!(var("HEARTH_KEPT").as_deref(), Some("1"));
+        assert_eq!(var("HEARTH_NEW").as_deref(), Some("2"));
+        assert_eq!(var("hearth_kept"), None, "names are upper-cased");
+        {
+            let _inner = patch_environment([("HEARTH_NEW", "inner")]);
+            assert_eq!(var("HEARTH_NEW").as_deref(), Some("inner"));
+        }
+        assert_eq!(var("HEARTH_NEW").as_deref(), Some("2"));
+    }
+    assert_eq!(var("HEARTH_KEPT").as_deref(), Some("before"));
+    assert_eq!(var("HEARTH_NEW"), None);
+
+    let before: Vec<_> = std::env::vars_os().collect();
+    let guard = clear_environment();
+    assert_eq!(std::env::vars_os().count(), 0);
+    unsafe {
+        std::env::set_var("HEARTH_KEPT", "changed inside");
+        std::env::set_var("HEARTH_ADDED", "inside");
+    }
+    guard.restore();
+    let mut after: Vec<_> = std::env::vars_os().collect();
+    let mut expected = before;
+    after.sort();
+    expected.sort();
+    assert_eq!(after, expected);
 }
