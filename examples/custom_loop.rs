@@ -59,7 +59,7 @@ fn main() -> Result<()> {
             total += acc.accumulate(|| -> Result<f64> {
                 let loss = net.forward(&x).mse_loss(&y, Reduction::Mean);
                 acc.backward(&loss)?;
-                acc.clip_grad_norm_(&mut opt, 1.0)?; // only at the sync step
+                acc.clip_grad_norm_(&mut opt, 1.0, 2.0)?; // L2, only at the sync step
                 opt.step()?;
                 sched.step()?;
                 opt.zero_grad();

@@ -114,9 +114,9 @@ char *hearth_fused_sgd(at::Tensor **params, at::Tensor **grads, at::Tensor **mom
 
 // The L2 norm of every tensor (one kernel launch on CUDA); `out[i]` receives
 // a new 0-dim tensor owned by the caller.
-char *hearth_foreach_norm(at::Tensor **tensors, size_t n, at::Tensor **out) {
+char *hearth_foreach_norm(at::Tensor **tensors, size_t n, double ord, at::Tensor **out) {
   return guarded([&] {
-    auto norms = at::_foreach_norm(gather(tensors, n), 2);
+    auto norms = at::_foreach_norm(gather(tensors, n), ord);
     for (size_t i = 0; i < n; ++i) out[i] = new at::Tensor(std::move(norms[i]));
   });
 }

@@ -202,7 +202,7 @@ fn fp16_skips_an_overflowing_step_and_halves_the_scale() {
     let (mut opt, mut sched) = acc.prepare((opt, schedule)).unwrap();
     let mut step = |scale_by: f64| {
         acc.backward(&(&p * scale_by).sum(Kind::Float)).unwrap();
-        let norm = acc.clip_grad_norm_(&mut opt, 100.0).unwrap().unwrap();
+        let norm = acc.clip_grad_norm_(&mut opt, 100.0, 2.0).unwrap().unwrap();
         opt.step().unwrap();
         sched.step().unwrap();
         opt.zero_grad();
@@ -616,7 +616,7 @@ fn clipping_waits_for_the_sync_step_under_fp16() {
         acc.accumulate(|| {
             acc.backward(&(&p * 3.0).sum(Kind::Float)).unwrap();
             norms.push(
-                acc.clip_grad_norm_(&mut opt, 1e6)
+                acc.clip_grad_norm_(&mut opt, 1e6, 2.0)
                     .unwrap()
                     .map(|n| f64::try_from(n).unwrap()),
             );

@@ -138,7 +138,7 @@ fn train(run: &mut Run, epochs: u64, stop_after: Option<usize>) -> Vec<u32> {
                 let noisy = &x + Tensor::randn_like(&x) * 0.01;
                 let loss = net.forward(&noisy).mse_loss(&y, Reduction::Mean);
                 acc.backward(&loss).unwrap();
-                acc.clip_grad_norm_(opt, 1.0).unwrap();
+                acc.clip_grad_norm_(opt, 1.0, 2.0).unwrap();
                 opt.step().unwrap();
                 sched.step().unwrap();
                 opt.zero_grad();

@@ -66,7 +66,8 @@ fn fp16_on_cuda_scales_skips_and_backs_off() {
         };
         acc.backward(&(y.to_kind(Kind::Float).sum(Kind::Float) * factor))
             .unwrap();
-        let norm = f64::try_from(acc.clip_grad_norm_(&mut opt, 1e9).unwrap().unwrap()).unwrap();
+        let norm =
+            f64::try_from(acc.clip_grad_norm_(&mut opt, 1e9, 2.0).unwrap().unwrap()).unwrap();
         opt.step().unwrap();
         sched.step().unwrap();
         opt.zero_grad();
@@ -303,7 +304,7 @@ fn train_offloaded(
             .view([-1, 16])
             .cross_entropy_for_logits(&x.view([-1]));
         acc.backward(&loss).unwrap();
-        acc.clip_grad_norm_(&mut opt, 0.5).unwrap();
+        acc.clip_grad_norm_(&mut opt, 0.5, 2.0).unwrap();
         opt.step().unwrap();
         opt.zero_grad();
         losses.push(f64::try_from(&loss).unwrap());

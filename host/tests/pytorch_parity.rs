@@ -27,7 +27,7 @@ const STEPS: usize = 20;
 fn check_against_pytorch(
     name: &str,
     optimizer_json: &str,
-    max_grad_norm: Option<f64>,
+    max_grad_norm: Option<(f64, f64)>,
     make_opt: impl Fn(Vec<(String, Tensor)>) -> Box<dyn Optimizer>,
 ) {
     check_on(Device::Cpu, name, optimizer_json, max_grad_norm, make_opt)
@@ -38,7 +38,7 @@ fn check_on(
     device: Device,
     name: &str,
     optimizer_json: &str,
-    max_grad_norm: Option<f64>,
+    max_grad_norm: Option<(f64, f64)>,
     make_opt: impl Fn(Vec<(String, Tensor)>) -> Box<dyn Optimizer>,
 ) {
     let dir = common::scratch(&format!("parity-{name}"));
@@ -66,10 +66,11 @@ fn check_on(
     for _ in 0..STEPS {
         let loss = lm_loss(&model.forward_t(&inputs, true), &targets);
         loss.backward();
-        if let Some(max) = max_grad_norm {
+        if let Some((max, norm_type)) = max_grad_norm {
             norms.push(
                 f64::try_from(
-                    hearth::accelerator::clip_grad_norm_(&opt.parameters(), max).unwrap(),
+                    hearth::accelerator::clip_grad_norm_(&opt.parameters(), max, norm_type)
+                        .unwrap(),
                 )
                 .unwrap(),
             );
@@ -94,8 +95,14 @@ fn check_on(
     )
     .unwrap();
     let spec = format!(
-        r#"{{"vocab_size": 11, "block_size": 16, "d_model": 32, "layers": 2, "heads": 4, "steps": {STEPS}, "max_grad_norm": {}, "optimizer": {optimizer_json}, "device": "{}"}}"#,
-        max_grad_norm.map_or("null".to_string(), |m| m.to_string()),
+        r#"{{"vocab_size": 11, "block_size": 16, "d_model": 32, "layers": 2, "heads": 4, "steps": {STEPS}, "max_grad_norm": {}, "norm_type": {}, "optimizer": {optimizer_json}, "device": "{}"}}"#,
+        max_grad_norm.map_or("null".to_string(), |(m, _)| m.to_string()),
+        // Python's json reads Infinity.
+        max_grad_norm.map_or("2.0".to_string(), |(_, p)| if p.is_infinite() {
+            "Infinity".to_string()
+        } else {
+            p.to_string()
+        }),
         if device.is_cuda() { "cuda" } else { "cpu" }
     );
     std::fs::write(dir.join("spec.json"), spec).unwrap();
@@ -126,11 +133,20 @@ fn tensors(named: Vec<(String, Tensor)>) -> Vec<Tensor> {
 
 #[test]
 fn gpt_with_adamw_and_clipping_matches_pytorch() {
-    adamw_and_clipping(Device::Cpu, "adamw");
+    adamw_and_clipping(Device::Cpu, "adamw", 0.5, 2.0);
 }
 
-/// AdamW with weight decay and gradient clipping at 0.5, on `device`.
-fn adamw_and_clipping(device: Device, name: &str) {
+/// Clipping by the L1 norm and by the largest gradient
+/// (`clip_grad_norm_(.., norm_type)`), both clipping at every step.
+#[test]
+fn clipping_by_l1_and_infinity_norms_matches_pytorch() {
+    adamw_and_clipping(Device::Cpu, "adamw-l1", 0.5, 1.0);
+    adamw_and_clipping(Device::Cpu, "adamw-inf", 0.01, f64::INFINITY);
+}
+
+/// AdamW with weight decay and gradient clipping at `max_norm` by the
+/// `norm_type` norm, on `device`.
+fn adamw_and_clipping(device: Device, name: &str, max_norm: f64, norm_type: f64) {
     let hyper = AdamHyper {
         lr: 1e-2,
         betas: (0.9, 0.95),
@@ -142,7 +158,7 @@ fn adamw_and_clipping(device: Device, name: &str) {
         device,
         name,
         r#"{"kind": "adamw", "lr": 0.01, "betas": [0.9, 0.95], "weight_decay": 0.1, "eps": 1e-8}"#,
-        Some(0.5),
+        Some((max_norm, norm_type)),
         |p| Box::new(Adam::new(tensors(p), hyper)),
     );
 }
@@ -290,7 +306,7 @@ fn gpt_with_plain_sgd_matches_pytorch() {
     check_against_pytorch(
         "sgd",
         r#"{"kind": "sgd", "lr": 0.05, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": false}"#,
-        Some(1.0),
+        Some((1.0, 2.0)),
         |p| Box::new(Sgd::new(tensors(p), hyper)),
     );
 }
@@ -304,7 +320,7 @@ fn gpt_with_adamw_and_clipping_matches_pytorch_on_cuda() {
         hearth::ops::cuda::is_available(),
         "this test needs a CUDA GPU"
     );
-    adamw_and_clipping(Device::Cuda(0), "adamw-cuda");
+    adamw_and_clipping(Device::Cuda(0), "adamw-cuda", 0.5, 2.0);
 }
 
 /// Nesterov SGD on a GPU, against PyTorch's on the same GPU.

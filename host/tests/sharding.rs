@@ -56,8 +56,9 @@ struct Setup {
     batch: usize,
     accumulation: usize,
     precision: MixedPrecision,
-    /// Clip the gradients' norm to 1 at every step.
-    clip: bool,
+    /// Clip the gradients' norm of this type (2.0: L2, 1.0, infinity) at
+    /// every step, to [`clip_max`] of it.
+    clip: Option<f64>,
     /// Train a custom `VarStore` network with declared classes instead of
     /// the GPT.
     custom: bool,
@@ -76,7 +77,9 @@ impl Setup {
             batch: parts[2].parse().unwrap(),
             accumulation: parts[3].parse().unwrap(),
             precision: parts[4].parse().unwrap(),
-            clip: parts[5] == "clip",
+            clip: parts[5]
+                .strip_prefix("clip-")
+                .map(|p| p.parse().expect("a norm type")),
             custom: parts[6] == "custom",
             checkpointing: parts[7] == "checkpointing",
         }
@@ -89,7 +92,8 @@ impl Setup {
             self.batch,
             self.accumulation,
             self.precision,
-            if self.clip { "clip" } else { "no-clip" },
+            self.clip
+                .map_or("no-clip".to_string(), |p| format!("clip-{p}")),
             if self.custom { "custom" } else { "gpt" },
             if self.checkpointing {
                 "checkpointing"
@@ -142,8 +146,8 @@ fn train(
                 .view([-1, 256])
                 .cross_entropy_for_logits(&y.view([-1]));
             acc.backward(&loss).unwrap();
-            if setup.clip {
-                acc.clip_grad_norm_(&mut opt, 1.0).unwrap();
+            if let Some(p) = setup.clip {
+                acc.clip_grad_norm_(&mut opt, clip_max(p), p).unwrap();
             }
             opt.step().unwrap();
             opt.zero_grad();
@@ -153,6 +157,16 @@ fn train(
         acc.save_model(&model, dir, u64::MAX).unwrap();
     }
     acc.get_state_dict(&model).into_iter().collect()
+}
+
+/// The norm [`Setup::clip`] clips to: 1 for a sum (L1, L2), 0.01 for the
+/// largest gradient, so that every step clips.
+fn clip_max(norm_type: f64) -> f64 {
+    if norm_type.is_infinite() {
+        0.01
+    } else {
+        1.0
+    }
 }
 
 /// A custom network (`VarStore` layers of class `Layer`, declared) trained
@@ -194,7 +208,8 @@ fn train_custom(acc: &mut Accelerator, setup: Setup, seed: i64) -> HashMap<Strin
             let h = l1.forward(&l0.forward(&x).tanh()).tanh();
             let loss = l2.forward(&h).mse_loss(&y, tch::Reduction::Mean);
             acc.backward(&loss).unwrap();
-            acc.clip_grad_norm_(&mut opt, 1.0).unwrap();
+            let p = setup.clip.unwrap_or(2.0);
+            acc.clip_grad_norm_(&mut opt, clip_max(p), p).unwrap();
             opt.step().unwrap();
             opt.zero_grad();
         });
@@ -367,7 +382,7 @@ fn sharding_matches_ddp_and_one_process(
         // rounding of weights in the next forward pass, and from there the
         // runs part at bf16's precision. Without it, the bf16 runs are
         // compared at float32's tolerance.
-        clip: precision != MixedPrecision::Bf16,
+        clip: (precision != MixedPrecision::Bf16).then_some(2.0),
         checkpointing: false,
     };
     let sharded = Setup {
@@ -585,7 +600,7 @@ fn a_custom_var_store_model_is_sharded_by_its_declared_classes() {
         batch: 3,
         accumulation: 1,
         precision: MixedPrecision::No,
-        clip: true,
+        clip: Some(2.0),
         custom: true,
         checkpointing: false,
     };
@@ -602,6 +617,38 @@ fn a_custom_var_store_model_is_sharded_by_its_declared_classes() {
     assert_eq!(reports[0]["reduce_scatters"], 4 * STEPS, "{}", reports[0]);
 }
 
+/// Clipping by the L1 norm and by the largest gradient when each process
+/// holds shards of the gradients: the shards' norms are combined across
+/// the processes (p-th powers summed; the largest taken) as one process
+/// computes them over whole gradients.
+#[test]
+fn sharded_clipping_by_l1_and_infinity_norms_trains_what_one_process_does() {
+    for (strategy, norm_type) in [
+        (ShardingStrategy::ShardGradOp, f64::INFINITY),
+        (ShardingStrategy::FullShard, 1.0),
+    ] {
+        let sharded = Setup {
+            strategy: Some(strategy),
+            batch: 3,
+            accumulation: 1,
+            precision: MixedPrecision::No,
+            clip: Some(norm_type),
+            // FULL_SHARD runs a hearth Model unit by unit: the GPT.
+            custom: strategy == ShardingStrategy::ShardGradOp,
+            checkpointing: false,
+        };
+        let want = reference(sharded, 2);
+        let (ranks, _reports, _dir) = run(2, sharded);
+        for (r, got) in ranks.iter().enumerate() {
+            let worst = worst_difference(got, &want);
+            assert!(
+                worst <= TOLERANCE,
+                "{strategy:?}, norm {norm_type}, rank {r}: {worst:e} from one process's weights"
+            );
+        }
+    }
+}
+
 #[test]
 fn an_optimizer_prepared_before_its_sharded_model_is_refused() {
     let setup = Setup {
@@ -609,7 +656,7 @@ fn an_optimizer_prepared_before_its_sharded_model_is_refused() {
         batch: 1,
         accumulation: 1,
         precision: MixedPrecision::No,
-        clip: false,
+        clip: None,
         custom: false,
         checkpointing: false,
     };
@@ -645,7 +692,7 @@ fn full_shard_and_activation_checkpointing_refuse_a_model_whose_forward_is_the_u
             batch: 1,
             accumulation: 1,
             precision: MixedPrecision::No,
-            clip: false,
+            clip: None,
             custom: true,
             checkpointing,
         };

@@ -58,7 +58,7 @@ def main(folder: pathlib.Path) -> int:
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100)
         loss.backward()
         if spec["max_grad_norm"] is not None:
-            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), spec["max_grad_norm"]).item())
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), spec["max_grad_norm"], spec.get("norm_type", 2.0)).item())
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())

@@ -341,9 +341,10 @@ impl Accelerator {
             })
     }
 
-    /// Clips the total L2 norm of `optimizer`'s gradients to `max_norm`
-    /// (unscaling them first under fp16) and returns the norm before
-    /// clipping. Accelerate takes the parameters; hearth takes the prepared
+    /// Clips the total `norm_type` norm of `optimizer`'s gradients (2.0:
+    /// L2, Accelerate's default; 1.0; `f64::INFINITY`: the largest absolute
+    /// value) to `max_norm`, unscaling them first under fp16, and returns
+    /// the norm before clipping. Accelerate takes the parameters; hearth takes the prepared
     /// optimizer that holds them, which is what it must unscale. On a
     /// micro-batch that does not end an accumulation group the gradients
     /// are still adding up: nothing is clipped and the norm is `None`
@@ -352,6 +353,7 @@ impl Accelerator {
         &self,
         optimizer: &mut AcceleratedOptimizer,
         max_norm: f64,
+        norm_type: f64,
     ) -> Result<Option<Tensor>, TchError> {
         if !self.sync_gradients() {
             return Ok(None);
@@ -362,6 +364,7 @@ impl Accelerator {
                 super::grad::clip_grad_norm_across(
                     &inner.parameters(),
                     max_norm,
+                    norm_type,
                     inner.process_group(),
                     &inner.shard_mask(),
                 )

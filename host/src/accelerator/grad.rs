@@ -3,33 +3,42 @@
 use crate::ops;
 use tch::{Kind, TchError, Tensor};
 
-/// Scales the gradients of `parameters` so that their total L2 norm is at
-/// most `max_norm`, as `torch.nn.utils.clip_grad_norm_` (foreach path): the
-/// per-tensor norms come from one `_foreach_norm`, and the scale stays on the
-/// device (no host sync). Returns the total norm before clipping.
-/// Parameters without a gradient are skipped.
-pub fn clip_grad_norm_(parameters: &[Tensor], max_norm: f64) -> Result<Tensor, TchError> {
-    clip_grad_norm_across(parameters, max_norm, None, &[])
+/// Scales the gradients of `parameters` so that their total `norm_type`
+/// norm (2: L2; 1; `f64::INFINITY`: the largest absolute value; any
+/// p > 0) is at most `max_norm`, as `torch.nn.utils.clip_grad_norm_`
+/// (foreach path): the per-tensor norms come from one `_foreach_norm`, and
+/// the scale stays on the device (no host sync). Returns the total norm
+/// before clipping. Parameters without a gradient are skipped.
+pub fn clip_grad_norm_(
+    parameters: &[Tensor],
+    max_norm: f64,
+    norm_type: f64,
+) -> Result<Tensor, TchError> {
+    clip_grad_norm_across(parameters, max_norm, norm_type, None, &[])
 }
 
-/// The squared L2 norm of `grads` (a 0-d float tensor).
-fn squared_norm(grads: &[Tensor]) -> Result<Tensor, TchError> {
+/// The `p`-norm of `grads` taken together (a 0-d float tensor): the
+/// `p`-norm of their norms, as PyTorch stacks them.
+fn total_norm(grads: &[Tensor], p: f64) -> Result<Tensor, TchError> {
     if grads.is_empty() {
         return Ok(Tensor::from(0.0f32));
     }
-    let norms = ops::foreach_norm(grads)?;
-    let norm = Tensor::f_stack(&norms, 0)?.f_norm()?.to_kind(Kind::Float);
-    Ok(&norm * &norm)
+    let norms = ops::foreach_norm(grads, p)?;
+    Tensor::f_stack(&norms, 0)?
+        .f_norm_scalaropt_dim(p, [0i64], false)
+        .map(|n| n.to_kind(Kind::Float))
 }
 
 /// [`clip_grad_norm_`] where the parameters marked in `sharded` are this
 /// process's shards of parameters spread over `group` (the others whole on
-/// every process): the total norm is that of the whole gradients — the
-/// squares of the shards summed over the processes, plus this process's
-/// own of the others — as FSDP's `clip_grad_norm_` computes it.
+/// every process): the total norm is that of the whole gradients — for a
+/// finite p the p-th powers of the shards' norms summed over the
+/// processes plus this process's own of the others, for infinity the
+/// largest over the processes — as FSDP's `clip_grad_norm_` computes it.
 pub(super) fn clip_grad_norm_across(
     parameters: &[Tensor],
     max_norm: f64,
+    norm_type: f64,
     group: Option<&dyn crate::dist::ProcessGroup>,
     sharded: &[bool],
 ) -> Result<Tensor, TchError> {
@@ -42,21 +51,37 @@ pub(super) fn clip_grad_norm_across(
             .filter(|g| g.defined() && g.numel() > 0)
             .collect()
     };
+    let p = norm_type;
+    if p.is_nan() || p <= 0.0 {
+        return Err(TchError::Torch(format!(
+            "clip_grad_norm_: norm_type must be a number above 0 (2.0 for L2, f64::INFINITY for the largest value), not {p}"
+        )));
+    }
     let (shards, whole) = (with_grad(true), with_grad(false));
     let total = match group {
         Some(group) if !sharded.is_empty() => {
-            let mut squared = squared_norm(&shards)?.to_device(tch::Device::Cpu);
-            group
-                .all_reduce(&mut squared, crate::dist::ReduceOp::Sum)
-                .map_err(|e| TchError::Torch(e.to_string()))?;
-            let local = squared_norm(&whole)?.to_device(tch::Device::Cpu);
-            (squared + local).sqrt()
+            let cpu = |t: Tensor| t.to_device(tch::Device::Cpu);
+            let (shard_norm, local) = (cpu(total_norm(&shards, p)?), cpu(total_norm(&whole, p)?));
+            let reduce = |t: &mut Tensor, op| {
+                group
+                    .all_reduce(t, op)
+                    .map_err(|e| TchError::Torch(e.to_string()))
+            };
+            if p.is_infinite() {
+                let mut largest = shard_norm;
+                reduce(&mut largest, crate::dist::ReduceOp::Max)?;
+                largest.maximum(&local)
+            } else {
+                let mut powered = shard_norm.pow_tensor_scalar(p);
+                reduce(&mut powered, crate::dist::ReduceOp::Sum)?;
+                (powered + local.pow_tensor_scalar(p)).pow_tensor_scalar(1.0 / p)
+            }
         }
         _ => {
             if whole.is_empty() {
                 return Ok(Tensor::from(0.0f32));
             }
-            squared_norm(&whole)?.sqrt()
+            total_norm(&whole, p)?
         }
     };
     let grads: Vec<Tensor> = shards.into_iter().chain(whole).collect();

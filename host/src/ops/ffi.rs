@@ -34,6 +34,7 @@ extern "C" {
     pub fn hearth_foreach_norm(
         tensors: *const *mut C_tensor,
         n: usize,
+        ord: f64,
         out: *mut *mut C_tensor,
     ) -> *mut c_char;
     pub fn hearth_foreach_mul_(

@@ -236,8 +236,9 @@ pub fn on_grad_accumulated(
     })
 }
 
-/// The L2 norm of each tensor, as 0-dim tensors on the tensors' device.
-pub fn foreach_norm(tensors: &[Tensor]) -> Result<Vec<Tensor>, TchError> {
+/// The `ord`-norm of each tensor (2: L2; `f64::INFINITY`: the largest
+/// absolute value), as 0-dim tensors on the tensors' device.
+pub fn foreach_norm(tensors: &[Tensor], ord: f64) -> Result<Vec<Tensor>, TchError> {
     if tensors.is_empty() {
         return Ok(Vec::new());
     }
@@ -245,7 +246,7 @@ pub fn foreach_norm(tensors: &[Tensor]) -> Result<Vec<Tensor>, TchError> {
     let mut out: Vec<*mut C_tensor> = vec![std::ptr::null_mut(); t.len()];
     // SAFETY: `out` has room for one handle per input; on success each is a
     // new at::Tensor whose ownership passes to a tch Tensor below.
-    check(unsafe { ffi::hearth_foreach_norm(t.as_ptr(), t.len(), out.as_mut_ptr()) })?;
+    check(unsafe { ffi::hearth_foreach_norm(t.as_ptr(), t.len(), ord, out.as_mut_ptr()) })?;
     Ok(out
         .into_iter()
         .map(|p| unsafe { Tensor::from_ptr(p) })
@@ -273,9 +274,15 @@ mod tests {
     fn foreach_norm_matches_per_tensor_norm() {
         let a = Tensor::from_slice(&[3.0f32, 4.0]);
         let b = Tensor::from_slice(&[1.0f32, 2.0, 2.0]);
-        let norms = foreach_norm(&[a, b]).unwrap();
+        let norms = foreach_norm(&[a.shallow_clone(), b.shallow_clone()], 2.0).unwrap();
         assert_eq!(f64::try_from(&norms[0]).unwrap(), 5.0);
         assert_eq!(f64::try_from(&norms[1]).unwrap(), 3.0);
+        let norms = foreach_norm(&[a.shallow_clone(), b.shallow_clone()], 1.0).unwrap();
+        assert_eq!(f64::try_from(&norms[0]).unwrap(), 7.0);
+        assert_eq!(f64::try_from(&norms[1]).unwrap(), 5.0);
+        let norms = foreach_norm(&[a, -b], f64::INFINITY).unwrap();
+        assert_eq!(f64::try_from(&norms[0]).unwrap(), 4.0);
+        assert_eq!(f64::try_from(&norms[1]).unwrap(), 2.0);
     }
 
     #[test]

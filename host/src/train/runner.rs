@@ -448,7 +448,7 @@ impl Job {
             if let Some(max_norm) = config.optimizer.max_grad_norm {
                 // Clips (and unscales) only at the accumulation group's end;
                 // the norm stays on the device until a log step reads it.
-                if let Some(norm) = acc.clip_grad_norm_(opt, max_norm)? {
+                if let Some(norm) = acc.clip_grad_norm_(opt, max_norm, 2.0)? {
                     *grad_norm = Some(norm);
                 }
             }
