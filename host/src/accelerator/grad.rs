@@ -113,7 +113,7 @@ mod tests {
         (&p * Tensor::from_slice(&[3.0f32, 4.0]))
             .sum(Kind::Float)
             .backward();
-        let total = clip_grad_norm_(&[p.shallow_clone()], 1.0).unwrap();
+        let total = clip_grad_norm_(&[p.shallow_clone()], 1.0, 2.0).unwrap();
         assert!((f64::try_from(&total).unwrap() - 5.0).abs() < 1e-6);
         let clipped: Vec<f32> = Vec::try_from(p.grad()).unwrap();
         assert!((clipped[0] - 0.6).abs() < 1e-5 && (clipped[1] - 0.8).abs() < 1e-5);
@@ -125,8 +125,18 @@ mod tests {
         (&p * Tensor::from_slice(&[0.3f32, 0.4]))
             .sum(Kind::Float)
             .backward();
-        let _norm = clip_grad_norm_(&[p.shallow_clone()], 1.0).unwrap();
+        let _norm = clip_grad_norm_(&[p.shallow_clone()], 1.0, 2.0).unwrap();
         let g: Vec<f32> = Vec::try_from(p.grad()).unwrap();
         assert!((g[0] - 0.3).abs() < 1e-6 && (g[1] - 0.4).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_norm_type_not_above_zero_is_refused_by_name() {
+        let p = Tensor::ones([2], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+        p.sum(Kind::Float).backward();
+        for bad in [0.0, -1.0, f64::NAN] {
+            let e = clip_grad_norm_(&[p.shallow_clone()], 1.0, bad).unwrap_err();
+            assert!(e.to_string().contains("norm_type"), "{e}");
+        }
     }
 }
