@@ -31,7 +31,7 @@ fn main() -> Result<()> {
     let mut acc = Accelerator::builder()
         .gradient_accumulation_steps(2)
         .build()?;
-    acc.set_seed(0, false);
+    acc.set_seed(0, false, false);
     let x = Tensor::linspace(-1.0, 1.0, 512, (Kind::Float, Device::Cpu)).unsqueeze(1);
     let loader = DataLoader::new(Sine(x.shallow_clone(), (&x * 3.0).sin()), 32).shuffle(0);
 

@@ -243,6 +243,13 @@ char *hearth_empty_device_cache() {
   });
 }
 
+// torch.use_deterministic_algorithms(on) (errors, not warnings), and
+// whether it is on.
+char *hearth_use_deterministic_algorithms(int on) {
+  return guarded([&] { at::globalContext().setDeterministicAlgorithms(on != 0, false); });
+}
+int hearth_deterministic_algorithms() { return at::globalContext().deterministicAlgorithms() ? 1 : 0; }
+
 }  // extern "C"
 
 // A TorchScript module hearth owns (tch's CModule hides its buffers): loaded

@@ -369,7 +369,7 @@ fn the_last_batch_of_an_epoch_is_known_before_it_is_used() {
 fn rng_state_round_trips() {
     let _serial = serial();
     let acc = Accelerator::builder().cpu(true).build().unwrap();
-    acc.set_seed(123, false);
+    acc.set_seed(123, false, false);
     let state = acc.rng_state().unwrap();
     let a = Tensor::randn([5], (Kind::Float, Device::Cpu));
     let _ = Tensor::randn([7], (Kind::Float, Device::Cpu));

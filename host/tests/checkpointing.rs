@@ -106,7 +106,7 @@ fn setup_with(project: &Path, init: i64, async_save: bool) -> Run {
     let counter = Arc::new(Mutex::new(Counter(0)));
     acc.register_for_checkpointing(counter.clone());
     // The training's own randomness starts from the same place in every run.
-    acc.set_seed(77, false);
+    acc.set_seed(77, false, false);
     Run {
         acc,
         net,

@@ -149,7 +149,7 @@ fn a_gpt_trains_under_bf16_and_fp16_on_cuda() {
 fn cuda_generator_state_round_trips() {
     let device = cuda();
     let acc = Accelerator::builder().build().unwrap();
-    acc.set_seed(5, false);
+    acc.set_seed(5, false, false);
     let state = acc.rng_state().unwrap();
     assert!(!state.cuda.is_empty());
     let a = Tensor::randn([8], (Kind::Float, device));

@@ -1,7 +1,10 @@
 //! `HEARTH_*` environment variables fill in what the builder was not given,
 //! and an explicit setting wins; `patch_environment` and `clear_environment`
-//! change the environment for a scope. One test in its own binary: it
-//! changes the process environment, which other tests must not see.
+//! change the environment for a scope; `set_seed(.., deterministic)` turns
+//! on libtorch's deterministic algorithms. One test in its own binary: it
+//! changes process-wide settings, which other tests must not see.
+
+mod common;
 
 use hearth::accelerator::{Accelerator, BuildError};
 use hearth::precision::MixedPrecision;
@@ -73,6 +76,44 @@ fn environment_fills_in_and_explicit_settings_win() {
     assert_eq!(Accelerator::builder().build().unwrap().num_processes(), 1);
 
     scoped_changes_are_undone();
+    set_seed_does_what_accelerates_does();
+}
+
+/// `set_seed(seed, false, true)` against Accelerate's `set_seed(seed,
+/// deterministic=True)` run live: the same first values from the CPU
+/// generator, deterministic algorithms on, fresh tensors filled with NaN.
+fn set_seed_does_what_accelerates_does() {
+    let oracle: serde_json::Value =
+        serde_json::from_str(&common::oracle("accelerate_set_seed.py", &["1234"])).unwrap();
+    let acc = Accelerator::builder().cpu(true).build().unwrap();
+    assert!(!hearth::ops::deterministic_algorithms());
+    acc.set_seed(1234, false, true);
+    let rand: Vec<f64> = Vec::try_from(tch::Tensor::rand(
+        [4],
+        (tch::Kind::Double, tch::Device::Cpu),
+    ))
+    .unwrap();
+    let want: Vec<f64> = oracle["rand"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    // serde_json's default float parsing may miss the last ulp.
+    assert!(
+        rand.iter().zip(&want).all(|(a, b)| (a - b).abs() <= 1e-15),
+        "{rand:?} != {want:?}"
+    );
+    assert_eq!(
+        hearth::ops::deterministic_algorithms(),
+        oracle["deterministic"].as_bool().unwrap()
+    );
+    let empty = tch::Tensor::empty([8], (tch::Kind::Float, tch::Device::Cpu));
+    assert_eq!(
+        empty.isnan().all().int64_value(&[]) == 1,
+        oracle["empty_is_nan"].as_bool().unwrap()
+    );
+    hearth::ops::use_deterministic_algorithms(false).unwrap();
 }
 
 /// Accelerate's `patch_environment` (upper-cased names, values as strings,

@@ -286,8 +286,10 @@ impl Accelerator {
     }
 
     /// Seeds libtorch's generators (CPU and every CUDA device); with
-    /// `device_specific` each process adds its index so ranks differ.
-    pub fn set_seed(&self, seed: u64, device_specific: bool) {
+    /// `device_specific` each process adds its index so ranks differ; with
+    /// `deterministic`, turns on `torch.use_deterministic_algorithms`
+    /// (Accelerate's `set_seed(seed, device_specific, deterministic)`).
+    pub fn set_seed(&self, seed: u64, device_specific: bool, deterministic: bool) {
         let seed = if device_specific {
             seed.wrapping_add(self.process_index() as u64)
         } else {
@@ -296,6 +298,10 @@ impl Accelerator {
         tch::manual_seed(seed as i64);
         if crate::ops::cuda::is_available() {
             tch::Cuda::manual_seed_all(seed);
+        }
+        if deterministic {
+            crate::ops::use_deterministic_algorithms(true)
+                .expect("turning deterministic algorithms on cannot fail");
         }
     }
 

@@ -65,6 +65,8 @@ extern "C" {
         was_dtype: *mut c_int,
     ) -> *mut c_char;
     pub fn hearth_empty_device_cache() -> *mut c_char;
+    pub fn hearth_use_deterministic_algorithms(on: i32) -> *mut c_char;
+    pub fn hearth_deterministic_algorithms() -> i32;
     pub fn hearth_to_pinned_host(t: *mut C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
     pub fn hearth_randperm(n: i64, seed: u64, out: *mut *mut C_tensor) -> *mut c_char;
     pub fn hearth_set_grad(tensor: *mut C_tensor, grad: *mut C_tensor) -> *mut c_char;

@@ -15,7 +15,10 @@ pub use foreach::{
     AdamHyper, SgdHyper,
 };
 pub use jit::{JitStructure, ScriptModule};
-pub use rng::{empty_device_cache, randperm, rng_state, set_rng_state, to_pinned_host};
+pub use rng::{
+    deterministic_algorithms, empty_device_cache, randperm, rng_state, set_rng_state,
+    to_pinned_host, use_deterministic_algorithms,
+};
 
 /// What hearth sets up before `main` (an ELF constructor, in every program
 /// linking hearth): libtorch reads both once, on first use.

@@ -57,6 +57,21 @@ pub fn empty_device_cache() -> Result<(), TchError> {
     check(unsafe { ffi::hearth_empty_device_cache() })
 }
 
+/// `torch.use_deterministic_algorithms(on)`: libtorch then picks
+/// deterministic kernels, raises an error for an operation that has none,
+/// and fills fresh (`empty`) tensors with NaN. Process-wide.
+pub fn use_deterministic_algorithms(on: bool) -> Result<(), TchError> {
+    // SAFETY: no pointers.
+    check(unsafe { ffi::hearth_use_deterministic_algorithms(i32::from(on)) })
+}
+
+/// Whether [`use_deterministic_algorithms`] is on
+/// (`torch.are_deterministic_algorithms_enabled()`).
+pub fn deterministic_algorithms() -> bool {
+    // SAFETY: no arguments.
+    unsafe { ffi::hearth_deterministic_algorithms() != 0 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

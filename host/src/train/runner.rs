@@ -226,7 +226,7 @@ impl Job {
     ) -> Result<Self, TrainError> {
         let steps = options.steps.unwrap_or(config.run.steps);
         let seed = config.run.seed;
-        acc.set_seed(seed, false);
+        acc.set_seed(seed, false, false);
         let data = setup::dataset(config)?;
         let model = setup::model(
             config,
