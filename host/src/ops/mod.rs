@@ -21,30 +21,26 @@ pub use rng::{
 };
 
 /// What hearth sets up before `main` (an ELF constructor, in every program
-/// linking hearth): libtorch reads both once, on first use.
-/// - libtorch_cuda is loaded where a driver is ([`cuda::runtime`]), so the
-///   first libtorch call already finds the CUDA hooks.
-/// - `THP_MEM_ALLOC_ENABLE=1`, unless set: libtorch's CPU allocator asks
-///   for transparent huge pages (`madvise(MADV_HUGEPAGE)`) for tensors of
-///   2 MiB and more. Faulting a fresh 3 GB snapshot in 4 KiB pages took
-///   ~750 000 page faults, 512 times fewer in 2 MiB ones.
+/// linking hearth): libtorch_cuda is loaded where a driver is
+/// ([`cuda::runtime`]), so the first libtorch call already finds the CUDA
+/// hooks.
+///
+/// Transparent huge pages for libtorch's CPU allocator
+/// (`THP_MEM_ALLOC_ENABLE=1`) were tried here and left out: they cut the
+/// page faults of a 3 GB save_state from 1.74 M to 0.24 M, but with the
+/// kernel's THP defrag set to `madvise` (Debian's default) every huge-page
+/// fault may compact memory synchronously, and with the page cache full of
+/// the checkpoint being written the save took 2.7x as long (7.4-8.3 s
+/// against 2.8-3.0 s) and its load 2.5x.
 #[cfg(target_os = "linux")]
 #[used]
 #[link_section = ".init_array"]
 static BEFORE_MAIN: extern "C" fn() = {
     extern "C" fn before_main() {
-        if std::env::var_os(HUGE_PAGES_VAR).is_none() {
-            // Before main, on the only thread: nothing reads the
-            // environment concurrently.
-            std::env::set_var(HUGE_PAGES_VAR, "1");
-        }
         cuda::runtime();
     }
     before_main
 };
-
-/// libtorch's switch for huge pages in its CPU allocator (c10/core/impl/alloc_cpu.cpp).
-const HUGE_PAGES_VAR: &str = "THP_MEM_ALLOC_ENABLE";
 
 /// Keeps the memory a training step frees for the next step instead of
 /// handing it back to the system and faulting it in again. glibc trims the
