@@ -97,11 +97,13 @@ $(EXAMPLES)/js-tracker/js-tracker.wasm: $(JS_EXAMPLE)/tracker.js $(JS_EXAMPLE)/w
 	node $(JS_EXAMPLE)/build.mjs $@
 	cp $(JS_EXAMPLE)/plugin.toml $(@D)/
 
-# hearth vs Accelerate on the peer's tiny GPT, in one run (not a test):
-# one process, then data parallel on 2 (hearth launch vs torchrun, gloo).
+# Every measure of hearth against its peer in one run, one table (not a
+# test): tiny GPT tokens/s on 1 and 2 processes, a whole tiny process's time
+# and memory, plugin cost, save_state vs dd, async save. The table and the
+# machine go to BENCHMARKS.md. ROUNDS=N for more rounds (3).
 bench: build
-	$(PY) examples/bench/gpt_vs_accelerate.py
-	$(PY) examples/bench/gpt_vs_accelerate.py 3 2
+	cargo build --release --example save_state
+	$(PY) examples/bench/table.py $(or $(ROUNDS),3)
 
 # What a GPU machine with torch but no Rust needs, in .gpu/: there run
 # tests/gpu/checklist.sh OUT (shared/GPU-CHECKLIST.md; the GPU benchmark is

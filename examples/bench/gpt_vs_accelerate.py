@@ -49,15 +49,21 @@ def peer_tokens_per_sec(procs: int) -> float:
     return float(re.search(r"tokens/s=(\d+)", out).group(1))
 
 
-def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    procs = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+def measure(rounds: int, procs: int) -> tuple[list, list]:
+    """tokens/s of hearth and of the peer, ROUNDS alternating runs each."""
     ours, peer = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(rounds):
             ours.append(hearth_tokens_per_sec(pathlib.Path(tmp) / f"r{i}", procs))
             peer.append(peer_tokens_per_sec(procs))
             print(f"round {i + 1}: hearth {ours[-1]:.0f} tokens/s, accelerate {peer[-1]:.0f} tokens/s")
+    return ours, peer
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    procs = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    ours, peer = measure(rounds, procs)
     h, a = statistics.median(ours), statistics.median(peer)
     print(f"tiny GPT (V=256 T=128 d=128 L=4 H=4 B=16 per process, AdamW), {procs} process(es), median of {rounds}:")
     print(f"  hearth     {h:9.0f} tokens/s")

@@ -44,14 +44,20 @@ def tokens_per_sec(folder: pathlib.Path, config_text: str) -> float:
     return json.loads((folder / "runs" / "bench-gpt" / "summary.json").read_text())["tokens_per_sec"]
 
 
-def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+def measure(rounds: int) -> tuple[list, list]:
+    """tokens/s without plugins and with them, ROUNDS alternating runs each."""
     bare, plugged = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(rounds):
             bare.append(tokens_per_sec(pathlib.Path(tmp) / f"bare{i}", BASE))
             plugged.append(tokens_per_sec(pathlib.Path(tmp) / f"plugged{i}", BASE + PLUGINS))
             print(f"round {i + 1}: no plugins {bare[-1]:.0f} tokens/s, scheduler + 3 trackers {plugged[-1]:.0f} tokens/s")
+    return bare, plugged
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    bare, plugged = measure(rounds)
     b, p = statistics.median(bare), statistics.median(plugged)
     overhead_us = (TOKENS_PER_STEP / p - TOKENS_PER_STEP / b) * 1e6
     print(f"tiny GPT, logging every step, median of {rounds}:")

@@ -39,18 +39,44 @@ def run(cmd) -> dict:
     return parse(text)
 
 
-def main(rounds: int) -> None:
+def dd_write(folder: str, gigabytes: int = 3) -> dict:
+    """The disk's own fsync'd sequential write speed: dd of GIGABYTES of
+    zeros in 64 MiB blocks with conv=fsync (dd's own figure)."""
+    target = pathlib.Path(folder) / "dd.bin"
+    text = subprocess.run(
+        ["dd", "if=/dev/zero", f"of={target}", "bs=64M", f"count={gigabytes * 16}", "conv=fsync"],
+        check=True, capture_output=True, text=True).stderr
+    target.unlink()
+    copied, seconds = re.search(r"(\d+) bytes .* copied, ([0-9.]+) s", text).groups()
+    print(f"  dd: {int(copied) / 1e9:.2f} GB in {float(seconds):.2f} s")
+    return {"save": float(seconds), "gbps": int(copied) / 1e9 / float(seconds)}
+
+
+def measure(rounds: int, sharded: bool = True) -> dict:
+    """Each side's parsed lines ({save, load, gbps, returned}), ROUNDS each,
+    and `dd`, the disk's own fsync'd write speed in the same rounds."""
     peer = shared_bench_file("peer_save_state.py")
     if peer is None:
         sys.exit("shared/bench/peer_save_state.py not found (set HEARTH_SHARED_DIR)")
-    results = {"accelerate": [], "hearth": [], "hearth async": [], "hearth sharded×4": []}
+    results = {"accelerate": [], "hearth": [], "hearth async": [], "dd": []}
+    if sharded:
+        results["hearth sharded×4"] = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
             print(f"round {r + 1}")
+            results["dd"].append(dd_write(tmp))
             results["accelerate"].append(run([sys.executable, str(peer), f"{tmp}/peer"]))
             results["hearth"].append(run([str(HEARTH), f"{tmp}/hearth", "sync"]))
             results["hearth async"].append(run([str(HEARTH), f"{tmp}/hearth", "async"]))
-            results["hearth sharded×4"].append(run([*MPIRUN, str(HEARTH), f"{tmp}/sharded", "sharded"]))
+            if sharded:
+                results["hearth sharded×4"].append(run([*MPIRUN, str(HEARTH), f"{tmp}/sharded", "sharded"]))
+    return results
+
+
+def main(rounds: int) -> None:
+    results = measure(rounds)
+    dd = statistics.median(r["gbps"] for r in results.pop("dd"))
+    print(f"  dd, fsync'd: {dd:.2f} GB/s")
     med = {k: {m: statistics.median(r[m] for r in v) for m in ("save", "load", "gbps")} for k, v in results.items()}
     print(f"save_state of 252 M parameters + AdamW state (3.0 GB), median of {rounds}:")
     for k, m in med.items():

@@ -7,8 +7,14 @@ mode (Accelerator(cpu=True), prepare, backward, step, save_model). Reports
 the median wall time and the median peak RSS (the child's ru_maxrss, from
 wait4) of ROUNDS alternating runs, and their ratios. A benchmark, not a
 test: nothing is asserted.
-Usage: python startup_vs_accelerate.py [ROUNDS]   (make bench runs it)
+
+Linux carries a process's peak RSS across exec (exec_mmap keeps the old
+image's high-water mark), so a child forked from a parent that has torch
+loaded reports at least the parent's RSS: run this file in a process of its
+own (`table.py` does, with --json), never import it into one that has torch.
+Usage: python startup_vs_accelerate.py [ROUNDS] [--json]   (make bench runs it)
 """
+import json
 import os
 import pathlib
 import statistics
@@ -83,8 +89,12 @@ def measure(rounds: int) -> dict:
 
 
 def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    args = [a for a in sys.argv[1:] if a != "--json"]
+    rounds = int(args[0]) if args else 5
     runs = measure(rounds)
+    if "--json" in sys.argv:
+        print(json.dumps(runs))
+        return
     h, p = runs["hearth"], runs["peer"]
     wall = (statistics.median(h["wall"]), statistics.median(p["wall"]))
     rss = (statistics.median(h["rss"]) / 2**20, statistics.median(p["rss"]) / 2**20)

@@ -1,0 +1,122 @@
+"""`make bench`: every performance measure of hearth against its peer, each
+measured in this run on this machine, in one table; the table and the
+machine's description go to BENCHMARKS.md (the last figures).
+
+Rows (issue 22): tiny GPT tokens/s on 1 and 2 processes (Accelerate, and
+torchrun with gloo), a whole tiny process's wall time and peak RSS
+(Accelerate), what a scheduler and three trackers logging every step cost
+(the same run without plugins), save_state of 3 GB fsync'd (Accelerate, and
+the disk's own fsync'd write speed by dd) and the async save's time to
+commit (the blocking save). A benchmark, not a test: nothing is asserted.
+Usage: python table.py [ROUNDS]   (ROUNDS of each, 3 by default; the
+checkpoint rows use at most 2)
+"""
+import datetime
+import json
+import os
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+
+import gpt_vs_accelerate  # noqa: E402
+import plugin_overhead  # noqa: E402
+import save_state_vs_accelerate  # noqa: E402
+
+med = statistics.median
+
+
+def machine() -> str:
+    """CPU model, cores, memory and OS, in one line."""
+    model = "unknown CPU"
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    mem_kib = int(pathlib.Path("/proc/meminfo").read_text().split()[1])
+    import torch
+
+    return (f"{model}, {os.cpu_count()} cores, {mem_kib / 2**20:.0f} GiB, {platform.system()} "
+            f"{platform.release()}, torch {torch.__version__}, no GPU")
+
+
+def rows(rounds: int) -> list[dict]:
+    out = []
+
+    def row(measure, hearth, peer, ratio, goal):
+        out.append(dict(measure=measure, hearth=hearth, peer=peer, ratio=ratio, goal=goal))
+        print(f"== {measure}: hearth {hearth}, peer {peer}, ratio {ratio}", flush=True)
+
+    for procs, goal in ((1, "≥ 1.10×"), (2, "≥ 1.25×")):
+        ours, peer = gpt_vs_accelerate.measure(rounds, procs)
+        h, p = med(ours), med(peer)
+        who = "Accelerate" if procs == 1 else "torchrun/gloo"
+        row(f"tiny GPT tokens/s, {procs} process{'es' if procs > 1 else ''}",
+            f"{h:,.0f}", f"{who} {p:,.0f}", f"**{h / p:.2f}×**", goal)
+
+    # In a process of its own: this one has torch loaded, and a child's
+    # peak RSS would start from this process's (see that file).
+    runs = json.loads(subprocess.run(
+        [sys.executable, HERE / "startup_vs_accelerate.py", str(max(rounds, 5)), "--json"],
+        check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    h, p = med(runs["hearth"]["wall"]), med(runs["peer"]["wall"])
+    row("whole process: start → 1 AdamW step → model.safetensors → exit",
+        f"{h:.2f} s", f"Accelerate {p:.2f} s", f"**{h / p:.2f}×**", "≤ 0.10×")
+    h, p = med(runs["hearth"]["rss"]) / 2**20, med(runs["peer"]["rss"]) / 2**20
+    row("peak memory of that process", f"{h:.0f} MiB", f"Accelerate {p:.0f} MiB",
+        f"**{h / p:.2f}×**", "≤ 0.25×")
+
+    bare, plugged = plugin_overhead.measure(rounds)
+    b, p = med(bare), med(plugged)
+    row("plugin cost: scheduler + jsonl/tensorboard/mlflow every step",
+        f"{p:,.0f} tokens/s", f"no plugins {b:,.0f}", f"**{(p / b - 1) * 100:+.1f} %**", "≥ −0.5 %")
+
+    results = save_state_vs_accelerate.measure(min(rounds, 2), sharded=False)
+    dd = med(r["gbps"] for r in results["dd"])
+    h = med(r["gbps"] for r in results["hearth"])
+    a = med(r["gbps"] for r in results["accelerate"])
+    row("save_state 3 GB, fsync'd", f"{h:.2f} GB/s", f"Accelerate {a:.2f} GB/s; dd {dd:.2f} GB/s",
+        f"**{h / a:.2f}×** Accelerate, **{h / dd:.2f}×** dd", "≥ 0.9× dd")
+    blocking = med(r["save"] for r in results["hearth"])
+    total = med(r["save"] for r in results["hearth async"])
+    returned = med(r["returned"] for r in results["hearth async"])
+    row("async save: time to commit (training blocked)", f"{total:.2f} s ({returned:.2f} s blocked)",
+        f"blocking save {blocking:.2f} s", f"**{total / blocking:.2f}×**; blocked {returned / 3.0:.2f} s/GB",
+        "≤ 1.2×; ≤ 0.4 s/GB")
+    return out
+
+
+def markdown(table: list[dict]) -> str:
+    lines = ["| measure | hearth | peer | ratio | goal |", "|---|---|---|---|---|"]
+    lines += [f"| {r['measure']} | {r['hearth']} | {r['peer']} | {r['ratio']} | {r['goal']} |" for r in table]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    table = markdown(rows(rounds))
+    print()
+    print(table)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    (ROOT / "BENCHMARKS.md").write_text(
+        "# Benchmarks\n\n"
+        "The last figures of `make bench` (examples/bench/table.py): hearth against its peer, "
+        "both measured in the same run, medians; a ratio in bold is hearth's. Rewritten by every "
+        "`make bench`.\n\n"
+        f"- when: {when}, commit {commit}\n"
+        f"- machine: {machine()}\n"
+        f"- rounds: {rounds} (checkpoint rows {min(rounds, 2)}); the debug `hearth` of `make build` "
+        "(dependencies optimised), the release `save_state` example\n\n"
+        f"{table}\n")
+    print(f"\nwritten to {ROOT / 'BENCHMARKS.md'}")
+
+
+if __name__ == "__main__":
+    main()
