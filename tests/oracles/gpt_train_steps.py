@@ -31,7 +31,8 @@ def main(folder: pathlib.Path) -> int:
         ours, theirs = ours.cpu(), theirs.cpu()
         if not torch.allclose(ours, theirs, atol=atol, rtol=rtol):
             err = (ours - theirs).abs().max().item()
-            failures.append(f"{what}: max abs difference {err:.3e}")
+            at = (ours - theirs).abs().argmax().item()
+            failures.append(f"{what}: max abs difference {err:.3e} (at {at}: {ours.flatten()[at].item():.6g} against {theirs.flatten()[at].item():.6g})")
 
     x, y = io["inputs"].to(device), io["targets"].to(device)
     with torch.no_grad():
