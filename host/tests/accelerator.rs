@@ -238,6 +238,81 @@ fn fp16_skips_an_overflowing_step_and_halves_the_scale() {
     assert_eq!(sched_steps, 2);
 }
 
+/// The builder's `grad_scaler` (Accelerate's `GradScalerKwargs`) against
+/// `torch.amp.GradScaler` run live with the same settings: the scale after
+/// each of a run of clean and overflowing steps (growth every 2 clean
+/// steps by 3, backoff by 0.25 from 1024) and the weights at the end; and
+/// `enabled = false`, where nothing is scaled (torch's scale reads 1).
+#[test]
+fn the_grad_scaler_settings_step_as_torchs_grad_scaler() {
+    use hearth::precision::GradScalerConfig;
+    let steps = [
+        "ok", "ok", "nan", "ok", "ok", "ok", "nan", "nan", "ok", "ok",
+    ];
+    for enabled in [true, false] {
+        let steps: Vec<&str> = if enabled {
+            steps.to_vec()
+        } else {
+            vec!["ok"; 3]
+        };
+        let config = GradScalerConfig {
+            init_scale: 1024.0,
+            growth_factor: 3.0,
+            backoff_factor: 0.25,
+            growth_interval: 2,
+            enabled,
+        };
+        let mut args = vec![
+            "1024",
+            "3",
+            "0.25",
+            "2",
+            if enabled { "true" } else { "false" },
+        ];
+        args.extend(&steps);
+        let theirs: Value = serde_json::from_str(&oracle("grad_scaler_steps.py", &args)).unwrap();
+
+        let mut acc = Accelerator::builder()
+            .cpu(true)
+            .mixed_precision(MixedPrecision::Fp16)
+            .cpu_loss_scaling(true)
+            .grad_scaler(config)
+            .build()
+            .unwrap();
+        let p = Tensor::ones([2], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let mut opt = acc
+            .prepare(Sgd::new(vec![p.shallow_clone()], sgd(0.1, 0.0)))
+            .unwrap();
+        let mut scales = Vec::new();
+        for step in &steps {
+            let factor = if *step == "nan" { f64::NAN } else { 1.0 };
+            let loss =
+                (&p * Tensor::from_slice(&[factor, 1.0]).to_kind(Kind::Float)).sum(Kind::Float);
+            acc.backward(&loss).unwrap();
+            opt.step().unwrap();
+            opt.zero_grad();
+            // torch's disabled scaler reads 1.0; hearth has none.
+            scales.push(acc.loss_scale().unwrap_or(1.0));
+        }
+        let want: Vec<f64> = theirs["scales"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(scales, want, "enabled = {enabled}");
+        assert_eq!(acc.loss_scale().is_some(), enabled);
+        let ours: Vec<f32> = Vec::try_from(&p).unwrap();
+        let param: Vec<f32> = theirs["param"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect();
+        assert_eq!(ours, param, "enabled = {enabled}");
+    }
+}
+
 #[test]
 fn fp16_on_the_cpu_trains_in_float32_as_accelerate_does() {
     let acc = Accelerator::builder()

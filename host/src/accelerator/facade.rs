@@ -99,8 +99,9 @@ impl Accelerator {
     }
 
     pub(super) fn new(s: Settings) -> Self {
-        let scales = s.mixed_precision.scales_loss(s.device)
-            || (s.cpu_loss_scaling && s.mixed_precision == MixedPrecision::Fp16);
+        let scales = s.scaler.enabled
+            && (s.mixed_precision.scales_loss(s.device)
+                || (s.cpu_loss_scaling && s.mixed_precision == MixedPrecision::Fp16));
         let scaler = scales.then(|| Arc::new(Mutex::new(GradScaler::new(s.scaler))));
         Self {
             device: s.device,

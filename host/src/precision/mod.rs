@@ -73,6 +73,10 @@ pub struct GradScalerConfig {
     pub backoff_factor: f64,
     /// Clean steps between growths (2000).
     pub growth_interval: i64,
+    /// Whether fp16 scales the loss at all (true). Off, fp16 trains
+    /// without a scaler: nothing is scaled, unscaled or skipped, and
+    /// `loss_scale()` is `None` (torch's `GradScaler(enabled=False)`).
+    pub enabled: bool,
 }
 
 impl Default for GradScalerConfig {
@@ -82,6 +86,7 @@ impl Default for GradScalerConfig {
             growth_factor: 2.0,
             backoff_factor: 0.5,
             growth_interval: 2000,
+            enabled: true,
         }
     }
 }
