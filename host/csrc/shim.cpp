@@ -170,6 +170,15 @@ char *hearth_autocast_set(int device_type, bool enabled, int dtype, bool enterin
   });
 }
 
+// Sets whether autocast caches its casts of leaf tensors (torch.autocast's
+// cache_enabled); `*was` receives the setting before.
+char *hearth_autocast_cache(bool enabled, bool *was) {
+  return guarded([&] {
+    *was = at::autocast::is_autocast_cache_enabled();
+    at::autocast::set_autocast_cache_enabled(enabled);
+  });
+}
+
 // The state of the default generator of a device (CPU: index -1) as a new
 // uint8 tensor owned by the caller.
 char *hearth_rng_get_state(int device_type, int index, at::Tensor **out) {

@@ -313,6 +313,66 @@ fn the_grad_scaler_settings_step_as_torchs_grad_scaler() {
     }
 }
 
+/// `autocast_with(&AutocastKwargs)` against Accelerate's
+/// `autocast(autocast_handler=AutocastKwargs(..))` run live, on the CPU
+/// under bf16: what a linear layer returns by default, with autocast off,
+/// off inside an `autocast()` block and after it; and the cast cache off
+/// inside `cache_enabled: Some(false)` and back after.
+#[test]
+fn autocast_kwargs_do_what_accelerates_do() {
+    use hearth::accelerator::AutocastKwargs;
+    use tch::nn::Module;
+    let theirs: Value =
+        serde_json::from_str(&oracle("accelerate_autocast_kwargs.py", &[])).unwrap();
+    let acc = Accelerator::builder()
+        .cpu(true)
+        .mixed_precision(MixedPrecision::Bf16)
+        .build()
+        .unwrap();
+    let vs = tch::nn::VarStore::new(Device::Cpu);
+    let lin = tch::nn::linear(vs.root(), 4, 4, Default::default());
+    let x = Tensor::randn([2, 4], (Kind::Float, Device::Cpu));
+    let name = |t: Tensor| match t.kind() {
+        Kind::BFloat16 => "bfloat16",
+        Kind::Float => "float32",
+        other => panic!("{other:?}"),
+    };
+    let off = AutocastKwargs {
+        enabled: false,
+        ..Default::default()
+    };
+    let mut ours = serde_json::Map::new();
+    let mut put = |k: &str, v: Value| {
+        ours.insert(k.into(), v);
+    };
+    {
+        let _on = acc.autocast();
+        put("default", name(lin.forward(&x)).into());
+    }
+    {
+        let _off = acc.autocast_with(&off);
+        put("disabled", name(lin.forward(&x)).into());
+    }
+    {
+        let _on = acc.autocast();
+        {
+            let _off = acc.autocast_with(&off);
+            put("nested_disabled", name(lin.forward(&x)).into());
+        }
+        put("outer_again", name(lin.forward(&x)).into());
+    }
+    put("after", name(lin.forward(&x)).into());
+    {
+        let _no_cache = acc.autocast_with(&AutocastKwargs {
+            cache_enabled: Some(false),
+            ..Default::default()
+        });
+        put("cache_inside", hearth::ops::autocast_cache_enabled().into());
+    }
+    put("cache_after", hearth::ops::autocast_cache_enabled().into());
+    assert_eq!(Value::Object(ours), theirs);
+}
+
 #[test]
 fn fp16_on_the_cpu_trains_in_float32_as_accelerate_does() {
     let acc = Accelerator::builder()

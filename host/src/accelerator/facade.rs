@@ -243,6 +243,19 @@ impl Accelerator {
         Some(AutocastGuard::new(self.device, kind).expect("autocast kinds are valid"))
     }
 
+    /// Autocast as `kwargs` say while the guard lives (Accelerate's
+    /// `accelerator.autocast(autocast_handler=AutocastKwargs(..))`):
+    /// `enabled: false` turns it off inside, also within an outer
+    /// `autocast()`; `None` in full precision, as Accelerate's is a no-op
+    /// there.
+    pub fn autocast_with(&self, kwargs: &AutocastKwargs) -> Option<AutocastGuard> {
+        let kind = self.mixed_precision.autocast_kind(self.device)?;
+        Some(
+            AutocastGuard::with(self.device, kind, kwargs.enabled, kwargs.cache_enabled)
+                .expect("autocast kinds are valid"),
+        )
+    }
+
     /// The device this process trains on.
     pub fn device(&self) -> Device {
         self.device
@@ -533,6 +546,26 @@ impl Drop for Accelerator {
     fn drop(&mut self) {
         if let Err(e) = self.wait_for_checkpoint() {
             tracing::error!("the last checkpoint was not written: {e}");
+        }
+    }
+}
+
+/// How an [`Accelerator::autocast_with`] block runs autocast (Accelerate's
+/// `AutocastKwargs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AutocastKwargs {
+    /// Autocast on inside the block (true).
+    pub enabled: bool,
+    /// Whether casts of leaf tensors are cached inside; `None` leaves the
+    /// setting as it is (Accelerate's default).
+    pub cache_enabled: Option<bool>,
+}
+
+impl Default for AutocastKwargs {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            cache_enabled: None,
         }
     }
 }

@@ -24,7 +24,7 @@ mod trackers;
 pub use builder::{AcceleratorBuilder, BuildError, DataLoaderConfiguration};
 pub use checkpointing::{node_name, Checkpointable, ProjectConfiguration, TrainerState};
 pub use ddp::BackwardError;
-pub use facade::{Accelerator, RngState};
+pub use facade::{Accelerator, AutocastKwargs, RngState};
 pub use grad::clip_grad_norm_;
 pub use loader::{PreparedBatches, PreparedDataLoader, TryPreparedBatches};
 pub use memory::{find_executable_batch_size, is_out_of_memory, BatchSizeError};

@@ -97,22 +97,47 @@ pub struct AutocastGuard {
     device_type: c_int,
     was_enabled: bool,
     was_dtype: c_int,
+    /// The cache setting before, when the guard changed it.
+    was_cache: Option<bool>,
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl AutocastGuard {
     /// Turns autocast on for `device`'s type with `kind` (`Half` or `BFloat16`).
     pub fn new(device: Device, kind: Kind) -> Result<Self, TchError> {
+        Self::with(device, kind, true, None)
+    }
+
+    /// `torch.autocast(device_type, dtype, enabled, cache_enabled)`:
+    /// `enabled = false` turns autocast off for the device type inside (also
+    /// under an outer guard); `cache_enabled`, when given, sets whether
+    /// casts of leaf tensors are cached inside.
+    pub fn with(
+        device: Device,
+        kind: Kind,
+        enabled: bool,
+        cache_enabled: Option<bool>,
+    ) -> Result<Self, TchError> {
         let (dt, st) = (device_type(device), scalar_type(kind)?);
         let (mut was_enabled, mut was_dtype) = (false, 0);
         // SAFETY: plain values and two out-pointers to locals.
         check(unsafe {
-            ffi::hearth_autocast_set(dt, true, st, true, &mut was_enabled, &mut was_dtype)
+            ffi::hearth_autocast_set(dt, enabled, st, true, &mut was_enabled, &mut was_dtype)
         })?;
+        let was_cache = match cache_enabled {
+            Some(on) => {
+                let mut was = true;
+                // SAFETY: a plain value and an out-pointer to a local.
+                check(unsafe { ffi::hearth_autocast_cache(on, &mut was) })?;
+                Some(was)
+            }
+            None => None,
+        };
         Ok(Self {
             device_type: dt,
             was_enabled,
             was_dtype,
+            was_cache,
             _not_send: std::marker::PhantomData,
         })
     }
@@ -134,8 +159,26 @@ impl AutocastGuard {
     }
 }
 
+/// Whether autocast caches its casts of leaf tensors
+/// (`torch.is_autocast_cache_enabled()`).
+pub fn autocast_cache_enabled() -> bool {
+    let (mut was, mut again) = (true, true);
+    // SAFETY: plain values and out-pointers to locals; the second call puts
+    // back what the first read.
+    unsafe {
+        let _ = check(ffi::hearth_autocast_cache(true, &mut was));
+        let _ = check(ffi::hearth_autocast_cache(was, &mut again));
+    }
+    was
+}
+
 impl Drop for AutocastGuard {
     fn drop(&mut self) {
+        if let Some(was) = self.was_cache {
+            let mut now = false;
+            // SAFETY: as above.
+            let _ = check(unsafe { ffi::hearth_autocast_cache(was, &mut now) });
+        }
         let (mut e, mut d) = (false, 0);
         // SAFETY: as above; restoring the saved state cannot fail for a
         // device type that was accepted on entry.

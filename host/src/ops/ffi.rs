@@ -56,6 +56,7 @@ extern "C" {
         backoff_factor: f64,
         growth_interval: i64,
     ) -> *mut c_char;
+    pub fn hearth_autocast_cache(enabled: bool, was: *mut bool) -> *mut c_char;
     pub fn hearth_autocast_set(
         device_type: c_int,
         enabled: bool,

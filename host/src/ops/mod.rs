@@ -9,7 +9,7 @@ mod foreach;
 mod jit;
 mod rng;
 
-pub use amp::{amp_unscale_, amp_update_scale_, AutocastGuard};
+pub use amp::{amp_unscale_, amp_update_scale_, autocast_cache_enabled, AutocastGuard};
 pub use foreach::{
     clear_grads, foreach_mul_, foreach_norm, fused_adam, fused_sgd, on_grad_accumulated, set_grad,
     AdamHyper, SgdHyper,
