@@ -1,7 +1,8 @@
 //! `HEARTH_*` environment variables fill in what the builder was not given,
 //! and an explicit setting wins; `patch_environment` and `clear_environment`
 //! change the environment for a scope; `set_seed(.., deterministic)` turns
-//! on libtorch's deterministic algorithms. One test in its own binary: it
+//! on libtorch's deterministic algorithms; a built Accelerator keeps memory
+//! a step frees for the next. One test in its own binary: it
 //! changes process-wide settings, which other tests must not see.
 
 mod common;
@@ -77,6 +78,32 @@ fn environment_fills_in_and_explicit_settings_win() {
 
     scoped_changes_are_undone();
     set_seed_does_what_accelerates_does();
+    freed_memory_stays_for_the_next_step();
+}
+
+/// This process's resident memory in bytes (/proc/self/statm).
+fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+/// After an Accelerator is built (`ops::keep_freed_memory_for_reuse`),
+/// 32 MiB freed in 1 MiB blocks, as a step frees its activations, stays in
+/// the process for the next step. With glibc's defaults those blocks are
+/// mapped one by one (or trimmed off the heap's top) and go back to the
+/// system at once, to be faulted in again.
+fn freed_memory_stays_for_the_next_step() {
+    let _acc = Accelerator::builder().cpu(true).build().unwrap();
+    let blocks: Vec<Vec<u8>> = (0..32).map(|i| vec![i as u8 + 1; 1 << 20]).collect();
+    let held = resident_bytes();
+    drop(blocks);
+    let after = resident_bytes();
+    assert!(
+        after + (16 << 20) > held,
+        "freeing 32 MiB gave {} MiB back to the system",
+        (held - after) >> 20
+    );
 }
 
 /// `set_seed(seed, false, true)` against Accelerate's `set_seed(seed,
