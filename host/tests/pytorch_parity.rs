@@ -143,6 +143,13 @@ fn gpt_with_adamw_and_clipping_matches_pytorch() {
 /// that part the two runs by ~1e-4.
 #[test]
 fn clipping_by_l1_and_infinity_norms_matches_pytorch() {
+    plain_sgd_clipped("sgd-l1", 0.5, 1.0);
+    plain_sgd_clipped("sgd-inf", 0.01, f64::INFINITY);
+}
+
+/// SGD at lr 0.05 without momentum or decay, clipping at `max_norm` by the
+/// `norm_type` norm.
+fn plain_sgd_clipped(name: &str, max_norm: f64, norm_type: f64) {
     let hyper = SgdHyper {
         lr: 0.05,
         momentum: 0.0,
@@ -150,14 +157,12 @@ fn clipping_by_l1_and_infinity_norms_matches_pytorch() {
         weight_decay: 0.0,
         nesterov: false,
     };
-    for (name, max_norm, norm_type) in [("sgd-l1", 0.5, 1.0), ("sgd-inf", 0.01, f64::INFINITY)] {
-        check_against_pytorch(
-            name,
-            r#"{"kind": "sgd", "lr": 0.05, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": false}"#,
-            Some((max_norm, norm_type)),
-            |p| Box::new(Sgd::new(tensors(p), hyper)),
-        );
-    }
+    check_against_pytorch(
+        name,
+        r#"{"kind": "sgd", "lr": 0.05, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": false}"#,
+        Some((max_norm, norm_type)),
+        |p| Box::new(Sgd::new(tensors(p), hyper)),
+    );
 }
 
 /// AdamW with weight decay and gradient clipping at `max_norm` by the
@@ -312,19 +317,7 @@ fn nesterov_sgd(device: Device, name: &str) {
 
 #[test]
 fn gpt_with_plain_sgd_matches_pytorch() {
-    let hyper = SgdHyper {
-        lr: 0.05,
-        momentum: 0.0,
-        dampening: 0.0,
-        weight_decay: 0.0,
-        nesterov: false,
-    };
-    check_against_pytorch(
-        "sgd",
-        r#"{"kind": "sgd", "lr": 0.05, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": false}"#,
-        Some((1.0, 2.0)),
-        |p| Box::new(Sgd::new(tensors(p), hyper)),
-    );
+    plain_sgd_clipped("sgd", 1.0, 2.0);
 }
 
 /// The AdamW case on a GPU: hearth's CUDA kernels (its fused AdamW,
