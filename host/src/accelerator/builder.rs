@@ -286,11 +286,6 @@ impl AcceleratorBuilder {
                 .unwrap_or(0),
         };
         let device = match self.device {
-            Some(device @ Device::Cuda(_)) => {
-                // Loads libtorch_cuda (ops::cuda) before the device is used.
-                crate::ops::cuda::is_available();
-                device
-            }
             Some(device) => device,
             None if cpu => Device::Cpu,
             None if crate::ops::cuda::is_available() => {
