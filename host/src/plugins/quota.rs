@@ -151,6 +151,10 @@ struct QuotaStream {
     file: Arc<std::fs::File>,
     mode: Mode,
     quota: Arc<Quota>,
+    /// Writes go straight to `file` on the calling thread, not through
+    /// `inner` (which hands each to a blocking pool and back): see
+    /// [`PluginState::new`](super::sandbox::PluginState::new).
+    on_thread: bool,
 }
 
 fn stream_nospc() -> StreamError {
@@ -177,6 +181,27 @@ impl QuotaStream {
         }
         Ok(())
     }
+    /// Charges `bytes`, then writes them: on this thread, or through `inner`.
+    fn charge_and_write(&mut self, bytes: Bytes) -> StreamResult<Option<Bytes>> {
+        let at = match self.mode {
+            Mode::At(pos) => Some(pos),
+            Mode::Append => None,
+        };
+        self.charge(bytes.len())?;
+        if !self.on_thread {
+            return Ok(Some(bytes));
+        }
+        use std::os::unix::fs::FileExt;
+        let failed = |e: std::io::Error| StreamError::LastOperationFailed(e.into());
+        // Appending: at the end (pwrite on a file opened to append writes
+        // there anyway).
+        let at = match at {
+            Some(pos) => pos,
+            None => self.file.metadata().map_err(failed)?.len(),
+        };
+        self.file.write_all_at(&bytes, at).map_err(failed)?;
+        Ok(None)
+    }
 }
 
 #[wasmtime_wasi::async_trait]
@@ -189,8 +214,10 @@ impl Pollable for QuotaStream {
 #[wasmtime_wasi::async_trait]
 impl OutputStream for QuotaStream {
     fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
-        self.charge(bytes.len())?;
-        self.inner.write(bytes)
+        match self.charge_and_write(bytes)? {
+            Some(bytes) => self.inner.write(bytes),
+            None => Ok(()),
+        }
     }
     fn flush(&mut self) -> StreamResult<()> {
         self.inner.flush()
@@ -218,8 +245,10 @@ impl OutputStream for QuotaStream {
         Ok(n.min(usize::try_from(room).unwrap_or(usize::MAX)))
     }
     async fn blocking_write_and_flush(&mut self, bytes: Bytes) -> StreamResult<()> {
-        self.charge(bytes.len())?;
-        self.inner.blocking_write_and_flush(bytes).await
+        match self.charge_and_write(bytes)? {
+            Some(bytes) => self.inner.blocking_write_and_flush(bytes).await,
+            None => Ok(()),
+        }
     }
     async fn cancel(&mut self) {
         self.inner.cancel().await
@@ -233,6 +262,8 @@ pub struct QuotaFs<'a> {
     pub fs: WasiFilesystemCtxView<'a>,
     /// The quota of the folder it reaches, if any.
     pub quota: Option<Arc<Quota>>,
+    /// Whether stream writes may block the calling thread.
+    pub on_thread: bool,
 }
 /// [`QuotaFs`] for the linker.
 pub struct HasQuotaFs;
@@ -254,6 +285,7 @@ impl QuotaFs<'_> {
             file,
             mode,
             quota,
+            on_thread: self.on_thread,
         }) as DynOutputStream)?)
     }
     fn new_entry(&self) -> Result<(), ErrorCode> {

@@ -145,7 +145,18 @@ impl Prepared {
             None => self.logs_quota.clone(),
         };
         let files = files.or(self.files.as_deref().map(Preopen::logs));
-        let state = PluginState::new(self.name(), limits, files, quota, self.budget.clone())?;
+        // A tracker is called from the tracker thread, whose hang the hub
+        // already bounds (it drops values while full and gives up at finish):
+        // its file I/O may block that thread.
+        let on_thread = self.manifest.kind == PluginKind::Tracker;
+        let state = PluginState::new(
+            self.name(),
+            limits,
+            files,
+            quota,
+            self.budget.clone(),
+            on_thread,
+        )?;
         let mut store = Store::new(PluginEngine::global().engine(), state);
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(self.deadline_ticks());
