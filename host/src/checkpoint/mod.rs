@@ -9,6 +9,7 @@ mod model_files;
 mod safetensors_io;
 mod sharded;
 mod state_dir;
+mod writeback;
 
 pub use describe::{
     describe_checkpoint, is_checkpoint_dir, tensor_infos, verify_checkpoint, FileReport, TensorInfo,

@@ -1,8 +1,10 @@
 //! Reading and writing named tensors as safetensors.
 
+use super::writeback::Writeback;
 use crate::durable::replace_atomically;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView, View};
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use tch::{Device, Kind, Tensor};
@@ -160,6 +162,8 @@ struct ShapedView<'a> {
     inner: &'a CpuTensor,
     shape: Vec<usize>,
     len: usize,
+    /// The file being written, whose writeback moves on before each tensor.
+    writeback: &'a RefCell<Option<Writeback>>,
 }
 
 impl View for &ShapedView<'_> {
@@ -170,6 +174,11 @@ impl View for &ShapedView<'_> {
         &self.shape
     }
     fn data(&self) -> Cow<'_, [u8]> {
+        // The library asks for each tensor's bytes just before writing
+        // them: what it wrote so far goes to disk meanwhile.
+        if let Some(writeback) = self.writeback.borrow_mut().as_mut() {
+            writeback.advance();
+        }
         Cow::Borrowed(tensor_bytes(&self.inner.tensor))
     }
     fn data_len(&self) -> usize {
@@ -198,6 +207,7 @@ pub(super) fn save_safetensors_with(
         let tensor = t.detach().to_device(Device::Cpu).contiguous();
         cpu.push((name.clone(), CpuTensor { tensor, dtype }));
     }
+    let writeback = RefCell::new(None);
     let views: Vec<(String, ShapedView)> = cpu
         .iter()
         .map(|(name, c)| {
@@ -209,6 +219,7 @@ pub(super) fn save_safetensors_with(
                     inner: c,
                     shape,
                     len,
+                    writeback: &writeback,
                 },
             )
         })
@@ -220,6 +231,7 @@ pub(super) fn save_safetensors_with(
     // memory), then fsynced and renamed into place.
     let mut format_error = None;
     let written = replace_atomically(path, |tmp| {
+        *writeback.borrow_mut() = Some(Writeback::new(tmp));
         safetensors::serialize_to_file(refs, metadata, tmp).map_err(|e| match e {
             safetensors::SafeTensorError::IoError(io) => io,
             other => {
