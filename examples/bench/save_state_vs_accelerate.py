@@ -4,7 +4,8 @@
 Runs the peer script (shared/bench/peer_save_state.py) and hearth's
 (host/examples/save_state.rs, sync and async, and SHARD_GRAD_OP with
 SHARDED_STATE_DICT on 4 processes under mpirun, each writing its quarter)
-alternately, ROUNDS times, and prints the medians and the ratios. Both time the save up to a finished
+alternately, ROUNDS times, each round in another order, and prints the
+medians and the ratios. Both time the save up to a finished
 `sync` of the disk. A benchmark, not a test: nothing is asserted.
 Usage: make bench-checkpoint  (or: python save_state_vs_accelerate.py [ROUNDS])
 """
@@ -62,14 +63,23 @@ def measure(rounds: int, sharded: bool = True) -> dict:
     if sharded:
         results["hearth sharded×4"] = []
     with tempfile.TemporaryDirectory() as tmp:
+        jobs = {
+            "dd": lambda: dd_write(tmp),
+            "accelerate": lambda: run([sys.executable, str(peer), f"{tmp}/peer"]),
+            "hearth": lambda: run([str(HEARTH), f"{tmp}/hearth", "sync"]),
+            "hearth async": lambda: run([str(HEARTH), f"{tmp}/hearth", "async"]),
+        }
+        if sharded:
+            jobs["hearth sharded×4"] = lambda: run([*MPIRUN, str(HEARTH), f"{tmp}/sharded", "sharded"])
+        names = list(jobs)
         for r in range(rounds):
-            print(f"round {r + 1}")
-            results["dd"].append(dd_write(tmp))
-            results["accelerate"].append(run([sys.executable, str(peer), f"{tmp}/peer"]))
-            results["hearth"].append(run([str(HEARTH), f"{tmp}/hearth", "sync"]))
-            results["hearth async"].append(run([str(HEARTH), f"{tmp}/hearth", "async"]))
-            if sharded:
-                results["hearth sharded×4"].append(run([*MPIRUN, str(HEARTH), f"{tmp}/sharded", "sharded"]))
+            # Each round starts one later: a write right after another's 3 GB
+            # meets a busier disk (this VM's varies 0.3-1.4 GB/s), so no side
+            # keeps the worst place.
+            order = names[r % len(names):] + names[:r % len(names)]
+            print(f"round {r + 1}: {', '.join(order)}")
+            for name in order:
+                results[name].append(jobs[name]())
     return results
 
 
