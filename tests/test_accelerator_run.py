@@ -103,9 +103,21 @@ def test_bad_accelerator_settings_name_the_key_or_variable(hearth, tmp_path):
     out = hearth("run", write_config(tmp_path, gpt_job(extra="gradient-accumulation-steps = 0")), "-q")
     assert out.returncode == 2 and "run.gradient-accumulation-steps" in out.stderr
     out = hearth("run", write_config(tmp_path, gpt_job(extra='mixed-precision = "fp8"')), "-q")
-    assert out.returncode == 2 and "fp8" in out.stderr
+    assert out.returncode == 2 and "mixed-precision" in out.stderr and "FP8 tensor cores" in out.stderr
     out = hearth("run", write_config(tmp_path, gpt_job()), "-q", env={"HEARTH_MIXED_PRECISION": "fp8"})
-    assert out.returncode != 0 and "HEARTH_MIXED_PRECISION" in out.stderr
+    assert out.returncode != 0 and "HEARTH_MIXED_PRECISION" in out.stderr and "FP8 tensor cores" in out.stderr
+
+
+def test_the_accumulation_plugin_keys_train_as_accelerate_on_one_process(hearth, tmp_path):
+    """On one process there is nothing to communicate and no loader end
+    within these steps: sync-each-batch and adjust-scheduler leave the
+    weights exactly as plain accumulation trains them."""
+    plain, _ = train(hearth, tmp_path, "plain", gpt_job(batch=8, extra="gradient-accumulation-steps = 2"))
+    keys = "gradient-accumulation-steps = 2\nsync-each-batch = true\nadjust-scheduler = false"
+    plugin, out = train(hearth, tmp_path, "plugin", gpt_job(batch=8, extra=keys))
+    assert "2 × 8 × 8 tokens" in out.stdout + out.stderr
+    a, b = (load_file(p / "model.safetensors") for p in (plain, plugin))
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 DIGITS = 4

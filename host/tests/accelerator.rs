@@ -7,7 +7,9 @@
 mod common;
 
 use common::oracle;
-use hearth::accelerator::{find_executable_batch_size, Accelerator, BatchSizeError, LrSchedule};
+use hearth::accelerator::{
+    find_executable_batch_size, Accelerator, BatchSizeError, GradientAccumulationPlugin, LrSchedule,
+};
 use hearth::data::{batches, epoch_order, shard_batches, DataLoader, Shard};
 use hearth::ops::SgdHyper;
 use hearth::optim::Sgd;
@@ -52,23 +54,24 @@ impl LrSchedule for Linear {
     }
 }
 
-#[test]
-fn accumulation_syncs_and_schedules_exactly_like_accelerate() {
-    let _serial = serial();
-    let expected: Vec<(bool, f64)> = serde_json::from_str::<Vec<(bool, f64)>>(&oracle(
-        "accelerate_accumulation.py",
-        &["2", "5", "2", "10"],
-    ))
-    .unwrap();
-    let mut acc = Accelerator::builder()
-        .cpu(true)
-        .gradient_accumulation_steps(2)
-        .build()
-        .unwrap();
+/// Runs Accelerate's accumulation oracle with `args` and the same loop here
+/// on `acc` (ones through a 1→1 linear layer, SGD, the linear schedule over
+/// 10 steps, a loader of `n` batches for `epochs`); checks every
+/// micro-batch's sync flag and rate against Accelerate's and returns the
+/// sync flags.
+fn accumulate_like_accelerate(
+    mut acc: Accelerator,
+    n: usize,
+    epochs: usize,
+    args: &[&str],
+) -> Vec<bool> {
+    // [sync_gradients, lr, the scheduler's _step_count] per micro-batch.
+    let expected: Vec<(bool, f64, u64)> =
+        serde_json::from_str(&oracle("accelerate_accumulation.py", args)).unwrap();
     let vs = nn::VarStore::new(Device::Cpu);
     let layer = nn::linear(vs.root(), 1, 1, Default::default());
     let opt = Sgd::new(vs.trainable_variables(), sgd(1.0, 0.0));
-    let data: Vec<Tensor> = (0..5)
+    let data: Vec<Tensor> = (0..n)
         .map(|_| Tensor::ones([1], (Kind::Float, Device::Cpu)))
         .collect();
     let schedule = linear_schedule(1.0);
@@ -77,7 +80,7 @@ fn accumulation_syncs_and_schedules_exactly_like_accelerate() {
         .prepare((schedule, vs, opt, DataLoader::new(data, 1)))
         .unwrap();
     let mut seen = Vec::new();
-    for _ in 0..2 {
+    for _ in 0..epochs {
         for x in loader.iter() {
             acc.accumulate(|| {
                 acc.backward(&layer.forward(&x).sum(Kind::Float)).unwrap();
@@ -85,24 +88,92 @@ fn accumulation_syncs_and_schedules_exactly_like_accelerate() {
                 sched.step().unwrap();
                 opt.zero_grad();
             });
-            seen.push((acc.sync_gradients(), opt.lr()));
+            seen.push((acc.sync_gradients(), opt.lr(), sched.steps()));
         }
     }
-    let flags: Vec<bool> = seen.iter().map(|s| s.0).collect();
+    assert_eq!(seen.len(), expected.len(), "{args:?}");
+    for (i, (ours, theirs)) in seen.iter().zip(&expected).enumerate() {
+        assert_eq!(ours.0, theirs.0, "sync at micro-batch {i} ({args:?})");
+        assert!(
+            (ours.1 - theirs.1).abs() < 1e-12,
+            "lr at micro-batch {i} ({args:?}): {} vs Accelerate's {}",
+            ours.1,
+            theirs.1
+        );
+        // PyTorch counts the step its constructor takes.
+        assert_eq!(
+            ours.2 + 1,
+            theirs.2,
+            "scheduler steps at micro-batch {i} ({args:?})"
+        );
+    }
+    seen.iter().map(|s| s.0).collect()
+}
+
+#[test]
+fn accumulation_syncs_and_schedules_exactly_like_accelerate() {
+    let _serial = serial();
+    let acc = Accelerator::builder()
+        .cpu(true)
+        .gradient_accumulation_steps(2)
+        .build()
+        .unwrap();
+    let flags = accumulate_like_accelerate(acc, 5, 2, &["2", "5", "2", "10"]);
     assert_eq!(
         flags,
         [false, true, false, true, true, false, true, false, true, true]
     );
-    assert_eq!(seen.len(), expected.len());
-    for (i, (ours, theirs)) in seen.iter().zip(&expected).enumerate() {
-        assert_eq!(ours.0, theirs.0, "sync at micro-batch {i}");
-        assert!(
-            (ours.1 - theirs.1).abs() < 1e-12,
-            "lr at micro-batch {i}: {} vs Accelerate's {}",
-            ours.1,
-            theirs.1
-        );
+}
+
+#[test]
+fn the_accumulation_plugin_syncs_and_schedules_like_accelerates() {
+    let _serial = serial();
+    for (sync_with_dataloader, adjust_scheduler) in [(false, true), (true, false), (false, false)] {
+        let plugin = GradientAccumulationPlugin {
+            num_steps: 3,
+            sync_with_dataloader,
+            adjust_scheduler,
+            sync_each_batch: false,
+        };
+        let acc = Accelerator::builder()
+            .cpu(true)
+            .gradient_accumulation_plugin(plugin)
+            .build()
+            .unwrap();
+        let flags = [sync_with_dataloader, adjust_scheduler].map(|f| (f as u8).to_string());
+        let synced =
+            accumulate_like_accelerate(acc, 5, 2, &["3", "5", "2", "10", &flags[0], &flags[1]]);
+        // Without the loader's say, only every third micro-batch of the
+        // ten (across the two epochs of five) syncs.
+        let every_third = (1..=10).map(|i| i % 3 == 0).collect::<Vec<_>>();
+        assert_eq!(synced == every_third, !sync_with_dataloader, "{plugin:?}");
     }
+}
+
+#[test]
+fn both_accumulation_steps_and_the_plugin_are_refused_as_accelerate_does() {
+    let err = Accelerator::builder()
+        .cpu(true)
+        .gradient_accumulation_steps(4)
+        .gradient_accumulation_plugin(GradientAccumulationPlugin::default())
+        .build()
+        .err()
+        .expect("refused");
+    assert_eq!(
+        err.to_string(),
+        "gradient_accumulation_steps(4) and gradient_accumulation_plugin(..) were both given; \
+         give only the plugin, with num_steps = 4"
+    );
+    // Accelerate's defaults.
+    assert_eq!(
+        GradientAccumulationPlugin::default(),
+        GradientAccumulationPlugin {
+            num_steps: 1,
+            adjust_scheduler: true,
+            sync_with_dataloader: true,
+            sync_each_batch: false
+        }
+    );
 }
 
 /// Trains a linear regression on 12 examples for 2 epochs with batch `b`
@@ -932,4 +1003,175 @@ fn a_schedule_returning_the_wrong_number_of_rates_is_an_error() {
     );
     let e = error(vec![f64::NAN, 0.1]);
     assert!(e.contains("NaN") && e.contains("finite"), "{e}");
+}
+
+/// Every value of `enum` in Accelerate's own list either parses to a hearth
+/// value of the same spelling or is refused with `refusal` in the message;
+/// every hearth value is one of Accelerate's. Returns the values refused.
+fn same_spellings<T>(
+    accelerate: &Value,
+    name: &str,
+    hearth: &[T],
+    spell: impl Fn(&T) -> String,
+    parse: impl Fn(&str) -> Result<T, String>,
+    refusal: &str,
+) -> Vec<String> {
+    let theirs: Vec<String> = serde_json::from_value(accelerate[name].clone()).unwrap();
+    let mut refused = Vec::new();
+    for value in &theirs {
+        match parse(value) {
+            Ok(t) => assert_eq!(&spell(&t), value, "{name} {value}"),
+            Err(e) => {
+                assert!(e.contains(refusal), "{name} {value}: {e}");
+                refused.push(value.clone());
+            }
+        }
+        // Accelerate's enums are case-insensitive where hearth parses.
+        if let Ok(t) = parse(&value.to_ascii_uppercase()) {
+            assert_eq!(&spell(&t), value);
+        }
+    }
+    for t in hearth {
+        assert!(
+            theirs.contains(&spell(t)),
+            "{name} {} is not Accelerate's",
+            spell(t)
+        );
+    }
+    let unknown = parse("no-such-value")
+        .err()
+        .expect("an unknown value is refused");
+    assert!(unknown.contains("no-such-value"), "{unknown}");
+    refused
+}
+
+#[test]
+fn accelerates_enum_values_parse_with_its_spellings_or_say_why_not() {
+    use hearth::accelerator::{LoggerType, RngType};
+    use hearth::dist::DistributedType;
+    let accelerate: Value = serde_json::from_str(&oracle("accelerate_enums.py", &[])).unwrap();
+    let refused = same_spellings(
+        &accelerate,
+        "DistributedType",
+        &[
+            DistributedType::No,
+            DistributedType::MultiCpu,
+            DistributedType::MultiGpu,
+            DistributedType::Fsdp,
+        ],
+        |t| t.to_string(),
+        str::parse,
+        "hearth does not drive",
+    );
+    assert!(refused.contains(&"DEEPSPEED".to_string()), "{refused:?}");
+    let refused = same_spellings(
+        &accelerate,
+        "PrecisionType",
+        &[
+            MixedPrecision::No,
+            MixedPrecision::Bf16,
+            MixedPrecision::Fp16,
+        ],
+        |t| t.to_string(),
+        str::parse,
+        "FP8 tensor cores",
+    );
+    assert_eq!(refused, ["fp8"]);
+    same_spellings(
+        &accelerate,
+        "RNGType",
+        &[RngType::Torch, RngType::Cuda, RngType::Generator],
+        |t| t.to_string(),
+        str::parse,
+        "hearth does not drive",
+    );
+    let refused = same_spellings(
+        &accelerate,
+        "LoggerType",
+        &[
+            LoggerType::All,
+            LoggerType::Tensorboard,
+            LoggerType::Mlflow,
+            LoggerType::Dvclive,
+        ],
+        |t| t.to_string(),
+        str::parse,
+        "hearth has no tracker plugin",
+    );
+    assert!(refused.contains(&"wandb".to_string()), "{refused:?}");
+    // Config files spell them the same way.
+    let t: DistributedType = serde_json::from_str("\"MULTI_GPU\"").unwrap();
+    assert_eq!(t, DistributedType::MultiGpu);
+    assert_eq!(
+        serde_json::to_string(&DistributedType::Fsdp).unwrap(),
+        "\"FSDP\""
+    );
+    let e = serde_json::from_str::<MixedPrecision>("\"fp8\"").unwrap_err();
+    assert!(e.to_string().contains("FP8 tensor cores"), "{e}");
+}
+
+#[test]
+fn fp8_is_accepted_and_refused_with_what_it_would_need() {
+    let err = Accelerator::builder()
+        .cpu(true)
+        .fp8_recipe(hearth::precision::Fp8RecipeKwargs::default())
+        .build()
+        .err()
+        .expect("refused");
+    assert_eq!(
+        err.to_string(),
+        "mixed precision \"fp8\" needs a CUDA GPU with FP8 tensor cores (compute capability \
+         8.9 or newer: Ada, Hopper, Blackwell) and an FP8 backend; this process trains on the \
+         CPU, which has none. Use \"bf16\" instead"
+    );
+    // Accelerate's recipe defaults.
+    let recipe = hearth::precision::Fp8RecipeKwargs::default();
+    assert_eq!(
+        (
+            recipe.fp8_format.as_str(),
+            recipe.amax_history_len,
+            recipe.margin,
+            recipe.interval
+        ),
+        ("HYBRID", 1024, 0, 1)
+    );
+}
+
+#[test]
+fn get_tracker_logs_to_that_tracker_alone_and_names_the_ones_there_are() {
+    use hearth::plugins::{load_tracker, Manifest, Value as Logged};
+    let work = common::scratch("get-tracker");
+    let tracker = |name: &str| {
+        let dir = common::repo_root().join("target/plugins").join(name);
+        let manifest =
+            Manifest::read(&dir).expect("built-in plugins are installed: run `make plugins`");
+        load_tracker(&manifest, &work.join(name)).unwrap()
+    };
+    let mut acc = Accelerator::builder().cpu(true).build().unwrap();
+    let none = acc.get_tracker("jsonl").err().expect("no trackers yet");
+    assert_eq!(
+        none.to_string(),
+        "jsonl is not one of the run's trackers (it has none); trackers are started by init_trackers"
+    );
+    acc.init_trackers("p", "r", vec![tracker("jsonl"), tracker("csv")], Vec::new());
+    let jsonl = acc.get_tracker("jsonl").unwrap();
+    assert_eq!(jsonl.name(), "jsonl");
+    jsonl.log(vec![("only_jsonl".into(), Logged::Float(1.5))], 3);
+    acc.log(vec![("both".into(), Logged::Float(2.5))], 4);
+    let err = acc.get_tracker("wandb").err().expect("not there");
+    assert_eq!(
+        err.to_string(),
+        "wandb is not one of the run's trackers (jsonl, csv); trackers are started by init_trackers"
+    );
+    acc.end_training().unwrap();
+    let lines = std::fs::read_to_string(work.join("jsonl/metrics.jsonl")).unwrap();
+    let lines: Vec<Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0]["only_jsonl"], 1.5);
+    assert_eq!(lines[1]["both"], 2.5);
+    let csv = std::fs::read_to_string(work.join("csv/metrics.csv")).unwrap();
+    assert!(!csv.contains("only_jsonl") && csv.contains("both"), "{csv}");
 }

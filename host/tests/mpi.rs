@@ -268,7 +268,8 @@ fn train_ddp(
     (weights, losses)
 }
 
-/// One rank of a DDP run; the mode is `ddp:<b>:<ga>:<comm hook>`.
+/// One rank of a DDP run; the mode is `ddp:<b>:<ga>:<comm hook>`, with
+/// `:each` for the accumulation plugin's `sync_each_batch`.
 #[test]
 fn child_ddp() {
     let Some(mode) = std::env::var(CHILD).ok().filter(|m| m.starts_with("ddp:")) else {
@@ -283,7 +284,11 @@ fn child_ddp() {
     };
     let mut acc = Accelerator::builder()
         .cpu(true)
-        .gradient_accumulation_steps(ga)
+        .gradient_accumulation_plugin(hearth::accelerator::GradientAccumulationPlugin {
+            num_steps: ga,
+            sync_each_batch: parts.get(4) == Some(&"each"),
+            ..Default::default()
+        })
         .timeout(Duration::from_secs(60))
         .ddp(hearth::parallel::DdpOptions {
             // Small buckets, so the two layers' gradients take several.
@@ -307,6 +312,10 @@ fn child_ddp() {
 
 /// The weights of one process training alone with batch `batch`.
 fn reference(batch: usize) -> Vec<(String, Vec<f64>)> {
+    // It seeds and draws from libtorch's global generator: one test at a
+    // time (the harness runs tests on several threads).
+    static SEEDED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
     let mut acc = Accelerator::builder()
         .cpu(true)
         .process_group(Box::new(hearth::dist::SingleProcess))
@@ -333,8 +342,13 @@ fn assert_same_weights(got: &serde_json::Value, want: &[(String, Vec<f64>)], tol
 /// DDP's promise: N processes with batch b train the weights one process
 /// with batch N·b does.
 fn ddp_matches_one_process(n: usize, b: usize, ga: usize) -> Vec<serde_json::Value> {
+    ddp_matches_one_process_as(n, b, ga, "no")
+}
+
+/// [`ddp_matches_one_process`] with `hook` (and options) in the child's mode.
+fn ddp_matches_one_process_as(n: usize, b: usize, ga: usize, hook: &str) -> Vec<serde_json::Value> {
     let dir = scratch(&format!("ddp{n}-{ga}"));
-    mpirun_ok(n, "child_ddp", &format!("ddp:{b}:{ga}:no"), &dir);
+    mpirun_ok(n, "child_ddp", &format!("ddp:{b}:{ga}:{hook}"), &dir);
     let ranks = results(&dir, n);
     let want = reference(n * b * ga);
     for (r, got) in ranks.iter().enumerate() {
@@ -379,6 +393,19 @@ fn with_accumulation_gradients_cross_processes_only_on_sync_steps() {
         assert_eq!(got["losses"].as_array().unwrap().len(), 2 * STEPS);
         assert_eq!(got["syncs"], STEPS, "one sync per 2 micro-batches");
         assert_buckets(got);
+    }
+}
+
+#[test]
+fn sync_each_batch_communicates_every_micro_batch_and_trains_the_same_weights() {
+    // Accelerate's GradientAccumulationPlugin(sync_each_batch=True): no
+    // no_sync, so each micro-batch's backward averages the gradients; the
+    // optimizer still steps every 2, and the sum of averages is the
+    // average of the sums.
+    let ranks = ddp_matches_one_process_as(2, 3, 2, "no:each");
+    for got in &ranks {
+        assert_eq!(got["losses"].as_array().unwrap().len(), 2 * STEPS);
+        assert_eq!(got["syncs"], 2 * STEPS, "one sync per micro-batch");
     }
 }
 

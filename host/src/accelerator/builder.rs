@@ -34,6 +34,8 @@ pub struct AcceleratorBuilder {
     backend: Option<crate::dist::Backend>,
     mixed_precision: Option<MixedPrecision>,
     gradient_accumulation_steps: Option<usize>,
+    accumulation_plugin: Option<super::GradientAccumulationPlugin>,
+    fp8: Option<crate::precision::Fp8RecipeKwargs>,
     split_batches: bool,
     even_batches: Option<bool>,
     dispatch_batches: bool,
@@ -85,6 +87,15 @@ pub enum BuildError {
     /// `gradient_accumulation_steps(0)`.
     #[error("gradient_accumulation_steps must be at least 1")]
     ZeroAccumulation,
+    /// FP8 was asked for (see [`crate::precision::fp8_refusal`]).
+    #[error("{0}")]
+    Fp8(String),
+    /// Both `gradient_accumulation_steps` and `gradient_accumulation_plugin`.
+    #[error("gradient_accumulation_steps({steps}) and gradient_accumulation_plugin(..) were both given; give only the plugin, with num_steps = {steps}")]
+    AccumulationTwice {
+        /// The steps given to `gradient_accumulation_steps`.
+        steps: usize,
+    },
     /// The process group could not be joined.
     #[error("cannot join the process group")]
     Dist(#[from] crate::dist::DistError),
@@ -111,6 +122,17 @@ fn parse_bool(s: &str) -> Result<bool, String> {
         "0" | "false" | "no" | "off" => Ok(false),
         _ => Err("expected true/false (or 1/0)".into()),
     }
+}
+
+/// `HEARTH_GRADIENT_ACCUMULATION_STEPS`, if set (Accelerate's
+/// `ACCELERATE_GRADIENT_ACCUMULATION_STEPS`).
+pub fn accumulation_steps_from_env() -> Result<Option<usize>, BuildError> {
+    env_var("HEARTH_GRADIENT_ACCUMULATION_STEPS", |s| {
+        s.parse::<usize>()
+            .ok()
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| "expected a whole number of at least 1".to_string())
+    })
 }
 
 impl AcceleratorBuilder {
@@ -155,9 +177,30 @@ impl AcceleratorBuilder {
         self
     }
 
+    /// FP8 training with `recipe` (Accelerate's `mixed_precision="fp8"`
+    /// with `FP8RecipeKwargs`): accepted here, refused by
+    /// [`build`](Self::build) with what it would need, since no device
+    /// hearth runs on has an FP8 backend yet.
+    pub fn fp8_recipe(mut self, recipe: crate::precision::Fp8RecipeKwargs) -> Self {
+        self.fp8 = Some(recipe);
+        self
+    }
+
     /// Micro-batches whose gradients add up before each optimizer step.
     pub fn gradient_accumulation_steps(mut self, steps: usize) -> Self {
         self.gradient_accumulation_steps = Some(steps);
+        self
+    }
+
+    /// All the accumulation settings (Accelerate's
+    /// `gradient_accumulation_plugin=`); not together with
+    /// [`gradient_accumulation_steps`](Self::gradient_accumulation_steps)
+    /// other than 1, as Accelerate refuses both.
+    pub fn gradient_accumulation_plugin(
+        mut self,
+        plugin: super::GradientAccumulationPlugin,
+    ) -> Self {
+        self.accumulation_plugin = Some(plugin);
         self
     }
 
@@ -262,15 +305,19 @@ impl AcceleratorBuilder {
         };
         let steps = match self.gradient_accumulation_steps {
             Some(s) => s,
-            None => env_var("HEARTH_GRADIENT_ACCUMULATION_STEPS", |s| {
-                s.parse::<usize>()
-                    .ok()
-                    .filter(|&n| n >= 1)
-                    .ok_or_else(|| "expected a whole number of at least 1".to_string())
-            })?
-            .unwrap_or(1),
+            None => accumulation_steps_from_env()?.unwrap_or(1),
         };
-        if steps == 0 {
+        let accumulation = match self.accumulation_plugin {
+            Some(_) if steps != 1 && self.gradient_accumulation_steps.is_some() => {
+                return Err(BuildError::AccumulationTwice { steps })
+            }
+            Some(plugin) => plugin,
+            None => super::GradientAccumulationPlugin {
+                num_steps: steps,
+                ..Default::default()
+            },
+        };
+        if accumulation.num_steps == 0 {
             return Err(BuildError::ZeroAccumulation);
         }
         let cpu = match self.cpu {
@@ -293,6 +340,9 @@ impl AcceleratorBuilder {
             }
             None => Device::Cpu,
         };
+        if self.fp8.is_some() {
+            return Err(BuildError::Fp8(crate::precision::fp8_refusal(Some(device))));
+        }
         let group = match self.group {
             Some(group) => group,
             None => crate::dist::from_environment(
@@ -308,7 +358,7 @@ impl AcceleratorBuilder {
             device,
             group,
             mixed_precision,
-            gradient_accumulation_steps: steps,
+            accumulation,
             split_batches: self.split_batches,
             even_batches: self.even_batches.unwrap_or(true),
             dispatch_batches: self.dispatch_batches,

@@ -3,7 +3,7 @@
 //! splitting, triggers, barriers and who-goes-first, and running work on
 //! chosen processes.
 
-use super::Accelerator;
+use super::{Accelerator, RngType};
 use crate::dist::{DistError, DistributedType, ReduceOp};
 use crate::ops;
 use std::sync::atomic::Ordering;
@@ -11,10 +11,13 @@ use tch::{Device, Tensor};
 
 impl Accelerator {
     /// What kind of world this is (Accelerate's `distributed_type`): one
-    /// process, several on CPUs, or several with a GPU each.
+    /// process, several on CPUs, several with a GPU each, or — with an FSDP
+    /// plugin on GPUs — `FSDP`, as Accelerate says.
     pub fn distributed_type(&self) -> DistributedType {
         if self.num_processes() == 1 {
             DistributedType::No
+        } else if self.device.is_cuda() && self.ddp.fsdp.is_some() {
+            DistributedType::Fsdp
         } else if self.device.is_cuda() {
             DistributedType::MultiGpu
         } else {
@@ -319,10 +322,26 @@ impl Accelerator {
     /// (Accelerate's `synchronize_rng_states`). Draws after it are the
     /// same on every process.
     pub fn synchronize_rng_state(&self) -> Result<(), DistError> {
-        let mut devices = vec![Device::Cpu];
-        if self.device.is_cuda() {
-            devices.push(self.device);
+        self.synchronize_rng_states(&[RngType::Torch, RngType::Cuda])
+    }
+
+    /// [`synchronize_rng_state`](Self::synchronize_rng_state) for the
+    /// generators `rng_types` name (Accelerate's `synchronize_rng_states(
+    /// rng_types)`): `Torch` the CPU generator, `Cuda` this process's GPU
+    /// generator (nothing on a CPU process), `Generator` nothing — a
+    /// prepared loader's order comes from its seed and the epoch, the same
+    /// on every process, where Accelerate's comes from a generator it must
+    /// synchronise.
+    pub fn synchronize_rng_states(&self, rng_types: &[RngType]) -> Result<(), DistError> {
+        let mut devices = Vec::new();
+        for t in rng_types {
+            match t {
+                RngType::Torch => devices.push(Device::Cpu),
+                RngType::Cuda if self.device.is_cuda() => devices.push(self.device),
+                RngType::Cuda | RngType::Generator => {}
+            }
         }
+        devices.dedup();
         let failed = |e: tch::TchError| DistError::Mismatch {
             op: "synchronize_rng_state",
             rank: self.process_index(),

@@ -70,7 +70,7 @@ pub(super) struct Settings {
     pub device: Device,
     pub group: Box<dyn ProcessGroup>,
     pub mixed_precision: MixedPrecision,
-    pub gradient_accumulation_steps: usize,
+    pub accumulation: super::GradientAccumulationPlugin,
     pub split_batches: bool,
     pub even_batches: bool,
     pub dispatch_batches: bool,
@@ -108,7 +108,7 @@ impl Accelerator {
             group: s.group,
             trackers: None,
             mixed_precision: s.mixed_precision,
-            state: GradientState::new(s.gradient_accumulation_steps),
+            state: GradientState::with_plugin(s.accumulation),
             split_batches: s.split_batches,
             even_batches: s.even_batches,
             dispatch_batches: s.dispatch_batches,
@@ -216,7 +216,9 @@ impl Accelerator {
         self.state.advance();
         self.micro_steps
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if self.state.sync_gradients() {
+        // sync_each_batch: every micro-batch communicates; the optimizer
+        // still steps on sync_gradients only.
+        if self.state.sync_gradients() || self.state.plugin().sync_each_batch {
             f()
         } else {
             self.no_sync(f)
@@ -529,6 +531,31 @@ impl Accelerator {
         }
     }
 
+    /// The tracker called `name` (Accelerate's `get_tracker`): its handle
+    /// logs to it alone. On a process other than the main one — where no
+    /// tracker runs — a handle that does nothing, as Accelerate's blank
+    /// tracker. Accelerate's `unwrap=True` hands out the tracker's own
+    /// object; a plugin's lives in its sandbox, so there is none to give.
+    pub fn get_tracker(&self, name: &str) -> Result<TrackerHandle<'_>, UnknownTracker> {
+        if !self.is_main_process() {
+            return Ok(TrackerHandle {
+                name: name.into(),
+                hub: None,
+            });
+        }
+        let names = self.trackers.as_ref().map(|h| h.names()).unwrap_or(&[]);
+        if !names.iter().any(|n| n == name) {
+            return Err(UnknownTracker {
+                name: name.into(),
+                known: names.to_vec(),
+            });
+        }
+        Ok(TrackerHandle {
+            name: name.into(),
+            hub: self.trackers.as_ref(),
+        })
+    }
+
     /// Finishes the trackers (Accelerate's `end_training`) and waits for
     /// them and for a checkpoint being written in the background, whose
     /// failure it returns.
@@ -572,4 +599,35 @@ impl Default for AutocastKwargs {
 
 fn cuda_devices() -> usize {
     crate::ops::cuda::device_count()
+}
+
+/// One tracker of the run (see [`Accelerator::get_tracker`]).
+pub struct TrackerHandle<'a> {
+    name: String,
+    hub: Option<&'a TrackerHub>,
+}
+
+impl TrackerHandle<'_> {
+    /// The tracker's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Logs `values` at `step` to this tracker only; never waits (nothing
+    /// on a process other than the main one).
+    pub fn log(&self, values: Entries, step: u64) {
+        if let Some(hub) = self.hub {
+            hub.log_to(&self.name, step, values);
+        }
+    }
+}
+
+/// [`Accelerator::get_tracker`] asked for a tracker the run does not have.
+#[derive(Debug, thiserror::Error)]
+#[error("{name} is not one of the run's trackers ({}); trackers are started by init_trackers", if known.is_empty() { "it has none".to_string() } else { known.join(", ") })]
+pub struct UnknownTracker {
+    /// The name asked for.
+    pub name: String,
+    /// The run's trackers.
+    pub known: Vec<String>,
 }

@@ -10,6 +10,7 @@ mod collectives;
 mod ddp;
 mod facade;
 mod grad;
+mod kinds;
 mod loader;
 mod memory;
 mod model;
@@ -21,11 +22,14 @@ mod sharding;
 mod state;
 mod trackers;
 
-pub use builder::{AcceleratorBuilder, BuildError, DataLoaderConfiguration};
+pub use builder::{
+    accumulation_steps_from_env, AcceleratorBuilder, BuildError, DataLoaderConfiguration,
+};
 pub use checkpointing::{node_name, Checkpointable, ProjectConfiguration, TrainerState};
 pub use ddp::BackwardError;
-pub use facade::{Accelerator, AutocastKwargs, RngState};
+pub use facade::{Accelerator, AutocastKwargs, RngState, TrackerHandle, UnknownTracker};
 pub use grad::clip_grad_norm_;
+pub use kinds::{LoggerType, RngType};
 pub use loader::{PreparedBatches, PreparedDataLoader, TryPreparedBatches};
 pub use memory::{find_executable_batch_size, is_out_of_memory, BatchSizeError};
 pub use model::PreparedModel;
@@ -34,7 +38,7 @@ pub use optimizer::AcceleratedOptimizer;
 pub use prepare::{Prepare, PrepareError};
 pub use scheduler::{AcceleratedScheduler, LrSchedule};
 pub use sharding::{plan_units, policy_units, MemoryStats, ShardingError};
-pub use state::GradientState;
+pub use state::{GradientAccumulationPlugin, GradientState};
 pub use trackers::TrackerHub;
 
 /// Locks `m`, taking the data over even if a panicking holder poisoned it

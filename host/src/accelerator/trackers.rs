@@ -16,10 +16,13 @@ const QUEUE: usize = 4096;
 /// and finish, beyond one call deadline per tracker.
 const FINISH_GRACE: Duration = Duration::from_secs(30);
 
+/// Values logged at a step, for every tracker or the one of that index.
+type Logged = (Option<usize>, u64, Entries);
+
 /// The trackers of a run, driven from a worker thread.
 pub struct TrackerHub {
     names: Vec<String>,
-    queue: Option<SyncSender<(u64, Entries)>>,
+    queue: Option<SyncSender<Logged>>,
     done: Option<Receiver<Vec<TrackerPlugin>>>,
     finish_wait: Duration,
     dropped: AtomicU64,
@@ -35,7 +38,7 @@ impl TrackerHub {
                 .iter()
                 .map(TrackerPlugin::call_timeout)
                 .sum::<Duration>();
-        let (queue, inbox) = sync_channel::<(u64, Entries)>(QUEUE);
+        let (queue, inbox) = sync_channel::<Logged>(QUEUE);
         let (done_tx, done) = channel();
         std::thread::Builder::new()
             .name("hearth-trackers".into())
@@ -45,8 +48,11 @@ impl TrackerHub {
                     t.start(run.clone(), config.clone());
                 }
                 // Ends when the hub closes the queue and it is drained.
-                for (step, values) in inbox {
-                    trackers.iter_mut().for_each(|t| t.log(step, &values));
+                for (to, step, values) in inbox {
+                    match to.and_then(|i| trackers.get_mut(i)) {
+                        Some(one) => one.log(step, &values),
+                        None => trackers.iter_mut().for_each(|t| t.log(step, &values)),
+                    }
                 }
                 trackers.iter_mut().for_each(TrackerPlugin::finish);
                 let _ = done_tx.send(trackers);
@@ -68,8 +74,24 @@ impl TrackerHub {
 
     /// Queues `values` for every tracker at `step`; never waits.
     pub fn log(&self, step: u64, values: Entries) {
+        self.send((None, step, values));
+    }
+
+    /// Queues `values` at `step` for the tracker called `name` only (what
+    /// [`Accelerator::get_tracker`](super::Accelerator::get_tracker)'s
+    /// handle logs); false when there is none of that name.
+    pub fn log_to(&self, name: &str, step: u64, values: Entries) -> bool {
+        let Some(index) = self.names.iter().position(|n| n == name) else {
+            return false;
+        };
+        self.send((Some(index), step, values));
+        true
+    }
+
+    fn send(&self, logged: Logged) {
         let Some(queue) = &self.queue else { return };
-        match queue.try_send((step, values)) {
+        let step = logged.1;
+        match queue.try_send(logged) {
             Ok(()) | Err(TrySendError::Disconnected(_)) => {}
             Err(TrySendError::Full(_)) => {
                 if self.dropped.fetch_add(1, Ordering::Relaxed) == 0 {

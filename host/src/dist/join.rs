@@ -43,8 +43,12 @@ impl std::str::FromStr for Backend {
     }
 }
 
-/// What kind of world a run is (Accelerate's `DistributedType`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+/// What kind of world a run is (Accelerate's `DistributedType`, with its
+/// spellings: `"NO"`, `"MULTI_CPU"`, `"MULTI_GPU"`, `"FSDP"`). Accelerate's
+/// other values name devices and engines hearth does not drive (NPU, MLU,
+/// SDAA, MUSA, XPU, HPU, XLA, DeepSpeed, Megatron-LM): parsing one says so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE", try_from = "String")]
 pub enum DistributedType {
     /// One process.
     No,
@@ -52,6 +56,65 @@ pub enum DistributedType {
     MultiCpu,
     /// Several processes, one GPU each.
     MultiGpu,
+    /// Several processes with a GPU each, the model sharded (FSDP), as
+    /// Accelerate names a multi-GPU world with an FSDP plugin.
+    Fsdp,
+}
+
+impl DistributedType {
+    /// Accelerate's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::No => "NO",
+            Self::MultiCpu => "MULTI_CPU",
+            Self::MultiGpu => "MULTI_GPU",
+            Self::Fsdp => "FSDP",
+        }
+    }
+}
+
+impl std::fmt::Display for DistributedType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for DistributedType {
+    type Err = String;
+    /// Accelerate's spellings, in any case.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let all = [Self::No, Self::MultiCpu, Self::MultiGpu, Self::Fsdp];
+        if let Some(t) = all.into_iter().find(|t| t.as_str().eq_ignore_ascii_case(s)) {
+            return Ok(t);
+        }
+        const ELSEWHERE: [&str; 10] = [
+            "MULTI_NPU",
+            "MULTI_MLU",
+            "MULTI_SDAA",
+            "MULTI_MUSA",
+            "MULTI_XPU",
+            "DEEPSPEED",
+            "XLA",
+            "MEGATRON_LM",
+            "MULTI_HPU",
+            "MULTI_NEURON",
+        ];
+        if ELSEWHERE.iter().any(|e| e.eq_ignore_ascii_case(s)) {
+            return Err(format!(
+                "distributed type {s:?} is Accelerate's for a device or engine hearth does not drive; hearth runs NO, MULTI_CPU, MULTI_GPU or FSDP"
+            ));
+        }
+        Err(format!(
+            "unknown distributed type {s:?}; expected NO, MULTI_CPU, MULTI_GPU or FSDP"
+        ))
+    }
+}
+
+impl TryFrom<String> for DistributedType {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
 }
 
 /// How this process joins its world.

@@ -7,9 +7,11 @@ use std::fmt;
 use std::str::FromStr;
 use tch::{Device, Kind, TchError, Tensor};
 
-/// Which precision the forward pass runs in.
+/// Which precision the forward pass runs in (Accelerate's
+/// `PrecisionType`, with its spellings; `"fp8"` is refused, see
+/// [`Fp8RecipeKwargs`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "lowercase", try_from = "String")]
 pub enum MixedPrecision {
     /// Float32 throughout.
     #[default]
@@ -45,9 +47,80 @@ impl FromStr for MixedPrecision {
             "no" | "fp32" => Ok(Self::No),
             "bf16" => Ok(Self::Bf16),
             "fp16" => Ok(Self::Fp16),
+            "fp8" => Err(fp8_refusal(None)),
             other => Err(format!(
                 "mixed precision is \"no\", \"bf16\" or \"fp16\", not {other:?}"
             )),
+        }
+    }
+}
+
+impl TryFrom<String> for MixedPrecision {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+/// Why FP8 training is refused, on `device` when known. What it would take:
+/// a CUDA GPU with FP8 tensor cores (compute capability 8.9 or newer: Ada
+/// Lovelace, Hopper, Blackwell) and an FP8 backend that swaps linear layers
+/// for FP8 ones with per-tensor scaling (Transformer Engine, MS-AMP or
+/// torchao's float8, which is what Accelerate's recipes configure); hearth
+/// has neither the backend nor a machine with such a GPU to test one on.
+pub fn fp8_refusal(device: Option<Device>) -> String {
+    let here = match device {
+        Some(Device::Cuda(i)) => format!(
+            "this process trains on cuda:{i}, but hearth has no FP8 backend yet (Transformer Engine's, MS-AMP's or torchao's FP8 linear layers)"
+        ),
+        Some(_) => "this process trains on the CPU, which has none".to_string(),
+        None => "hearth has no FP8 backend yet".to_string(),
+    };
+    format!(
+        "mixed precision \"fp8\" needs a CUDA GPU with FP8 tensor cores (compute capability 8.9 or newer: Ada, Hopper, Blackwell) and an FP8 backend; {here}. Use \"bf16\" instead"
+    )
+}
+
+/// The FP8 recipe (Accelerate's `FP8RecipeKwargs`, for the Transformer
+/// Engine, MS-AMP and torchao backends), accepted by
+/// [`AcceleratorBuilder::fp8_recipe`](crate::accelerator::AcceleratorBuilder::fp8_recipe)
+/// so that a ported script compiles, and refused when the accelerator is
+/// built (see [`fp8_refusal`]). `Default` is Accelerate's recipe.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fp8RecipeKwargs {
+    /// `"te"`, `"msamp"` or `"ao"`.
+    pub backend: String,
+    /// `"HYBRID"` (E4M3 forward, E5M2 backward), `"E4M3"` or `"E5M2"`.
+    pub fp8_format: String,
+    /// Margin of the scaling factor (Transformer Engine).
+    pub margin: i32,
+    /// Steps between scaling-factor updates (Transformer Engine).
+    pub interval: i32,
+    /// Length of the amax history window (Transformer Engine).
+    pub amax_history_len: usize,
+    /// `"most_recent"` or `"max"` (Transformer Engine).
+    pub amax_compute_algo: String,
+    /// Keep the forward, data-gradient and weight-gradient GEMMs in higher
+    /// precision (Transformer Engine).
+    pub override_linear_precision: (bool, bool, bool),
+    /// FP8 also during evaluation (Transformer Engine).
+    pub use_autocast_during_eval: bool,
+    /// `"O1"` or `"O2"` (MS-AMP).
+    pub opt_level: String,
+}
+
+impl Default for Fp8RecipeKwargs {
+    fn default() -> Self {
+        Self {
+            backend: "te".into(),
+            fp8_format: "HYBRID".into(),
+            margin: 0,
+            interval: 1,
+            amax_history_len: 1024,
+            amax_compute_algo: "most_recent".into(),
+            override_linear_precision: (false, false, false),
+            use_autocast_during_eval: false,
+            opt_level: "O2".into(),
         }
     }
 }

@@ -5,7 +5,7 @@
 use super::config::{DataKind, DeviceChoice, ModelKind, OptimizerKind, TrainConfig};
 use super::eval::Evaluation;
 use super::runner::{RunOptions, TrainError};
-use crate::accelerator::{Accelerator, AcceleratorBuilder};
+use crate::accelerator::{Accelerator, AcceleratorBuilder, GradientAccumulationPlugin};
 use crate::data::{RandomTokens, SortDigits, TextFile, TokenDataset};
 use crate::models::{Gpt, GptConfig, Mlp, MlpConfig, Model, TorchScriptModel};
 use crate::ops::{AdamHyper, SgdHyper};
@@ -40,7 +40,25 @@ pub(super) fn accelerator(
     if let Some(mode) = config.run.mixed_precision {
         builder = builder.mixed_precision(mode);
     }
-    if let Some(ga) = config.run.gradient_accumulation_steps {
+    let run = &config.run;
+    if run.sync_with_dataloader.is_some()
+        || run.sync_each_batch.is_some()
+        || run.adjust_scheduler.is_some()
+    {
+        let defaults = GradientAccumulationPlugin::default();
+        let num_steps = match run.gradient_accumulation_steps {
+            Some(steps) => steps,
+            None => crate::accelerator::accumulation_steps_from_env()?.unwrap_or(1),
+        };
+        builder = builder.gradient_accumulation_plugin(GradientAccumulationPlugin {
+            num_steps,
+            sync_with_dataloader: run
+                .sync_with_dataloader
+                .unwrap_or(defaults.sync_with_dataloader),
+            sync_each_batch: run.sync_each_batch.unwrap_or(defaults.sync_each_batch),
+            adjust_scheduler: run.adjust_scheduler.unwrap_or(defaults.adjust_scheduler),
+        });
+    } else if let Some(ga) = run.gradient_accumulation_steps {
         builder = builder.gradient_accumulation_steps(ga);
     }
     builder = builder.project_config(crate::accelerator::ProjectConfiguration {

@@ -43,6 +43,16 @@ pub struct RunSection {
     /// Micro-batches of `data.batch-size` whose gradients add up before each
     /// optimizer step (default: `HEARTH_GRADIENT_ACCUMULATION_STEPS`, else 1).
     pub gradient_accumulation_steps: Option<usize>,
+    /// The last batch of each epoch ends an accumulation group (default
+    /// true; false counts micro-batches across epochs). Accelerate's
+    /// `GradientAccumulationPlugin(sync_with_dataloader=)`.
+    pub sync_with_dataloader: Option<bool>,
+    /// Average gradients between processes on every micro-batch, not only
+    /// those that step (default false; `sync_each_batch=`).
+    pub sync_each_batch: Option<bool>,
+    /// Accelerate's `adjust_scheduler=`, accepted with Accelerate's effect:
+    /// none (see `GradientAccumulationPlugin::adjust_scheduler`).
+    pub adjust_scheduler: Option<bool>,
     /// `no`, `bf16` or `fp16` (default: `HEARTH_MIXED_PRECISION`, else `no`).
     /// fp16 scales the loss on a GPU; on the CPU it trains in float32, as
     /// Accelerate does.
