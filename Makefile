@@ -53,7 +53,18 @@ $(PY_STAMP): $(REQS)
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-build: setup plugins
+# On a fresh machine torch's download (minutes, mostly network) overlaps the
+# compiling of the plugins and of every crate that does not need libtorch
+# (`--keep-going` builds all but torch-sys and what depends on it); then the
+# rest. pip's output goes to $(PIP_LOG), shown if it fails.
+PIP_LOG := target/python-env.log
+build: system-packages wasm-target
+	@mkdir -p target
+	@$(MAKE) --no-print-directory python-env > $(PIP_LOG) 2>&1 & pip=$$!; \
+	$(MAKE) --no-print-directory plugins || { kill $$pip; exit 1; }; \
+	[ -e $(VENV)/libtorch ] || cargo build --workspace --keep-going --quiet 2>/dev/null || true; \
+	wait $$pip || { cat $(PIP_LOG); echo "setup: installing the Python packages failed"; exit 1; }
+	@grep -v "Nothing to be done" $(PIP_LOG) || true
 	cargo build --workspace
 
 # The built-in plugins (plugins/*) for wasm32-wasip2, installed as
