@@ -1175,3 +1175,71 @@ fn get_tracker_logs_to_that_tracker_alone_and_names_the_ones_there_are() {
     let csv = std::fs::read_to_string(work.join("csv/metrics.csv")).unwrap();
     assert!(!csv.contains("only_jsonl") && csv.contains("both"), "{csv}");
 }
+
+/// A place in a world of 4 processes on 2 machines, without collectives.
+struct Place {
+    rank: usize,
+}
+
+impl hearth::dist::ProcessGroup for Place {
+    fn process_index(&self) -> usize {
+        self.rank
+    }
+    fn num_processes(&self) -> usize {
+        4
+    }
+    fn local_process_index(&self) -> usize {
+        self.rank % 2
+    }
+    fn num_local_processes(&self) -> usize {
+        2
+    }
+    fn backend(&self) -> &'static str {
+        "test"
+    }
+}
+
+#[test]
+fn save_and_save_object_write_on_the_main_process_or_each_machines_first() {
+    let work = common::scratch("save-object");
+    #[derive(serde::Serialize)]
+    struct Summary {
+        epoch: u32,
+        losses: Vec<f64>,
+    }
+    let summary = Summary {
+        epoch: 3,
+        losses: vec![0.5, 0.25],
+    };
+    let tensors = vec![("w".to_string(), Tensor::from_slice(&[1.0f32, 2.0]))];
+    for each_node in [false, true] {
+        for rank in 0..4 {
+            let acc = Accelerator::builder()
+                .cpu(true)
+                .process_group(Box::new(Place { rank }))
+                .project_config(hearth::accelerator::ProjectConfiguration {
+                    save_on_each_node: each_node,
+                    ..Default::default()
+                })
+                .build()
+                .unwrap();
+            let json = work.join(format!("{each_node}-{rank}.json"));
+            let st = work.join(format!("{each_node}-{rank}.safetensors"));
+            let wrote = acc.save_object(&summary, &json).unwrap();
+            assert_eq!(acc.save(&tensors, &st).unwrap(), wrote);
+            // Accelerate: the main process, or each machine's local main.
+            assert_eq!(
+                wrote,
+                rank == 0 || (each_node && rank == 2),
+                "{each_node} {rank}"
+            );
+            assert_eq!(json.exists(), wrote);
+            if wrote {
+                let back: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+                assert_eq!(back, serde_json::json!({"epoch": 3, "losses": [0.5, 0.25]}));
+                let w = hearth::checkpoint::read_safetensor(&st, "w").unwrap();
+                assert_eq!(Vec::<f32>::try_from(&w).unwrap(), [1.0, 2.0]);
+            }
+        }
+    }
+}

@@ -476,19 +476,49 @@ impl Accelerator {
     }
 
     /// Writes `tensors` to `path` (safetensors with `{"format": "pt"}`,
-    /// atomically) on the main process only (Accelerate's
-    /// `accelerator.save(obj, f)` with safe serialization); other processes
-    /// write nothing and return `false`.
+    /// atomically) on the main process — with the project's
+    /// `save_on_each_node`, on the first process of every machine
+    /// (Accelerate's `accelerator.save(obj, f, safe_serialization=True)`);
+    /// other processes write nothing and return `false`.
     pub fn save(
         &self,
         tensors: &[(String, Tensor)],
         path: &std::path::Path,
     ) -> Result<bool, crate::checkpoint::CheckpointError> {
-        if !self.is_main_process() {
+        if !self.saves_files() {
             return Ok(false);
         }
         crate::checkpoint::save_safetensors(path, tensors)?;
         Ok(true)
+    }
+
+    /// Writes any serialisable `object` to `path` as JSON, atomically, on
+    /// the processes [`save`](Self::save) writes on (Accelerate's
+    /// `accelerator.save(obj, f)` for an object that is not tensors, which
+    /// it pickles; hearth writes JSON, readable by any language).
+    pub fn save_object<T: serde::Serialize + ?Sized>(
+        &self,
+        object: &T,
+        path: &std::path::Path,
+    ) -> Result<bool, crate::checkpoint::CheckpointError> {
+        if !self.saves_files() {
+            return Ok(false);
+        }
+        let json = serde_json::to_vec_pretty(object).map_err(|e| {
+            crate::checkpoint::CheckpointError::State {
+                path: path.into(),
+                message: format!("cannot be written as JSON: {e}"),
+            }
+        })?;
+        crate::durable::write_atomically(path, |f| std::io::Write::write_all(f, &json))
+            .map_err(crate::checkpoint::CheckpointError::io(path))?;
+        Ok(true)
+    }
+
+    /// Whether this process writes what [`save`](Self::save) is given: the
+    /// main process, or the first of each machine with `save_on_each_node`.
+    fn saves_files(&self) -> bool {
+        self.is_main_process() || (self.project.save_on_each_node && self.is_local_main_process())
     }
 
     /// Drops `objects` (prepared models, optimizers…) and releases cached
