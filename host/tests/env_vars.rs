@@ -79,6 +79,40 @@ fn environment_fills_in_and_explicit_settings_win() {
     scoped_changes_are_undone();
     set_seed_does_what_accelerates_does();
     freed_memory_stays_for_the_next_step();
+    the_plugin_epoch_ticker_sleeps_between_calls();
+}
+
+/// Times the thread called `name` went to sleep so far (its voluntary
+/// context switches, /proc/self/task/*/status).
+fn sleeps_of_thread(name: &str) -> Option<u64> {
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() != name {
+            continue;
+        }
+        let status = std::fs::read_to_string(task.path().join("status")).ok()?;
+        return status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|v| v.trim().parse().ok());
+    }
+    None
+}
+
+/// With no plugin call in flight the epoch ticker does not wake (it used
+/// to, every 10 ms, taking the training threads' cores 100 times a second);
+/// a call wakes it, so call deadlines still count (tests/test_sandbox.py).
+fn the_plugin_epoch_ticker_sleeps_between_calls() {
+    let _ = hearth::plugins::PluginEngine::global();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let before = sleeps_of_thread("hearth-plugin-e").expect("the ticker thread runs");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let after = sleeps_of_thread("hearth-plugin-e").unwrap();
+    assert!(
+        after - before <= 1,
+        "the idle ticker woke {} times in 300 ms",
+        after - before
+    );
 }
 
 /// This process's resident memory in bytes (/proc/self/statm).
