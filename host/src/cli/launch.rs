@@ -23,18 +23,19 @@ pub(super) struct LaunchArgs {
     /// How processes are started (default: mpirun on CPU, spawn on GPUs).
     #[arg(long, value_enum)]
     launcher: Option<LaunchMode>,
-    /// Machines in the job (spawn mode; torchrun's --nnodes).
-    #[arg(long, default_value_t = 1)]
-    nnodes: usize,
-    /// This machine's index (spawn mode; torchrun's --node-rank).
-    #[arg(long, default_value_t = 0)]
-    node_rank: usize,
-    /// Address of the machine with node rank 0 (spawn mode).
-    #[arg(long, default_value = "127.0.0.1")]
-    master_addr: String,
-    /// Rendezvous port on it (spawn mode).
-    #[arg(long, default_value_t = 29500)]
-    master_port: u16,
+    /// Machines in the job (spawn mode; torchrun's --nnodes; default 1).
+    #[arg(long)]
+    nnodes: Option<usize>,
+    /// This machine's index (spawn mode; torchrun's --node-rank; default 0).
+    #[arg(long)]
+    node_rank: Option<usize>,
+    /// Address of the machine with node rank 0 (spawn mode; default
+    /// 127.0.0.1).
+    #[arg(long)]
+    master_addr: Option<String>,
+    /// Rendezvous port on it (spawn mode; default 29500).
+    #[arg(long)]
+    master_port: Option<u16>,
     /// Open MPI hostfile for a CPU job over several machines.
     #[arg(long)]
     hostfile: Option<PathBuf>,
@@ -43,6 +44,12 @@ pub(super) struct LaunchArgs {
     /// the newest complete checkpoint.
     #[arg(long, default_value_t = 0)]
     max_restarts: usize,
+    /// The launch config to take -n, --cpu, mixed precision and the
+    /// machines from where these flags are not given (Accelerate's
+    /// `--config_file`; default: the one `hearth config --launch` wrote, if
+    /// any).
+    #[arg(long)]
+    config_file: Option<PathBuf>,
     /// The training config for `hearth run`.
     config: Option<PathBuf>,
     /// After `--`: with a config, more `hearth run` flags (`--steps 100`);
@@ -51,7 +58,40 @@ pub(super) struct LaunchArgs {
     program: Vec<OsString>,
 }
 
-pub(super) fn execute(args: LaunchArgs) -> Result<(), Failure> {
+/// The launch config `--config-file` names, else the default one if it
+/// exists; it fills in what the flags leave out (`-n`, `--cpu`, the
+/// machines) and its mixed precision reaches every process through
+/// `HEARTH_MIXED_PRECISION` (a training config's own setting wins).
+fn apply_launch_config(args: &mut LaunchArgs) -> Result<(), Failure> {
+    let path = match &args.config_file {
+        Some(path) => path.clone(),
+        None => match crate::launch::default_launch_config_path() {
+            path if path.is_file() => path,
+            _ => return Ok(()),
+        },
+    };
+    let config = crate::launch::read_launch_config(&path).map_err(Failure::bad_input)?;
+    args.processes = args.processes.or(Some(config.num_processes));
+    args.cpu |= config.use_cpu;
+    args.nnodes = args.nnodes.or(Some(config.num_machines));
+    args.node_rank = args.node_rank.or(Some(config.machine_rank));
+    args.master_addr = args.master_addr.take().or(config.main_process_ip);
+    args.master_port = args.master_port.or(config.main_process_port);
+    if config.mixed_precision != crate::precision::MixedPrecision::No
+        && std::env::var_os("HEARTH_MIXED_PRECISION").is_none()
+    {
+        // SAFETY: the launcher is single-threaded here, before any process starts.
+        unsafe {
+            std::env::set_var("HEARTH_MIXED_PRECISION", config.mixed_precision.to_string());
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn execute(mut args: LaunchArgs) -> Result<(), Failure> {
+    apply_launch_config(&mut args)?;
+    let nnodes = args.nnodes.unwrap_or(1);
+    let node_rank = args.node_rank.unwrap_or(0);
     let gpus = if args.cpu {
         0
     } else {
@@ -63,19 +103,16 @@ pub(super) fn execute(args: LaunchArgs) -> Result<(), Failure> {
         LaunchMode::Mpirun
     });
     let processes = args.processes.unwrap_or(gpus.max(1));
-    if processes == 0 || args.nnodes == 0 || args.node_rank >= args.nnodes {
+    if processes == 0 || nnodes == 0 || node_rank >= nnodes {
         return Err(Failure::bad_input(anyhow::anyhow!(
-            "-n {processes}, --nnodes {}, --node-rank {}: need at least one process and a node rank below the number of nodes",
-            args.nnodes,
-            args.node_rank
+            "-n {processes}, --nnodes {nnodes}, --node-rank {node_rank}: need at least one process and a node rank below the number of nodes"
         )));
     }
-    if args.max_restarts > 0 && args.nnodes > 1 && mode == LaunchMode::Spawn {
+    if args.max_restarts > 0 && nnodes > 1 && mode == LaunchMode::Spawn {
         return Err(Failure::bad_input(anyhow::anyhow!(
-            "--max-restarts with --nnodes {}: each machine's launcher would restart only its own \
+            "--max-restarts with --nnodes {nnodes}: each machine's launcher would restart only its own \
              processes while the others wait; restart the job on every machine together, or use \
-             --launcher mpirun with a --hostfile",
-            args.nnodes
+             --launcher mpirun with a --hostfile"
         )));
     }
     let program = match (&args.config, args.program.is_empty()) {
@@ -101,10 +138,10 @@ pub(super) fn execute(args: LaunchArgs) -> Result<(), Failure> {
         processes,
         mode,
         program,
-        nnodes: args.nnodes,
-        node_rank: args.node_rank,
-        master_addr: args.master_addr,
-        master_port: args.master_port,
+        nnodes,
+        node_rank,
+        master_addr: args.master_addr.unwrap_or_else(|| "127.0.0.1".into()),
+        master_port: args.master_port.unwrap_or(29500),
         hostfile: args.hostfile,
         max_restarts: args.max_restarts,
     };
