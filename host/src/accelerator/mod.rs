@@ -27,7 +27,7 @@ pub use builder::{
 };
 pub use checkpointing::{node_name, Checkpointable, ProjectConfiguration, TrainerState};
 pub use ddp::BackwardError;
-pub use facade::{Accelerator, AutocastKwargs, RngState, TrackerHandle, UnknownTracker};
+pub use facade::{Accelerator, AutocastKwargs, RngState};
 pub use grad::clip_grad_norm_;
 pub use kinds::{LoggerType, RngType};
 pub use loader::{PreparedBatches, PreparedDataLoader, TryPreparedBatches};
@@ -39,7 +39,7 @@ pub use prepare::{Prepare, PrepareError};
 pub use scheduler::{AcceleratedScheduler, LrSchedule};
 pub use sharding::{plan_units, policy_units, MemoryStats, ShardingError};
 pub use state::{GradientAccumulationPlugin, GradientState};
-pub use trackers::TrackerHub;
+pub use trackers::{TrackerHandle, TrackerHub, UnknownTracker};
 
 /// Locks `m`, taking the data over even if a panicking holder poisoned it
 /// (the shared optimizer, scheduler and object states stay usable).

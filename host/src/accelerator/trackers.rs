@@ -4,6 +4,7 @@
 //! values are dropped (counted, and said once) rather than waited for. Only
 //! the main process logs (Accelerate's `log_with`).
 
+use super::Accelerator;
 use crate::plugins::{Entries, RunInfo, TrackerPlugin};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender, TrySendError};
@@ -209,4 +210,96 @@ mod tests {
         assert_eq!(nice, 19);
         drop(hub);
     }
+}
+
+/// The accelerator's tracker API (Accelerate's `init_trackers`, `log`,
+/// `get_tracker`).
+impl Accelerator {
+    /// Starts `trackers` for this run (Accelerate's `init_trackers`): on the
+    /// main process they receive the run's `config` now and every
+    /// [`log`](Self::log) later; on other processes they are dropped.
+    pub fn init_trackers(
+        &mut self,
+        project: &str,
+        run: &str,
+        trackers: Vec<TrackerPlugin>,
+        config: Entries,
+    ) {
+        // Checkpoint hooks are told the run's configuration too.
+        self.registered.config = config.clone();
+        if !self.is_main_process() || trackers.is_empty() {
+            return;
+        }
+        let info = RunInfo {
+            project: project.into(),
+            run: run.into(),
+            process_index: self.process_index() as u32,
+            num_processes: self.num_processes() as u32,
+        };
+        self.trackers = Some(TrackerHub::start(trackers, info, config));
+    }
+
+    /// Logs `values` at `step` to every tracker, from the main process only
+    /// (Accelerate's `accelerator.log(values, step)`). Never blocks on a tracker.
+    pub fn log(&self, values: Entries, step: u64) {
+        if let Some(hub) = &self.trackers {
+            hub.log(step, values);
+        }
+    }
+
+    /// The tracker called `name` (Accelerate's `get_tracker`): its handle
+    /// logs to it alone. On a process other than the main one — where no
+    /// tracker runs — a handle that does nothing, as Accelerate's blank
+    /// tracker. Accelerate's `unwrap=True` hands out the tracker's own
+    /// object; a plugin's lives in its sandbox, so there is none to give.
+    pub fn get_tracker(&self, name: &str) -> Result<TrackerHandle<'_>, UnknownTracker> {
+        if !self.is_main_process() {
+            return Ok(TrackerHandle {
+                name: name.into(),
+                hub: None,
+            });
+        }
+        let names = self.trackers.as_ref().map(|h| h.names()).unwrap_or(&[]);
+        if !names.iter().any(|n| n == name) {
+            return Err(UnknownTracker {
+                name: name.into(),
+                known: names.to_vec(),
+            });
+        }
+        Ok(TrackerHandle {
+            name: name.into(),
+            hub: self.trackers.as_ref(),
+        })
+    }
+}
+
+/// One tracker of the run (see [`Accelerator::get_tracker`]).
+pub struct TrackerHandle<'a> {
+    name: String,
+    hub: Option<&'a TrackerHub>,
+}
+
+impl TrackerHandle<'_> {
+    /// The tracker's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Logs `values` at `step` to this tracker only; never waits (nothing
+    /// on a process other than the main one).
+    pub fn log(&self, values: Entries, step: u64) {
+        if let Some(hub) = self.hub {
+            hub.log_to(&self.name, step, values);
+        }
+    }
+}
+
+/// [`Accelerator::get_tracker`] asked for a tracker the run does not have.
+#[derive(Debug, thiserror::Error)]
+#[error("{name} is not one of the run's trackers ({}); trackers are started by init_trackers", if known.is_empty() { "it has none".to_string() } else { known.join(", ") })]
+pub struct UnknownTracker {
+    /// The name asked for.
+    pub name: String,
+    /// The run's trackers.
+    pub known: Vec<String>,
 }
