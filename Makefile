@@ -65,6 +65,10 @@ build: system-packages wasm-target
 	[ -e $(VENV)/libtorch ] || cargo build --workspace --keep-going --quiet 2>/dev/null || true; \
 	wait $$pip || { cat $(PIP_LOG); echo "setup: installing the Python packages failed"; exit 1; }
 	@grep -v "Nothing to be done" $(PIP_LOG) || true
+	@# A copied or moved checkout keeps a link into the old one's venv.
+	@case "$$(readlink $(VENV)/libtorch)" in "$(CURDIR)/$(VENV)/"*) ;; *) \
+		echo "setup: pointing $(VENV)/libtorch at this checkout's torch"; \
+		ln -sfn "$$($(PY) -c 'import os, torch; print(os.path.dirname(torch.__file__))')" $(VENV)/libtorch;; esac
 	cargo build --workspace
 
 # The built-in plugins (plugins/*) for wasm32-wasip2, installed as
