@@ -8,6 +8,27 @@
 use std::fmt;
 use std::str::FromStr;
 
+/// Parses `s` as one of `all`, whose Accelerate spelling `spell` gives
+/// (in any case); a value of `elsewhere` (Accelerate's, for what hearth
+/// does not have) is refused with `foreign()`, anything else with
+/// `unknown()`.
+pub(crate) fn parse_spelling<T: Copy>(
+    s: &str,
+    all: &[T],
+    spell: impl Fn(T) -> &'static str,
+    elsewhere: &[&str],
+    foreign: impl FnOnce() -> String,
+    unknown: impl FnOnce() -> String,
+) -> Result<T, String> {
+    if let Some(&t) = all.iter().find(|&&t| spell(t).eq_ignore_ascii_case(s)) {
+        return Ok(t);
+    }
+    if elsewhere.iter().any(|e| e.eq_ignore_ascii_case(s)) {
+        return Err(foreign());
+    }
+    Err(unknown())
+}
+
 /// Which random generators [`Accelerator::synchronize_rng_states`](super::Accelerator::synchronize_rng_states)
 /// synchronises (Accelerate's `RNGType`: `"torch"`, `"cuda"`, `"generator"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -44,18 +65,18 @@ impl fmt::Display for RngType {
 impl FromStr for RngType {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let all = [Self::Torch, Self::Cuda, Self::Generator];
-        if let Some(t) = all.into_iter().find(|t| t.as_str().eq_ignore_ascii_case(s)) {
-            return Ok(t);
-        }
-        if OTHER_RNG_TYPES.iter().any(|o| o.eq_ignore_ascii_case(s)) {
-            return Err(format!(
+        parse_spelling(
+            s,
+            &[Self::Torch, Self::Cuda, Self::Generator],
+            Self::as_str,
+            &OTHER_RNG_TYPES,
+            || {
+                format!(
                 "random generator type {s:?} is Accelerate's for a device hearth does not drive; hearth has torch, cuda and generator"
-            ));
-        }
-        Err(format!(
-            "unknown random generator type {s:?}; expected torch, cuda or generator"
-        ))
+            )
+            },
+            || format!("unknown random generator type {s:?}; expected torch, cuda or generator"),
+        )
     }
 }
 
@@ -108,20 +129,24 @@ impl fmt::Display for LoggerType {
 impl FromStr for LoggerType {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let all = [Self::All, Self::Tensorboard, Self::Mlflow, Self::Dvclive];
-        if let Some(t) = all.into_iter().find(|t| t.as_str().eq_ignore_ascii_case(s)) {
-            return Ok(t);
-        }
-        if OTHER_LOGGERS.iter().any(|o| o.eq_ignore_ascii_case(s)) {
-            return Err(format!(
-                "hearth has no tracker plugin for {s:?} (Accelerate's talks to its service); \
+        parse_spelling(
+            s,
+            &[Self::All, Self::Tensorboard, Self::Mlflow, Self::Dvclive],
+            Self::as_str,
+            &OTHER_LOGGERS,
+            || {
+                format!(
+                    "hearth has no tracker plugin for {s:?} (Accelerate's talks to its service); \
                  write one against wit/ (see the README's \"Writing a plugin\"), or use \
                  tensorboard, mlflow, dvclive, jsonl or csv"
-            ));
-        }
-        Err(format!(
-            "unknown tracker {s:?}; expected all, tensorboard, mlflow or dvclive (or a tracker plugin's name)"
-        ))
+                )
+            },
+            || {
+                format!(
+                "unknown tracker {s:?}; expected all, tensorboard, mlflow or dvclive (or a tracker plugin's name)"
+            )
+            },
+        )
     }
 }
 

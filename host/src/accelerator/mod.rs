@@ -29,6 +29,7 @@ pub use checkpointing::{node_name, Checkpointable, ProjectConfiguration, Trainer
 pub use ddp::BackwardError;
 pub use facade::{Accelerator, AutocastKwargs, RngState};
 pub use grad::clip_grad_norm_;
+pub(crate) use kinds::parse_spelling;
 pub use kinds::{LoggerType, RngType};
 pub use loader::{PreparedBatches, PreparedDataLoader, TryPreparedBatches};
 pub use memory::{find_executable_batch_size, is_out_of_memory, BatchSizeError};

@@ -57,31 +57,25 @@ impl Writeback {
         }
         let fd = file.as_raw_fd();
         if len > self.started {
-            // SAFETY: a valid descriptor and a range inside the file.
-            unsafe {
-                libc::sync_file_range(
-                    fd,
-                    self.started as i64,
-                    (len - self.started) as i64,
-                    libc::SYNC_FILE_RANGE_WRITE,
-                );
-            }
+            sync_range(fd, self.started, len, libc::SYNC_FILE_RANGE_WRITE);
             self.started = len;
         }
         let behind = len.saturating_sub(WINDOW);
         if behind > self.waited {
-            // SAFETY: as above.
-            unsafe {
-                libc::sync_file_range(
-                    fd,
-                    self.waited as i64,
-                    (behind - self.waited) as i64,
-                    libc::SYNC_FILE_RANGE_WAIT_BEFORE
-                        | libc::SYNC_FILE_RANGE_WRITE
-                        | libc::SYNC_FILE_RANGE_WAIT_AFTER,
-                );
-            }
+            let wait = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                | libc::SYNC_FILE_RANGE_WRITE
+                | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+            sync_range(fd, self.waited, behind, wait);
             self.waited = behind;
         }
+    }
+}
+
+/// `sync_file_range` over bytes `from..to` of `fd` (advisory: an error is
+/// left to the fsync that follows).
+fn sync_range(fd: std::os::fd::RawFd, from: u64, to: u64, flags: libc::c_uint) {
+    // SAFETY: a valid open descriptor and a range inside its file.
+    unsafe {
+        libc::sync_file_range(fd, from as i64, (to - from) as i64, flags);
     }
 }

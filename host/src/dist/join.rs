@@ -83,10 +83,7 @@ impl std::str::FromStr for DistributedType {
     type Err = String;
     /// Accelerate's spellings, in any case.
     fn from_str(s: &str) -> Result<Self, String> {
-        let all = [Self::No, Self::MultiCpu, Self::MultiGpu, Self::Fsdp];
-        if let Some(t) = all.into_iter().find(|t| t.as_str().eq_ignore_ascii_case(s)) {
-            return Ok(t);
-        }
+        // Accelerate's values for devices and engines hearth does not drive.
         const ELSEWHERE: [&str; 10] = [
             "MULTI_NPU",
             "MULTI_MLU",
@@ -99,14 +96,18 @@ impl std::str::FromStr for DistributedType {
             "MULTI_HPU",
             "MULTI_NEURON",
         ];
-        if ELSEWHERE.iter().any(|e| e.eq_ignore_ascii_case(s)) {
-            return Err(format!(
+        crate::accelerator::parse_spelling(
+            s,
+            &[Self::No, Self::MultiCpu, Self::MultiGpu, Self::Fsdp],
+            Self::as_str,
+            &ELSEWHERE,
+            || {
+                format!(
                 "distributed type {s:?} is Accelerate's for a device or engine hearth does not drive; hearth runs NO, MULTI_CPU, MULTI_GPU or FSDP"
-            ));
-        }
-        Err(format!(
-            "unknown distributed type {s:?}; expected NO, MULTI_CPU, MULTI_GPU or FSDP"
-        ))
+            )
+            },
+            || format!("unknown distributed type {s:?}; expected NO, MULTI_CPU, MULTI_GPU or FSDP"),
+        )
     }
 }
 
