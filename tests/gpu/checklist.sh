@@ -2,8 +2,11 @@
 # ../shared/GPU-CHECKLIST.md, run on a GPU machine with torch but no Rust,
 # from the repository root, with the bundle tests/gpu/bundle.sh made in
 # .gpu/. Each step's output goes to OUT/<step>.log and a PASS/FAIL line to
-# stdout. Usage: tests/gpu/checklist.sh OUT [STEP...]   (steps: env cuda
-# parity run launch fsdp bench offload; default all)
+# stdout. Each step is stopped after STEP_TIMEOUT seconds (default 240), so
+# one hang cannot eat a whole device lease; with ARCHIVE=FILE.tgz set, the
+# logs so far are packed there after every step (a lease returns few files).
+# Usage: tests/gpu/checklist.sh OUT [STEP...]   (steps: env cuda parity run
+# launch fsdp bench offload; default all; BENCH_ROUNDS, default 3)
 set -u
 OUT=${1:?usage: checklist.sh OUT [STEP...]}; shift
 STEPS=${*:-env cuda parity run launch fsdp bench offload}
@@ -16,13 +19,14 @@ export LD_LIBRARY_PATH=$TORCH/lib:/tmp/gpu-lib:$ROOT/.gpu/lib:${LD_LIBRARY_PATH:
 export HEARTH_PYTHON=python3 HEARTH_BIN=$ROOT/.gpu/bin/hearth PYTHONUNBUFFERED=1
 # The test binaries find the repository where it was built.
 mkdir -p /work && [ -e /work/main ] || ln -s "$ROOT" /work/main
-H=$ROOT/.gpu/bin/hearth
+export H=$ROOT/.gpu/bin/hearth
 
 step() {  # step NAME COMMAND...: runs it, logs it, says PASS or FAIL with its time
     local name=$1; shift
     local t0=$SECONDS
-    if "$@" >"$OUT/$name.log" 2>&1; then echo "PASS $name ($((SECONDS - t0)) s)"
-    else echo "FAIL $name ($((SECONDS - t0)) s): tail of $name.log"; tail -15 "$OUT/$name.log"; fi
+    if timeout -k 10 "${STEP_TIMEOUT:-240}" bash -c '"$@"' "$name" "$@" >"$OUT/$name.log" 2>&1; then echo "PASS $name ($((SECONDS - t0)) s)"
+    else echo "FAIL $name ($((SECONDS - t0)) s, exit $?): tail of $name.log"; tail -15 "$OUT/$name.log"; fi
+    if [ -n "${ARCHIVE:-}" ]; then tar czf "$ARCHIVE" -C "$OUT" .; fi
 }
 
 # A copy of CONFIG with KEY = VALUE lines added to its [run] table.
@@ -40,6 +44,7 @@ sort_digits() {  # sort_digits MP: the default job on the GPU, accuracy printed
     with_run_keys examples/sort-digits.toml /tmp/sd-$1.toml 'device = "cuda"' "mixed-precision = \"$1\"" "output-dir = \"/tmp/sd-$1\""
     "$H" run /tmp/sd-$1.toml --quiet
 }
+export -f with_run_keys sort_digits  # step runs each command in a bash under timeout
 
 for s in $STEPS; do case $s in
 env) step env "$H" env ;;
@@ -61,7 +66,7 @@ fsdp)
     ls /tmp/fsdp/sort-digits/checkpoints/*/ >> "$OUT/fsdp.log"
     grep -oE "\"(prefetched|gathers|gather_bytes|reduce_scatters)\": ?[0-9]+" /tmp/fsdp/sort-digits/summary.json | tr "\n" " " >> "$OUT/fsdp.log"
     grep -iE "nccl|accuracy|shard|prefetched" "$OUT/fsdp.log" | head -6 ;;
-bench) step bench python3 examples/bench/gpu_gpt_vs_accelerate.py 3; grep -E "^[a-z0-9-]+:|hearth |accelerate |ratio" "$OUT/bench.log" ;;
+bench) STEP_TIMEOUT=${BENCH_TIMEOUT:-${STEP_TIMEOUT:-240}} step bench python3 examples/bench/gpu_gpt_vs_accelerate.py "${BENCH_ROUNDS:-3}"; grep -E "^[a-z0-9-]+:|hearth |accelerate |ratio" "$OUT/bench.log" ;;
 offload) step offload python3 examples/bench/gpu_offload_memory.py 6; cat "$OUT/offload.log" ;;
 *) echo "unknown step $s" ;;
 esac; done
