@@ -29,8 +29,10 @@ fn main() {
         torch_version(&root)
     );
 
+    println!("cargo::rustc-check-cfg=cfg(hearth_cuda_graph)");
     if env::var_os("CARGO_FEATURE_CUDA").is_some() {
         link_nccl(&root);
+        build_cuda_graph_library(&root);
     }
 
     let abi = env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
@@ -66,6 +68,65 @@ fn torch_version(torch: &std::path::Path) -> String {
             header.display()
         ),
     }
+}
+
+/// `csrc/cuda_graph.cpp` as a shared library of its own (it calls
+/// libtorch_cuda by symbol, which hearth itself must not link: see
+/// src/ops/cuda.rs), embedded in hearth through `HEARTH_CUDA_GRAPH_LIB` and
+/// the `hearth_cuda_graph` cfg. It needs the CUDA runtime's headers, which
+/// the CUDA wheels of torch install beside it (`nvidia/cu13/include`, or
+/// `nvidia/cuda_runtime/include` for CUDA 12); without them hearth is built
+/// without CUDA graphs and says so when one is asked for.
+fn build_cuda_graph_library(torch: &std::path::Path) {
+    let source = "csrc/cuda_graph.cpp";
+    println!("cargo:rerun-if-changed={source}");
+    let site = torch.parent().expect("torch/ has a parent");
+    let cuda_include = ["nvidia/cu13/include", "nvidia/cuda_runtime/include"]
+        .iter()
+        .map(|dir| site.join(dir))
+        .find(|dir| dir.join("cuda_runtime_api.h").exists());
+    // cuda_runtime.h includes crt/host_config.h, which the runtime wheel
+    // leaves to the compiler's package (nvcc); Triton, which torch's CUDA
+    // wheels depend on, carries a copy.
+    let crt_include = [
+        "nvidia/cu13/include",
+        "nvidia/cuda_nvcc/include",
+        "triton/backends/nvidia/include",
+    ]
+    .iter()
+    .map(|dir| site.join(dir))
+    .find(|dir| dir.join("crt/host_config.h").exists());
+    let lib = torch.join("lib");
+    let found = cuda_include.zip(crt_include);
+    let Some((cuda_include, crt_include)) = found.filter(|_| lib.join("libtorch_cuda.so").exists())
+    else {
+        println!(
+            "cargo:warning=no CUDA runtime headers or libtorch_cuda.so beside {}: hearth is built without CUDA graphs",
+            torch.display()
+        );
+        return;
+    };
+    let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"))
+        .join("libhearth_cuda_graph.so");
+    let abi = env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
+    let mut cmd = cc::Build::new().cpp(true).get_compiler().to_command();
+    cmd.args(["-shared", "-fPIC", "-O2", "-g0", "-s", "-std=c++17", "-w"])
+        .arg(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
+        .arg("-I")
+        .arg(torch.join("include"))
+        .arg("-I")
+        .arg(&cuda_include)
+        .arg("-I")
+        .arg(&crt_include)
+        .arg(source)
+        .arg("-o")
+        .arg(&out)
+        .arg(format!("-L{}", lib.display()))
+        .args(["-ltorch_cuda", "-lc10_cuda", "-ltorch_cpu", "-lc10"]);
+    let status = cmd.status().expect("the C++ compiler runs");
+    assert!(status.success(), "compiling {source} failed: {cmd:?}");
+    println!("cargo:rustc-env=HEARTH_CUDA_GRAPH_LIB={}", out.display());
+    println!("cargo:rustc-cfg=hearth_cuda_graph");
 }
 
 /// cudarc opens `libnccl.so`; the nvidia-nccl wheel beside torch ships only

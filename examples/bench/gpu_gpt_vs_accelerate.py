@@ -9,7 +9,9 @@ FLOPs per token over the GPU's dense bf16 peak). A benchmark, not a test:
 nothing is asserted. Usage (on a GPU machine):
     HEARTH_BIN=path/to/hearth python gpu_gpt_vs_accelerate.py [ROUNDS] [SIZE...]
 SIZE is one of: tiny (the CPU bench GPT, fp32), tiny-bf16, gpt2 (d=768,
-12 layers, T=1024, bf16).
+12 layers, T=1024, bf16), and each with -graph (hearth's step captured in a
+CUDA graph, `run.cuda-graph`; the peer stays eager, as Accelerate has no
+such option).
 """
 import json
 import os
@@ -34,6 +36,7 @@ SIZES = {
     "tiny-bf16": (256, 128, 128, 4, 4, 16, 300, "bf16"),
     "gpt2": (50304, 1024, 768, 12, 12, 8, 120, "bf16"),
 }
+SIZES.update({f"{name}-graph": size for name, size in SIZES.items()})
 WARMUP = 10
 # Dense bf16 peak of the GPU, FLOP/s (H100 SXM and H200: 989 TFLOP/s).
 PEAK = float(os.environ.get("GPU_PEAK_TFLOPS", "989")) * 1e12
@@ -46,6 +49,7 @@ def flops_per_token(v, t, d, layers):
 
 def hearth_tokens_per_sec(size, out_dir: pathlib.Path) -> float:
     v, t, d, layers, heads, batch, steps, mp = SIZES[size]
+    graph = "true" if size.endswith("-graph") else "false"
     out_dir.mkdir(parents=True)
     config = out_dir / "bench.toml"
     config.write_text(
@@ -55,6 +59,7 @@ steps = {steps}
 log-every = {steps}
 device = "cuda"
 mixed-precision = "{mp}"
+cuda-graph = {graph}
 
 [model]
 kind = "gpt"
@@ -113,7 +118,7 @@ def main() -> None:
         print(peer_run(sys.argv[2]))
         return
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    sizes = sys.argv[2:] or list(SIZES)
+    sizes = sys.argv[2:] or ["tiny", "tiny-graph", "tiny-bf16", "gpt2", "gpt2-graph"]
     print(f"GPU: {torch.cuda.get_device_name()}; peak {PEAK / 1e12:.0f} TFLOP/s for MFU")
     for size in sizes:
         v, t, d, layers, heads, batch, steps, mp = SIZES[size]

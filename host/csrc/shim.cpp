@@ -12,6 +12,7 @@
 #include <ATen/DeviceAccelerator.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Generator.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/_amp_update_scale.h>
@@ -82,13 +83,19 @@ void hearth_free_error(char *error) { free(error); }
 // in place.
 char *hearth_fused_adam(at::Tensor **params, at::Tensor **grads, at::Tensor **exp_avgs,
                         at::Tensor **exp_avg_sqs, at::Tensor **steps, size_t n, double lr,
-                        double beta1, double beta2, double weight_decay, double eps,
+                        at::Tensor *lr_tensor, double beta1, double beta2, double weight_decay, double eps,
                         bool decoupled) {
   return guarded([&] {
     auto p = gather(params, n), g = gather(grads, n), m = gather(exp_avgs, n),
          v = gather(exp_avg_sqs, n), s = gather(steps, n);
     at::_foreach_add_(s, 1);
-    if (decoupled) {
+    if (lr_tensor && decoupled) {
+      at::_fused_adamw_(p, g, m, v, {}, s, *lr_tensor, beta1, beta2, weight_decay, eps,
+                        /*amsgrad=*/false, /*maximize=*/false);
+    } else if (lr_tensor) {
+      at::_fused_adam_(p, g, m, v, {}, s, *lr_tensor, beta1, beta2, weight_decay, eps,
+                       /*amsgrad=*/false, /*maximize=*/false);
+    } else if (decoupled) {
       at::_fused_adamw_(p, g, m, v, {}, s, lr, beta1, beta2, weight_decay, eps,
                         /*amsgrad=*/false, /*maximize=*/false);
     } else {
@@ -302,5 +309,15 @@ extern "C" char *hearth_jit_forward(void *handle, at::Tensor *input, at::Tensor 
       throw std::runtime_error("forward returned " + result.tagKind() + ", not a tensor");
     }
     *out = new at::Tensor(result.toTensor());
+  });
+}
+
+// The CUDA runtime and cuDNN versions libtorch_cuda was built with (as
+// 13000 and 91900), through the CUDA hooks it registers when loaded.
+extern "C" char *hearth_cuda_versions(long *cudart, long *cudnn) {
+  return guarded([&] {
+    const auto &hooks = at::detail::getCUDAHooks();
+    *cudart = hooks.versionCUDART();
+    *cudnn = hooks.hasCuDNN() ? hooks.versionCuDNN() : 0;
   });
 }

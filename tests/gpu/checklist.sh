@@ -6,10 +6,11 @@
 # one hang cannot eat a whole device lease; with ARCHIVE=FILE.tgz set, the
 # logs so far are packed there after every step (a lease returns few files).
 # Usage: tests/gpu/checklist.sh OUT [STEP...]   (steps: env cuda parity run
-# launch fsdp bench offload; default all; BENCH_ROUNDS, default 3)
+# graph launch fsdp bench offload; default all; BENCH_ROUNDS, default 3;
+# BENCH_SIZES, default the script's; PARITY_FILTER, a test name filter)
 set -u
 OUT=${1:?usage: checklist.sh OUT [STEP...]}; shift
-STEPS=${*:-env cuda parity run launch fsdp bench offload}
+STEPS=${*:-env cuda parity run graph launch fsdp bench offload}
 ROOT=$PWD
 mkdir -p "$OUT" /tmp/gpu-lib
 TORCH=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))')
@@ -40,8 +41,8 @@ open(dst, "w").write(text)
 PY
 }
 
-sort_digits() {  # sort_digits MP: the default job on the GPU, accuracy printed
-    with_run_keys examples/sort-digits.toml /tmp/sd-$1.toml 'device = "cuda"' "mixed-precision = \"$1\"" "output-dir = \"/tmp/sd-$1\""
+sort_digits() {  # sort_digits MP [GRAPH]: the default job on the GPU, accuracy printed
+    with_run_keys examples/sort-digits.toml /tmp/sd-$1.toml 'device = "cuda"' "mixed-precision = \"$1\"" "output-dir = \"/tmp/sd-$1\"" "cuda-graph = ${2:-false}"
     "$H" run /tmp/sd-$1.toml --quiet
 }
 export -f with_run_keys sort_digits  # step runs each command in a bash under timeout
@@ -49,8 +50,9 @@ export -f with_run_keys sort_digits  # step runs each command in a bash under ti
 for s in $STEPS; do case $s in
 env) step env "$H" env ;;
 cuda) step cuda .gpu/bin/cuda --include-ignored --test-threads=1 --nocapture ;;
-parity) step parity .gpu/bin/pytorch_parity --include-ignored --test-threads=1 ;;
+parity) step parity .gpu/bin/pytorch_parity --include-ignored --test-threads=1 ${PARITY_FILTER:-} ;;
 run) for mp in no bf16 fp16; do step run-$mp sort_digits $mp; grep -iE "accuracy|tokens/s" "$OUT/run-$mp.log" | tail -2; done ;;
+graph) step graph sort_digits bf16 true; grep -iE "accuracy|tokens/s" "$OUT/graph.log" | tail -2; grep -o '"cuda_graph": {[^}]*}' /tmp/sd-bf16/sort-digits/summary.json | tr -d '\n ' ;;
 launch)
     # NCCL by name: a world of one otherwise needs no collectives.
     with_run_keys examples/sort-digits.toml /tmp/launch.toml 'output-dir = "/tmp/launch"'
@@ -66,7 +68,7 @@ fsdp)
     ls /tmp/fsdp/sort-digits/checkpoints/*/ >> "$OUT/fsdp.log"
     grep -oE "\"(prefetched|gathers|gather_bytes|reduce_scatters)\": ?[0-9]+" /tmp/fsdp/sort-digits/summary.json | tr "\n" " " >> "$OUT/fsdp.log"
     grep -iE "nccl|accuracy|shard|prefetched" "$OUT/fsdp.log" | head -6 ;;
-bench) STEP_TIMEOUT=${BENCH_TIMEOUT:-${STEP_TIMEOUT:-240}} step bench python3 examples/bench/gpu_gpt_vs_accelerate.py "${BENCH_ROUNDS:-3}"; grep -E "^[a-z0-9-]+:|hearth |accelerate |ratio" "$OUT/bench.log" ;;
+bench) STEP_TIMEOUT=${BENCH_TIMEOUT:-${STEP_TIMEOUT:-240}} step bench python3 examples/bench/gpu_gpt_vs_accelerate.py "${BENCH_ROUNDS:-3}" ${BENCH_SIZES:-}; grep -E "^[a-z0-9-]+:|hearth |accelerate |ratio" "$OUT/bench.log" ;;
 offload) step offload python3 examples/bench/gpu_offload_memory.py 6; cat "$OUT/offload.log" ;;
 *) echo "unknown step $s" ;;
 esac; done

@@ -28,6 +28,20 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
     if nccl == "available" {
         backends.push("nccl");
     }
+    let gpus: Vec<serde_json::Value> = (0..cuda_devices)
+        .map(|i| match crate::ops::cuda_graph::device_properties(i) {
+            Ok((name, (major, minor))) => {
+                serde_json::json!({"index": i, "name": name, "compute_capability": format!("{major}.{minor}")})
+            }
+            Err(e) => serde_json::json!({"index": i, "error": e.to_string()}),
+        })
+        .collect();
+    let (cuda_version, cudnn_version) = crate::ops::cuda::versions().unzip();
+    let cudnn_version = cudnn_version.flatten();
+    let cuda_graphs = match crate::ops::cuda_graph::available() {
+        Ok(()) => "available".to_string(),
+        Err(e) => e.to_string(),
+    };
     let report = serde_json::json!({
         "hearth": env!("CARGO_PKG_VERSION"),
         "tch": "0.24.0",
@@ -42,6 +56,10 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
             "bf16": crate::environment::is_bf16_available(),
         },
         "cudnn_available": crate::ops::cuda::cudnn_is_available(),
+        "gpus": gpus,
+        "cuda_version": cuda_version,
+        "cudnn_version": cudnn_version,
+        "cuda_graphs": cuda_graphs,
         "backends": backends,
         "nccl": nccl,
         "mpi_library": mpi_library,
@@ -57,6 +75,20 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
         crate::environment::torch_version()
     );
     println!("CUDA devices: {cuda_devices} (libtorch_cuda {cuda_runtime})");
+    for gpu in &gpus {
+        match (gpu["name"].as_str(), gpu["compute_capability"].as_str()) {
+            (Some(name), Some(cc)) => {
+                println!("  GPU {}: {name}, compute capability {cc}", gpu["index"])
+            }
+            _ => println!("  GPU {}: {}", gpu["index"], gpu["error"]),
+        }
+    }
+    if let Some(cuda) = &cuda_version {
+        println!(
+            "CUDA runtime {cuda}, cuDNN {}; CUDA graphs: {cuda_graphs}",
+            cudnn_version.as_deref().unwrap_or("absent")
+        );
+    }
     println!("backends: {} (NCCL: {nccl})", backends.join(", "));
     println!("MPI library: {mpi_library}");
     println!(

@@ -46,6 +46,7 @@ pub(super) fn execute(args: RunArgs) -> Result<(), Failure> {
     let summary = train::run(&config, &options).map_err(|e| match e {
         TrainError::Data(_)
         | TrainError::NoCuda(_)
+        | TrainError::CudaGraphRefused { .. }
         | TrainError::Plugin { .. }
         | TrainError::TorchScript(_) => Failure::bad_input(e),
         _ => Failure::failed(e),

@@ -78,6 +78,24 @@ pub fn cudnn_is_available() -> bool {
     }
 }
 
+/// The CUDA runtime and cuDNN versions libtorch_cuda was built with, as
+/// `"13.0"` and `"9.19.0"` (cuDNN `None` when absent); `None` without CUDA.
+pub fn versions() -> Option<(String, Option<String>)> {
+    if !is_available() {
+        return None;
+    }
+    let (mut cudart, mut cudnn) = (0, 0);
+    // SAFETY: two out-pointers to locals; libtorch_cuda's hooks are registered.
+    super::foreach::check(unsafe { super::ffi::hearth_cuda_versions(&mut cudart, &mut cudnn) })
+        .ok()?;
+    let runtime = format!("{}.{}", cudart / 1000, cudart % 1000 / 10);
+    let cudnn = (cudnn > 0).then(|| {
+        // cuDNN 9 numbers its versions major * 10000 + minor * 100 + patch.
+        format!("{}.{}.{}", cudnn / 10000, cudnn % 10000 / 100, cudnn % 100)
+    });
+    Some((runtime, cudnn))
+}
+
 fn load() -> CudaRuntime {
     if dlopen("libcuda.so.1", libc::RTLD_LAZY | libc::RTLD_LOCAL).is_err() {
         return CudaRuntime::NoDriver;
@@ -108,7 +126,7 @@ fn load() -> CudaRuntime {
 
 /// The folder of the libtorch_cpu.so this process runs (from its maps),
 /// where the wheel keeps libtorch_cuda.so beside it.
-pub(crate) fn libtorch_folder() -> Option<PathBuf> {
+pub fn libtorch_folder() -> Option<PathBuf> {
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
     maps.lines()
         .filter_map(|line| line.split_whitespace().nth(5))

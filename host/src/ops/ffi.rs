@@ -13,6 +13,7 @@ extern "C" {
         steps: *const *mut C_tensor,
         n: usize,
         lr: f64,
+        lr_tensor: *mut C_tensor,
         beta1: f64,
         beta2: f64,
         weight_decay: f64,
@@ -57,6 +58,10 @@ extern "C" {
         growth_interval: i64,
     ) -> *mut c_char;
     pub fn hearth_autocast_cache(enabled: bool, was: *mut bool) -> *mut c_char;
+    pub fn hearth_cuda_versions(
+        cudart: *mut std::os::raw::c_long,
+        cudnn: *mut std::os::raw::c_long,
+    ) -> *mut c_char;
     pub fn hearth_autocast_set(
         device_type: c_int,
         enabled: bool,

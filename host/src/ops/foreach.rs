@@ -113,6 +113,8 @@ pub struct SgdHyper {
 /// `torch.optim.AdamW(fused=True)`), or an Adam step with `_fused_adam_`
 /// when `hyper.decoupled` is false: increments each `steps[i]` (a 0-dim
 /// float tensor) and updates `params`, `exp_avgs` and `exp_avg_sqs` in place.
+/// With `lr` (a 0-dim tensor on the parameters' device) the rate is read
+/// from it when the kernel runs, not taken from `hyper.lr`.
 pub fn fused_adam(
     params: &[Tensor],
     grads: &[Tensor],
@@ -120,6 +122,7 @@ pub fn fused_adam(
     exp_avg_sqs: &[Tensor],
     steps: &[Tensor],
     hyper: AdamHyper,
+    lr: Option<&Tensor>,
 ) -> Result<(), TchError> {
     let n = params.len();
     same_len("grads", n, grads.len())?;
@@ -149,6 +152,7 @@ pub fn fused_adam(
             s.as_ptr(),
             n,
             hyper.lr,
+            lr.map_or(std::ptr::null_mut(), |t| t.as_ptr() as *mut C_tensor),
             hyper.betas.0,
             hyper.betas.1,
             hyper.weight_decay,
@@ -306,7 +310,7 @@ mod tests {
             eps: 1e-8,
             decoupled: true,
         };
-        let err = fused_adam(&[p], &[g], &[m], &[v], &[s], hyper)
+        let err = fused_adam(&[p], &[g], &[m], &[v], &[s], hyper, None)
             .unwrap_err()
             .to_string();
         assert!(err.contains("grads[0]"), "{err}");
@@ -325,7 +329,7 @@ mod tests {
             decoupled: true,
         };
         assert!(matches!(
-            fused_adam(&[t()], &[t()], &[t()], &[t()], &[s], hyper),
+            fused_adam(&[t()], &[t()], &[t()], &[t()], &[s], hyper, None),
             Err(TchError::Torch(_))
         ));
     }

@@ -4,6 +4,7 @@
 
 mod amp;
 pub mod cuda;
+pub mod cuda_graph;
 mod ffi;
 mod foreach;
 mod jit;

@@ -16,6 +16,9 @@ pub struct Adam {
     groups: Vec<Group>,
     hyper: AdamHyper,
     state: Vec<Vec<Option<AdamState>>>,
+    /// Each group's learning rate on its parameters' device, once
+    /// [`Optimizer::use_device_lrs`] asked for them.
+    device_lrs: Option<Vec<Tensor>>,
 }
 
 struct AdamState {
@@ -33,6 +36,7 @@ impl Adam {
             groups,
             hyper,
             state,
+            device_lrs: None,
         }
     }
 
@@ -44,7 +48,7 @@ impl Adam {
 
 impl Optimizer for Adam {
     fn step(&mut self) -> Result<(), TchError> {
-        for (group, state) in self.groups.iter().zip(&mut self.state) {
+        for (i, (group, state)) in self.groups.iter().zip(&mut self.state).enumerate() {
             let (mut p, mut g, mut m, mut v, mut s) = (vec![], vec![], vec![], vec![], vec![]);
             for (param, slot) in group.params.iter().zip(state.iter_mut()) {
                 let grad = param.grad();
@@ -67,7 +71,8 @@ impl Optimizer for Adam {
                 weight_decay: group.weight_decay,
                 ..self.hyper
             };
-            tch::no_grad(|| ops::fused_adam(&p, &g, &m, &v, &s, hyper))?;
+            let lr = self.device_lrs.as_ref().map(|lrs| &lrs[i]);
+            tch::no_grad(|| ops::fused_adam(&p, &g, &m, &v, &s, hyper, lr))?;
         }
         Ok(())
     }
@@ -78,7 +83,28 @@ impl Optimizer for Adam {
         self.groups.iter().map(|g| g.lr).collect()
     }
     fn set_lrs(&mut self, lrs: &[f64]) {
-        set_group_lrs(&mut self.groups, lrs)
+        set_group_lrs(&mut self.groups, lrs);
+        if let Some(device_lrs) = &mut self.device_lrs {
+            for (t, &lr) in device_lrs.iter_mut().zip(lrs) {
+                let _ = t.fill_(lr);
+            }
+        }
+    }
+    fn use_device_lrs(&mut self) -> Result<(), String> {
+        let mut lrs = Vec::with_capacity(self.groups.len());
+        for group in &self.groups {
+            let device = group
+                .params
+                .first()
+                .map_or(tch::Device::Cpu, Tensor::device);
+            lrs.push(
+                Tensor::from(group.lr)
+                    .to_kind(Kind::Float)
+                    .to_device(device),
+            );
+        }
+        self.device_lrs = Some(lrs);
+        Ok(())
     }
     fn parameters(&self) -> Vec<Tensor> {
         all_params(&self.groups)
@@ -131,5 +157,50 @@ impl Optimizer for Adam {
         }
         fill_slots(&mut self.state, restored);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Learning rates read from tensors that `set_lrs` fills (what a CUDA
+    /// graph replays) give the same steps as rates passed by value.
+    #[test]
+    fn device_learning_rates_step_as_host_ones() {
+        let hyper = AdamHyper {
+            lr: 1e-2,
+            betas: (0.9, 0.99),
+            eps: 1e-8,
+            weight_decay: 0.1,
+            decoupled: true,
+        };
+        let train = |device_lrs: bool| {
+            tch::manual_seed(0);
+            let w = Tensor::randn([4, 3], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+            let b = Tensor::randn([3], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+            let groups = vec![
+                crate::optim::ParamGroup::new(vec![w.shallow_clone()]),
+                crate::optim::ParamGroup::new(vec![b.shallow_clone()]).lr(5e-3),
+            ];
+            let mut opt = Adam::new(groups, hyper);
+            if device_lrs {
+                opt.use_device_lrs().unwrap();
+            }
+            for step in 0..5 {
+                opt.set_lrs(&[1e-2 / (step + 1) as f64, 5e-3 * (step + 1) as f64]);
+                let x = Tensor::ones([2, 4], (Kind::Float, tch::Device::Cpu)) * (step + 1) as f64;
+                (x.matmul(&w) + &b).square().sum(Kind::Float).backward();
+                opt.step().unwrap();
+                opt.zero_grad();
+            }
+            (w.detach(), b.detach())
+        };
+        let (host, device) = (train(false), train(true));
+        assert!(host.0.equal(&device.0) && host.1.equal(&device.1));
+        let (moved, _) = train(false);
+        tch::manual_seed(0);
+        let start = Tensor::randn([4, 3], (Kind::Float, tch::Device::Cpu));
+        assert!(!moved.equal(&start), "the steps changed nothing");
     }
 }

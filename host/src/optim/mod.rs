@@ -102,6 +102,16 @@ pub trait Optimizer: Send {
         Err("this optimizer cannot change its parameters, so it cannot be sharded".into())
     }
 
+    /// Makes later steps read each group's learning rate from a tensor on
+    /// the parameters' device, which [`set_lrs`](Self::set_lrs) fills: a
+    /// step captured in a CUDA graph then follows the scheduler on replay
+    /// instead of keeping the rate it was captured with (PyTorch's
+    /// `capturable` optimizers with a tensor `lr`). Refused, with why, by
+    /// an optimizer that cannot.
+    fn use_device_lrs(&mut self) -> Result<(), String> {
+        Err("this optimizer cannot take its learning rates from the GPU, so its step cannot be captured in a CUDA graph; use adamw or adam".into())
+    }
+
     /// The processes whose shards together make the parameters, for a
     /// sharded optimizer: norms and overflow checks of its gradients must
     /// combine across them. `None` when each process holds all.

@@ -2,7 +2,9 @@
 //! `hearth run`.
 
 pub mod config;
+mod error;
 mod eval;
+mod graphed;
 mod history;
 mod loss;
 mod plan;
@@ -12,8 +14,10 @@ mod setup;
 
 pub use config::flatten_toml;
 pub use config::{ConfigError, TrainConfig};
+pub use error::TrainError;
 pub use eval::Evaluation;
+pub use graphed::{GraphStats, WARMUP_STEPS as CUDA_GRAPH_WARMUP_STEPS};
 pub use history::{read_history, History, Record, HISTORY_NAME};
 pub use loss::lm_loss;
 pub use plan::{module_tree, plan, PerProcess, Plan, PlannedModule};
-pub use runner::{run, RunOptions, RunSummary, TrainError};
+pub use runner::{run, RunOptions, RunSummary};

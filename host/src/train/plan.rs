@@ -2,7 +2,8 @@
 //! wrap policy picks, and what each of N processes would hold.
 
 use super::config::{OptimizerKind, TrainConfig};
-use super::runner::{RunOptions, TrainError};
+use super::error::TrainError;
+use super::runner::RunOptions;
 use super::setup;
 use crate::parallel::{FsdpSettings, ShardingStrategy};
 use serde::Serialize;

@@ -1,26 +1,26 @@
 //! The config-driven training loop behind `hearth run`.
 
 use super::config::TrainConfig;
+use super::error::TrainError;
 use super::eval::{score, Evaluation, Shard};
+use super::graphed::{GraphStats, GraphedStep, StepOutput};
 use super::history::{History, HISTORY_NAME};
 use super::loss::lm_loss;
 use super::progress::Progress;
 use super::setup::{self, eval_entries, io_err, DataStream};
 use crate::accelerator::{
-    AcceleratedOptimizer, AcceleratedScheduler, Accelerator, BackwardError, BuildError,
-    MemoryStats, PrepareError, PreparedModel,
+    AcceleratedOptimizer, AcceleratedScheduler, Accelerator, MemoryStats, PreparedModel,
 };
-use crate::checkpoint::CheckpointError;
-use crate::data::{TextFileError, TokenDataset};
-use crate::models::{Model, TorchScriptError};
-use crate::plugins::{Entries, PluginError, Registry, Value};
+use crate::data::TokenDataset;
+use crate::models::Model;
+use crate::plugins::{Entries, Registry, Value};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-use tch::{Kind, TchError, Tensor};
+use tch::{Kind, Tensor};
 
 /// Overrides given on the command line (they win over the config file).
 #[derive(Debug, Clone, Default)]
@@ -75,74 +75,8 @@ pub struct RunSummary {
     pub memory: MemoryStats,
     /// The FSDP settings the run sharded with, when `[fsdp]` is on.
     pub fsdp: Option<crate::parallel::FsdpSettings>,
-}
-
-/// Why a run failed.
-#[derive(Debug, thiserror::Error)]
-pub enum TrainError {
-    /// The dataset could not be opened.
-    #[error(transparent)]
-    Data(#[from] TextFileError),
-    /// Writing the model failed.
-    #[error(transparent)]
-    Checkpoint(#[from] CheckpointError),
-    /// A libtorch operation failed.
-    #[error("libtorch error")]
-    Torch(#[from] TchError),
-    /// A backward pass, or the gradient averaging after it, failed.
-    #[error(transparent)]
-    Backward(#[from] BackwardError),
-    /// A collective between the processes failed.
-    #[error("the processes could not agree")]
-    Dist(#[from] crate::dist::DistError),
-    /// The TorchScript model could not be loaded.
-    #[error(transparent)]
-    TorchScript(#[from] TorchScriptError),
-    /// An accelerator setting (or `HEARTH_*` variable) is unusable.
-    #[error("cannot set up the accelerator")]
-    Accelerator(#[from] BuildError),
-    /// Preparing the model, optimizer or scheduler failed.
-    #[error("cannot prepare the training objects")]
-    Prepare(#[from] PrepareError),
-    /// The run folder could not be written.
-    #[error("failed to write {path}")]
-    Io {
-        /// The file or folder.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// `run.device = "cuda"` on a machine without a usable GPU.
-    #[error("config {0}: run.device = \"cuda\" but no CUDA device is available; use \"auto\" or \"cpu\"")]
-    NoCuda(PathBuf),
-    /// A tracker named in the config could not be found or loaded.
-    #[error("config {path}")]
-    Plugin {
-        /// The config file.
-        path: PathBuf,
-        /// What went wrong with the plugin.
-        #[source]
-        source: PluginError,
-    },
-    /// The scheduler plugin failed during training (it cannot fail open:
-    /// the run needs its rates).
-    #[error("training stopped: the scheduler failed")]
-    Scheduler(#[source] PluginError),
-    /// Saving or loading a checkpoint failed.
-    #[error("checkpoint")]
-    State(#[source] CheckpointError),
-    /// `[fsdp]` (with `HEARTH_FSDP_*` variables) is unusable.
-    #[error(transparent)]
-    Config(super::ConfigError),
-    /// The loss became NaN or infinite.
-    #[error("training diverged at step {step}: the loss is {loss}; lower optimizer.lr or set optimizer.max-grad-norm")]
-    Diverged {
-        /// Step at which it was seen.
-        step: u64,
-        /// The loss value.
-        loss: f64,
-    },
+    /// What the CUDA graph did, when `run.cuda-graph` is on.
+    pub cuda_graph: Option<GraphStats>,
 }
 
 /// Trains the model a config describes, evaluates it, and writes
@@ -212,6 +146,8 @@ struct Job {
     history: Option<History>,
     /// The gradient norm of the last clipped step, read when logging.
     grad_norm: Option<Tensor>,
+    /// The step as a CUDA graph (`run.cuda-graph`).
+    graphed: Option<GraphedStep>,
 }
 
 impl Job {
@@ -272,6 +208,7 @@ impl Job {
             first_step,
             history,
             grad_norm: None,
+            graphed: None,
         })
     }
 
@@ -304,6 +241,9 @@ impl Job {
     ) -> Result<Trained, TrainError> {
         let (steps, device) = (self.steps, acc.device());
         let accumulation = acc.gradient_accumulation_steps();
+        if config.run.cuda_graph {
+            self.use_cuda_graph(acc, config)?;
+        }
         self.announce(acc, config);
         let progress = Progress::new(steps, options.quiet, acc.is_main_process());
         // Tokens of all processes.
@@ -327,7 +267,7 @@ impl Job {
             let step_lr = self.opt.lr();
             let busy = Instant::now();
             for _ in 0..accumulation {
-                window_loss += self.micro_step(acc, config)?.detach();
+                window_loss += self.micro_step(acc, config, step)?.detach();
                 window_micro += 1;
             }
             window_busy += busy.elapsed().as_secs_f64();
@@ -382,7 +322,7 @@ impl Job {
     fn announce(&self, acc: &Accelerator, config: &TrainConfig) {
         let accumulation = acc.gradient_accumulation_steps();
         acc.print(format!(
-            "hearth run {}: {:?} with {} parameters on {:?}{}, {} steps of {}{} × {} tokens{}{}",
+            "hearth run {}: {:?} with {} parameters on {:?}{}, {} steps of {}{} × {} tokens{}{}{}",
             config.run.name,
             config.model.kind,
             self.model.num_parameters(),
@@ -421,43 +361,91 @@ impl Job {
                     }
                 ),
                 None => String::new(),
+            },
+            if self.graphed.is_some() {
+                format!(
+                    ", the step captured in a CUDA graph after {} eager steps",
+                    super::graphed::WARMUP_STEPS
+                )
+            } else {
+                String::new()
             }
         ));
     }
 
-    /// One micro-batch: forward, backward and (at the end of an
-    /// accumulation group) clipping, the optimizer and scheduler steps.
+    /// Checks that this run's step can be captured (`run.cuda-graph`) and
+    /// sets it up: the optimizer reads its learning rates from the GPU.
+    fn use_cuda_graph(
+        &mut self,
+        acc: &Accelerator,
+        config: &TrainConfig,
+    ) -> Result<(), TrainError> {
+        let refused = |why: String| TrainError::CudaGraphRefused {
+            path: config.source.clone(),
+            why,
+        };
+        if let Some(why) = super::graphed::refusal(acc) {
+            return Err(refused(why));
+        }
+        self.opt
+            .with_inner(|inner| inner.use_device_lrs())
+            .map_err(|why| refused(format!("cannot be used with this optimizer: {why}")))?;
+        if let Some(why) = super::graphed::device_refusal(acc) {
+            return Err(refused(why));
+        }
+        self.graphed = Some(GraphedStep::new());
+        Ok(())
+    }
+
+    /// One micro-batch of optimizer step `step`: forward, backward and (at
+    /// the end of an accumulation group) clipping, the optimizer and
+    /// scheduler steps; replayed from a CUDA graph with `run.cuda-graph`.
     fn micro_step(
         &mut self,
         acc: &Accelerator,
         config: &TrainConfig,
+        step: u64,
     ) -> Result<Tensor, TrainError> {
         let device = acc.device();
         let batch = self
             .data
             .sample_batch(config.data.batch_size, &mut self.stream.lock().unwrap().0);
-        let (inputs, targets) = (
-            batch.inputs.to_device(device),
-            batch.targets.to_device(device),
-        );
         let (model, opt, schedule) = (&self.model, &mut self.opt, &mut self.schedule);
         let grad_norm = &mut self.grad_norm;
+        let graphed = &mut self.graphed;
         acc.accumulate(|| -> Result<Tensor, TrainError> {
-            let loss = lm_loss(&model.forward_t(&inputs, true), &targets);
-            acc.backward(&loss)?;
-            if let Some(max_norm) = config.optimizer.max_grad_norm {
-                // Clips (and unscales) only at the accumulation group's end;
-                // the norm stays on the device until a log step reads it.
-                if let Some(norm) = acc.clip_grad_norm_(opt, max_norm, 2.0)? {
-                    *grad_norm = Some(norm);
+            let out = match graphed {
+                Some(graphed) => {
+                    let out = graphed.run(step, &batch, device, |inputs, targets| {
+                        update(acc, config, model, opt, inputs, targets)
+                    })?;
+                    // Once captured, the graph owns the gradients.
+                    if !graphed.is_captured() {
+                        opt.zero_grad();
+                    }
+                    out
                 }
+                None => {
+                    let inputs = batch.inputs.to_device(device);
+                    let out = update(
+                        acc,
+                        config,
+                        model,
+                        opt,
+                        &inputs,
+                        &batch.targets.to_device(device),
+                    )?;
+                    opt.zero_grad();
+                    out
+                }
+            };
+            if let Some(norm) = out.grad_norm {
+                *grad_norm = Some(norm);
             }
-            opt.step()?;
             if let Some(schedule) = schedule.as_mut() {
                 schedule.step().map_err(TrainError::Scheduler)?;
             }
-            opt.zero_grad();
-            Ok(loss)
+            Ok(out.loss)
         })
     }
 
@@ -524,6 +512,29 @@ impl Job {
     }
 }
 
+/// A micro-batch's device work: forward, loss and backward, then at the
+/// end of an accumulation group clipping and the optimizer step (what a
+/// CUDA graph captures). The norm stays on the device until a log step
+/// reads it.
+fn update(
+    acc: &Accelerator,
+    config: &TrainConfig,
+    model: &PreparedModel<Box<dyn Model>>,
+    opt: &mut AcceleratedOptimizer,
+    inputs: &Tensor,
+    targets: &Tensor,
+) -> Result<StepOutput, TrainError> {
+    let loss = lm_loss(&model.forward_t(inputs, true), targets);
+    acc.backward(&loss)?;
+    let mut grad_norm = None;
+    if let Some(max_norm) = config.optimizer.max_grad_norm {
+        // Clips (and unscales) only at the accumulation group's end.
+        grad_norm = acc.clip_grad_norm_(opt, max_norm, 2.0)?;
+    }
+    opt.step()?;
+    Ok(StepOutput { loss, grad_norm })
+}
+
 /// With several processes, the one whose steps took longest over the last
 /// logging window, and its seconds per step (every process logs at the
 /// same steps, so they all join this gather).
@@ -570,6 +581,7 @@ fn write_results(
         gradient_sync: acc.gradient_sync_stats(),
         memory: acc.memory_stats(),
         fsdp: acc.fsdp_settings().cloned(),
+        cuda_graph: job.graphed.as_ref().map(GraphedStep::stats),
     };
     if acc.is_main_process() {
         std::fs::create_dir_all(run_dir).map_err(io_err(run_dir))?;

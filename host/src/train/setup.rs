@@ -3,8 +3,9 @@
 //! built from its config section.
 
 use super::config::{DataKind, DeviceChoice, ModelKind, OptimizerKind, TrainConfig};
+use super::error::TrainError;
 use super::eval::Evaluation;
-use super::runner::{RunOptions, TrainError};
+use super::runner::RunOptions;
 use crate::accelerator::{Accelerator, AcceleratorBuilder, GradientAccumulationPlugin};
 use crate::data::{RandomTokens, SortDigits, TextFile, TokenDataset};
 use crate::models::{Gpt, GptConfig, Mlp, MlpConfig, Model, TorchScriptModel};

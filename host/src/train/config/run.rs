@@ -67,6 +67,12 @@ pub struct RunSection {
     pub save_every: Option<u64>,
     /// Keep only the newest this many checkpoints (default: all).
     pub keep_checkpoints: Option<usize>,
+    /// Capture the training step in a CUDA graph after a few eager steps
+    /// and replay it (default false): one launch per step instead of one
+    /// per kernel. Needs a GPU, one process, no accumulation, no fp16, no
+    /// `[fsdp]`, and Adam or AdamW; shapes must not change.
+    #[serde(default)]
+    pub cuda_graph: bool,
 }
 
 fn default_output_dir() -> PathBuf {
