@@ -2,7 +2,11 @@
 //! the model of Accelerate's peer script (60 × Linear(2048, 2048): 252 M
 //! parameters, ~1 GB of fp32 weights and ~2 GB of AdamW state) on the CPU,
 //! after one AdamW step. Prints one line in the peer's format.
-//! Usage: `save_state OUT_DIR [sync|async|sharded] [HOOK]`, HOOK a built-in
+//! Usage: `save_state OUT_DIR [sync|async|async-again|sharded] [HOOK]`,
+//! `async-again` timing an asynchronous save that follows another (as in
+//! training, where every save after the first reuses the snapshot
+//! buffers; the first one's folder is deleted before, as rotation frees
+//! old checkpoints), HOOK a built-in
 //! checkpoint hook (`manifest-sha256`) to time what it adds. `sharded`,
 //! under mpirun: SHARD_GRAD_OP with SHARDED_STATE_DICT, every process
 //! writing its quarter (on 4) of the weights and state; rank 0 prints.
@@ -25,7 +29,8 @@ fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let out = PathBuf::from(args.next().unwrap_or_else(|| "/tmp/hearth_ckpt".into()));
     let mode = args.next();
-    let async_save = mode.as_deref() == Some("async");
+    let again = mode.as_deref() == Some("async-again");
+    let async_save = mode.as_deref() == Some("async") || again;
     let sharded = mode.as_deref() == Some("sharded");
     let hook = args.next();
     let (layers, d) = (60, 2048);
@@ -78,6 +83,12 @@ fn main() -> anyhow::Result<()> {
     opt.step()?;
     if acc.is_main_process() {
         let _ = std::fs::remove_dir_all(&out);
+    }
+    if again {
+        let first = out.with_extension("first");
+        acc.save_state(Some(&first))?;
+        acc.wait_for_checkpoint()?;
+        let _ = std::fs::remove_dir_all(&first);
     }
     acc.wait_for_everyone()?;
     sync_disks();

@@ -302,6 +302,8 @@ fn a_checkpoint_of_another_model_is_refused_before_anything_changes() {
     }
 }
 
+/// A second async save copies into the first one's buffers (see
+/// `checkpointing/buffers.rs`): it too holds the state of its own moment.
 #[test]
 fn an_async_save_holds_the_state_of_its_moment_and_matches_a_sync_save() {
     let _serial = serial();
@@ -310,6 +312,8 @@ fn an_async_save_holds_the_state_of_its_moment_and_matches_a_sync_save() {
     let mut sync = setup_with(&dir.join("sync"), 1, false);
     train(&mut sync, 1, None);
     let a = sync.acc.save_state(None).unwrap();
+    train(&mut sync, 2, None);
+    let a2 = sync.acc.save_state(None).unwrap();
     let mut background = setup_with(&dir.join("async"), 1, true);
     train(&mut background, 1, None);
     let at_save = weights(&background);
@@ -318,7 +322,16 @@ fn an_async_save_holds_the_state_of_its_moment_and_matches_a_sync_save() {
     train(&mut background, 2, None);
     assert!(!at_save[0].equal(&weights(&background)[0]));
     background.acc.wait_for_checkpoint().unwrap();
-    // …but the checkpoint holds the state of its moment, file for file.
+    let b2 = background.acc.save_state(None).unwrap();
+    train(&mut background, 1, None);
+    background.acc.wait_for_checkpoint().unwrap();
+    // …but each checkpoint holds the state of its moment, file for file.
+    for (a, b) in [(a, b), (a2, b2)] {
+        same_files(&a, &b);
+    }
+}
+
+fn same_files(a: &Path, b: &Path) {
     for name in [
         "model.safetensors",
         "optimizer.safetensors",
@@ -332,7 +345,9 @@ fn an_async_save_holds_the_state_of_its_moment_and_matches_a_sync_save() {
         assert_eq!(
             std::fs::read(a.join(name)).unwrap(),
             std::fs::read(b.join(name)).unwrap(),
-            "{name}"
+            "{} and {}: {name}",
+            a.display(),
+            b.display()
         );
     }
 }

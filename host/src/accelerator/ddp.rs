@@ -325,14 +325,14 @@ impl DataParallel {
     /// FULL_STATE_DICT save writes. FULL_SHARD parameters are gathered
     /// unit by unit and copied (every process must call it: it
     /// all-gathers), so at most one unit more than training holds is ever
-    /// whole; the others are taken as they are, copied when `copy`. With
+    /// whole; the others are taken as they are, copied by `copy` when given. With
     /// `keep` false the process only takes part in the gathers and gets
     /// nothing.
     pub(super) fn whole_copies(
         &self,
         params: &[(String, Tensor)],
         keep: bool,
-        copy: bool,
+        mut copy: Option<&mut dyn FnMut(&Tensor) -> Tensor>,
     ) -> Result<Vec<(String, Tensor)>, crate::parallel::UnitwiseError> {
         let cpu = |t: &Tensor| t.detach().to_device(tch::Device::Cpu);
         let mut whole: Vec<Option<Tensor>> = params.iter().map(|_| None).collect();
@@ -350,7 +350,10 @@ impl DataParallel {
                     .collect();
                 for p in &unit.params {
                     if let Some(&j) = at.get(&(p.full.data_ptr() as usize)) {
-                        whole[j] = Some(cpu(&p.full).copy());
+                        whole[j] = Some(match copy.as_deref_mut() {
+                            Some(copy) => copy(&p.full),
+                            None => cpu(&p.full).copy(),
+                        });
                     }
                 }
             })?;
@@ -362,9 +365,9 @@ impl DataParallel {
             .iter()
             .zip(whole)
             .map(|((name, t), w)| {
-                let t = w.unwrap_or_else(|| match copy {
-                    true => cpu(t).copy(),
-                    false => cpu(t),
+                let t = w.unwrap_or_else(|| match copy.as_deref_mut() {
+                    Some(copy) => copy(t),
+                    None => cpu(t),
                 });
                 (name.clone(), t)
             })

@@ -55,6 +55,8 @@ pub struct Accelerator {
     pub(super) project: ProjectConfiguration,
     pub(super) micro_steps: std::sync::atomic::AtomicU64,
     pub(super) pending_save: Option<PendingSave>,
+    /// The host buffers asynchronous saves copy the state into.
+    pub(super) snapshot_buffers: super::checkpointing::SnapshotBuffers,
     pub(super) ddp: super::ddp::DataParallel,
     /// Set by [`set_trigger`](Self::set_trigger), read by `check_trigger`.
     pub(super) trigger: std::sync::atomic::AtomicBool,
@@ -117,6 +119,7 @@ impl Accelerator {
             project: s.project,
             micro_steps: Default::default(),
             pending_save: None,
+            snapshot_buffers: Default::default(),
             ddp: super::ddp::DataParallel::new(s.ddp, s.fsdp, s.plugin_path),
             trigger: Default::default(),
         }
@@ -447,7 +450,7 @@ impl Accelerator {
     /// training holds): every process must call it.
     pub fn get_state_dict(&self, model: &impl Model) -> Vec<(String, Tensor)> {
         self.ddp
-            .whole_copies(&model.named_state(), true, false)
+            .whole_copies(&model.named_state(), true, None)
             .unwrap_or_else(|e| panic!("get_state_dict: {}", crate::error_chain(&e)))
     }
 
@@ -466,7 +469,7 @@ impl Accelerator {
         let main = self.is_main_process();
         let tensors = self
             .ddp
-            .whole_copies(&model.named_state(), main, false)
+            .whole_copies(&model.named_state(), main, None)
             .map_err(|e| super::checkpointing::gather_failed(dir, &e))?;
         if !main {
             return Ok(None);
@@ -535,7 +538,9 @@ impl Accelerator {
         if let Some(hub) = self.trackers.take() {
             hub.finish();
         }
-        self.wait_for_checkpoint()
+        let waited = self.wait_for_checkpoint();
+        self.snapshot_buffers.clear();
+        waited
     }
 }
 

@@ -20,6 +20,7 @@
 //! file is written and before the commit, `load` before anything is
 //! restored. A hook that fails abandons the save or the load.
 
+mod buffers;
 mod load;
 mod save;
 mod sharded;
@@ -29,6 +30,7 @@ use super::Accelerator;
 use crate::checkpoint::{CheckpointError, TensorKey};
 use crate::data::LoaderHandle;
 use crate::plugins::{CheckpointHookPlugin, Entries, HookCheckpoint};
+pub(crate) use buffers::{Session as SnapshotCopies, SnapshotBuffers};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -49,7 +51,9 @@ pub struct ProjectConfiguration {
     /// After a save, keep only the newest this many numbered checkpoints.
     pub total_limit: Option<usize>,
     /// `save_state` returns once the state is copied; a background thread
-    /// writes it.
+    /// writes it. The copy's host buffers are kept for the next save (one
+    /// copy of the state held between saves, freed by `end_training`), so
+    /// later saves copy into memory already in use.
     pub async_save: bool,
     /// With several machines that share no filesystem: the first process
     /// of every machine writes a whole checkpoint there, holding the

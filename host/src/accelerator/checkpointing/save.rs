@@ -4,6 +4,7 @@
 //! thread with `async_save`.
 
 use super::super::{lock, Accelerator};
+use super::SnapshotCopies;
 use super::{
     custom_file, gather_failed, hook_failed, keyed, node_name, numbered, state_err, ScalerFile,
     SchedulerFile, TrainerState,
@@ -195,6 +196,11 @@ impl Accelerator {
         // Otherwise the state is whole: a sharded optimizer's gathered, and
         // FULL_SHARD's parameters too (by every process; released once the
         // snapshot holds them).
+        // An asynchronous save copies into the previous one's buffers.
+        let mut copies = self
+            .project
+            .async_save
+            .then(|| self.snapshot_buffers.session());
         let (optimizer_states, models) = if self.saves_sharded() {
             (self.optimizer_groups(), Vec::new())
         } else {
@@ -204,14 +210,18 @@ impl Accelerator {
                 .map_err(|e| state_err(&dest, format!("the processes could not agree: {e}")))?[me]
                 == me;
             let optimizers = self.full_optimizer_states(&dest, writes)?;
-            (optimizers, self.whole_models(&dest, writes)?)
+            (
+                optimizers,
+                self.whole_models(&dest, writes, copies.as_mut())?,
+            )
         };
         let Some(staged) = self.stage(&dest)? else {
             // A process that writes no checkpoint: its part is written.
             self.project.iteration += 1;
             return Ok(dest);
         };
-        let snapshot = self.snapshot(&dest, models, optimizer_states)?;
+        let snapshot = self.snapshot(&dest, models, optimizer_states, copies.as_mut())?;
+        drop(copies);
         let context = self.hook_context(&dest, self.project.iteration);
         let hooks = self.registered.hooks.clone();
         self.project.iteration += 1;
@@ -424,17 +434,21 @@ impl Accelerator {
         &self,
         dest: &Path,
         keep: bool,
+        mut copies: Option<&mut SnapshotCopies<'_>>,
     ) -> Result<Vec<Vec<(String, Tensor)>>, CheckpointError> {
-        let copy = self.project.async_save;
-        self.registered
-            .models
-            .iter()
-            .map(|params| {
+        let mut models = Vec::with_capacity(self.registered.models.len());
+        for params in &self.registered.models {
+            let mut copy_into = copies.as_deref_mut().map(|c| move |t: &Tensor| c.copy(t));
+            let copy = copy_into
+                .as_mut()
+                .map(|f| f as &mut dyn FnMut(&Tensor) -> Tensor);
+            models.push(
                 self.ddp
                     .whole_copies(params, keep, copy)
-                    .map_err(|e| gather_failed(dest, &e))
-            })
-            .collect()
+                    .map_err(|e| gather_failed(dest, &e))?,
+            );
+        }
+        Ok(models)
     }
 
     /// Everything a checkpoint holds, as owned data: the `models` given,
@@ -446,17 +460,13 @@ impl Accelerator {
         dest: &Path,
         models: Vec<Vec<(String, Tensor)>>,
         optimizer_states: Vec<OptimizerState>,
+        mut copies: Option<&mut SnapshotCopies<'_>>,
     ) -> Result<Snapshot, CheckpointError> {
-        let copy = self.project.async_save;
-        let own = |t: &Tensor| {
-            let cpu = t.detach().to_device(Device::Cpu);
-            if copy && t.device() == Device::Cpu {
-                cpu.copy()
-            } else {
-                cpu
-            }
-        };
-        let owned = |named: &[(String, Tensor)]| -> Vec<(String, Tensor)> {
+        let mut owned = |named: &[(String, Tensor)]| -> Vec<(String, Tensor)> {
+            let mut own = |t: &Tensor| match copies.as_deref_mut() {
+                Some(copies) => copies.copy(t),
+                None => t.detach().to_device(Device::Cpu),
+            };
             named.iter().map(|(n, t)| (n.clone(), own(t))).collect()
         };
         let json =
