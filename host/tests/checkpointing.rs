@@ -561,3 +561,85 @@ fn a_scaler_file_of_impossible_values_is_refused_before_anything_changes() {
         );
     }
 }
+
+/// Rust save and load pre-hooks against Accelerate's run live
+/// (`tests/oracles/accelerate_state_pre_hooks.py`): the same two models and
+/// hooks give the same model files, the same weights in
+/// `model.safetensors`, the same model restored, and nothing of the hooks
+/// once their handles are removed (here one by `remove`, one by drop).
+#[test]
+fn save_and_load_pre_hooks_do_what_accelerates_do() {
+    let _serial = serial();
+    let dir = scratch("pre-hooks");
+    let oracle: serde_json::Value = serde_json::from_str(
+        common::oracle(
+            "accelerate_state_pre_hooks.py",
+            &[dir.join("accelerate").to_str().unwrap()],
+        )
+        .trim(),
+    )
+    .unwrap();
+
+    let mut acc = Accelerator::builder().cpu(true).build().unwrap();
+    tch::manual_seed(0);
+    let (va, vb) = (
+        nn::VarStore::new(Device::Cpu),
+        nn::VarStore::new(Device::Cpu),
+    );
+    let _a = nn::linear(va.root(), 3, 4, Default::default());
+    let _b = nn::linear(vb.root(), 4, 2, Default::default());
+    let va = acc.prepare(va).unwrap();
+    let vb = acc.prepare(vb).unwrap();
+    let save_handle = acc.register_save_state_pre_hook(|weights, folder| {
+        std::fs::write(folder.join("hook.txt"), "written by the save hook").unwrap();
+        weights.remove(0);
+    });
+    let load_handle = acc.register_load_state_pre_hook(|models, _| {
+        models.remove(0);
+    });
+    let listed = |folder: &Path| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(folder)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("model") || n == "hook.txt")
+            .collect();
+        names.sort();
+        names
+    };
+    let first = acc.save_state(Some(&dir.join("first"))).unwrap();
+    let keys: serde_json::Map<String, serde_json::Value> =
+        Tensor::read_safetensors(first.join("model.safetensors"))
+            .unwrap()
+            .into_iter()
+            .map(|(name, t)| (name, serde_json::json!(t.size())))
+            .collect();
+    let values = |vs: &nn::VarStore| -> Vec<Tensor> {
+        let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+        named.sort_by(|x, y| x.0.cmp(&y.0));
+        named.into_iter().map(|(_, t)| t.copy()).collect()
+    };
+    let saved = [values(&va), values(&vb)];
+    tch::no_grad(|| {
+        for vs in [&va, &vb] {
+            for mut t in vs.trainable_variables() {
+                let _ = t.f_add_scalar_(1.0).unwrap();
+            }
+        }
+    });
+    acc.load_state(Some(&first)).unwrap();
+    let restored: Vec<bool> = [&va, &vb]
+        .iter()
+        .zip(&saved)
+        .map(|(vs, before)| values(vs).iter().zip(before).all(|(x, y)| x.equal(y)))
+        .collect();
+    save_handle.remove();
+    drop(load_handle);
+    let second = acc.save_state(Some(&dir.join("second"))).unwrap();
+    let ours = serde_json::json!({
+        "files": listed(&first),
+        "model_keys": keys,
+        "restored": restored,
+        "files_after_remove": listed(&second),
+    });
+    assert_eq!(ours, oracle);
+}

@@ -25,7 +25,10 @@ mod trackers;
 pub use builder::{
     accumulation_steps_from_env, AcceleratorBuilder, BuildError, DataLoaderConfiguration,
 };
-pub use checkpointing::{node_name, Checkpointable, ProjectConfiguration, TrainerState};
+pub use checkpointing::{
+    node_name, Checkpointable, LoadStatePreHook, ProjectConfiguration, RemovableHandle,
+    SaveStatePreHook, TrainerState,
+};
 pub use ddp::BackwardError;
 pub use facade::{Accelerator, AutocastKwargs, RngState};
 pub use grad::clip_grad_norm_;

@@ -56,7 +56,12 @@ impl Accelerator {
             true => None,
             false => Some(self.summon_for(&dir)?),
         };
-        let staged = self.stage_checkpoint(&dir, restored)?;
+        let read = self
+            .registered
+            .pre_hooks
+            .before_load(self.registered.models.len(), &dir)
+            .map_err(|m| state_err(&dir, m))?;
+        let staged = self.stage_checkpoint(&dir, restored, &read)?;
         let previous = self.previous_state(&dir)?;
         if let Err(e) = self.apply_refusable(&staged) {
             self.put_back(previous);
@@ -87,14 +92,17 @@ impl Accelerator {
 
     /// Reads and checks every file of the checkpoint in `dir` that a
     /// prepared object needs, restoring nothing; `restored` are the model
-    /// tensors the hooks gave back.
+    /// tensors the hooks gave back, `read` the models to read from the
+    /// model files, in file order (what the pre-hooks left).
     fn stage_checkpoint(
         &self,
         dir: &Path,
         restored: HashMap<TensorKey, Tensor>,
+        read: &[usize],
     ) -> Result<Staged, CheckpointError> {
         let mut model_writes = Vec::new();
-        for (i, model) in self.registered.models.iter().enumerate() {
+        for (position, &i) in read.iter().enumerate() {
+            let model = &self.registered.models[i];
             let shards = dir.join(model_shards_dir(i));
             if shards.is_dir() {
                 model_writes.extend(self.stage_sharded_model(i, &shards)?);
@@ -105,7 +113,7 @@ impl Accelerator {
                 .filter(|(name, _)| !restored.contains_key(&TensorKey::new(i, name)))
                 .map(|(n, t)| (n.clone(), t.shallow_clone()))
                 .collect();
-            let path = dir.join(numbered("model", i, "safetensors"));
+            let path = dir.join(numbered("model", position, "safetensors"));
             let (writes, report) = stage_checkpoint_in_model(&from_file, &path, false)?;
             let buffers = &self.registered.buffers[i];
             let (absent_buffers, missing): (Vec<String>, Vec<String>) = report

@@ -22,6 +22,7 @@
 
 mod buffers;
 mod load;
+mod pre_hooks;
 mod save;
 mod sharded;
 
@@ -31,6 +32,7 @@ use crate::checkpoint::{CheckpointError, TensorKey};
 use crate::data::LoaderHandle;
 use crate::plugins::{CheckpointHookPlugin, Entries, HookCheckpoint};
 pub(crate) use buffers::{Session as SnapshotCopies, SnapshotBuffers};
+pub use pre_hooks::{LoadStatePreHook, RemovableHandle, SaveStatePreHook};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -193,6 +195,8 @@ pub(super) struct Registered {
     pub loaders: Vec<LoaderHandle>,
     pub custom: Vec<Arc<Mutex<dyn Checkpointable>>>,
     pub hooks: Vec<Arc<CheckpointHookPlugin>>,
+    /// The Rust pre-hooks of `save_state` and `load_state`.
+    pub pre_hooks: pre_hooks::PreHooks,
     /// The run's configuration (from `init_trackers`), for hooks.
     pub config: Entries,
 }
@@ -240,6 +244,26 @@ impl Accelerator {
     /// as one sandboxed plugin).
     pub fn register_checkpoint_hook(&mut self, hook: CheckpointHookPlugin) {
         self.registered.hooks.push(Arc::new(hook));
+    }
+
+    /// Runs `hook` in every later `save_state` before the models are
+    /// written (Accelerate's `register_save_state_pre_hook`; see
+    /// [`SaveStatePreHook`]) until the returned handle is dropped or removed.
+    pub fn register_save_state_pre_hook(
+        &self,
+        hook: impl FnMut(&mut Vec<Vec<(String, Tensor)>>, &Path) + Send + 'static,
+    ) -> RemovableHandle {
+        self.registered.pre_hooks.add_save(Box::new(hook))
+    }
+
+    /// Runs `hook` in every later `load_state` before the models are read
+    /// (Accelerate's `register_load_state_pre_hook`; see
+    /// [`LoadStatePreHook`]) until the returned handle is dropped or removed.
+    pub fn register_load_state_pre_hook(
+        &self,
+        hook: impl FnMut(&mut Vec<usize>, &Path) + Send + 'static,
+    ) -> RemovableHandle {
+        self.registered.pre_hooks.add_load(Box::new(hook))
     }
 
     /// The project configuration.

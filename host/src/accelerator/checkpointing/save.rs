@@ -220,6 +220,10 @@ impl Accelerator {
             self.project.iteration += 1;
             return Ok(dest);
         };
+        let mut models = models;
+        self.registered
+            .pre_hooks
+            .before_save(&mut models, staged.folder());
         let snapshot = self.snapshot(&dest, models, optimizer_states, copies.as_mut())?;
         drop(copies);
         let context = self.hook_context(&dest, self.project.iteration);
