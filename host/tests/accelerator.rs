@@ -1243,3 +1243,83 @@ fn save_and_save_object_write_on_the_main_process_or_each_machines_first() {
         }
     }
 }
+
+/// `free_memory` (and `clear`) forget what Accelerate's forget, run live
+/// (`tests/oracles/accelerate_free_memory.py`): the step counter goes back
+/// to 0 and a later save holds no model, optimizer or scheduler.
+#[test]
+fn free_memory_forgets_what_accelerates_does() {
+    let _serial = serial();
+    let dir = common::scratch("free-memory");
+    let oracle: Value = serde_json::from_str(
+        oracle(
+            "accelerate_free_memory.py",
+            &[dir.join("accelerate").to_str().unwrap()],
+        )
+        .trim(),
+    )
+    .unwrap();
+    let stems = |folder: std::path::PathBuf| -> Vec<String> {
+        let mut stems: Vec<String> = std::fs::read_dir(folder)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .map(|f| f.split(['.', '_']).next().unwrap().to_string())
+            .filter(|s| ["model", "optimizer", "scheduler"].contains(&s.as_str()))
+            .collect();
+        stems.sort();
+        stems.dedup();
+        stems
+    };
+    let accelerate_stems = |files: &Value| -> Vec<String> {
+        let mut stems: Vec<String> = files
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                f.as_str()
+                    .unwrap()
+                    .split(['.', '_'])
+                    .next()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        stems.dedup();
+        stems
+    };
+    for clear in [false, true] {
+        let mut acc = Accelerator::builder()
+            .cpu(true)
+            .gradient_accumulation_steps(2)
+            .build()
+            .unwrap();
+        let vs = nn::VarStore::new(Device::Cpu);
+        let _layer = nn::linear(vs.root(), 3, 2, Default::default());
+        let opt = Sgd::new(vs.trainable_variables(), sgd(0.1, 0.0));
+        let (vs, opt) = acc.prepare((vs, opt)).unwrap();
+        let sched = acc.prepare((opt, linear_schedule(0.1))).unwrap();
+        for _ in 0..3 {
+            acc.accumulate(|| ());
+        }
+        let before = acc
+            .save_state(Some(&dir.join(format!("before-{clear}"))))
+            .unwrap();
+        assert_eq!(acc.step(), oracle["before"]["step"].as_u64().unwrap());
+        assert_eq!(stems(before), accelerate_stems(&oracle["before"]["files"]));
+        if clear {
+            acc.clear((vs, sched)).unwrap();
+        } else {
+            acc.free_memory((vs, sched)).unwrap();
+        }
+        assert_eq!(acc.step(), oracle["after"]["step"].as_u64().unwrap());
+        let after = acc
+            .save_state(Some(&dir.join(format!("after-{clear}"))))
+            .unwrap();
+        assert_eq!(stems(after), accelerate_stems(&oracle["after"]["files"]));
+        acc.accumulate(|| ());
+        assert_eq!(
+            acc.step(),
+            oracle["after"]["step_after_one_more"].as_u64().unwrap()
+        );
+    }
+}

@@ -102,6 +102,14 @@ impl DataParallel {
         f()
     }
 
+    /// Forgets every prepared model (`free_memory`): their gradients are
+    /// no longer averaged or reduce-scattered.
+    pub(super) fn forget(&self) {
+        self.models.borrow_mut().clear();
+        self.units.borrow_mut().clear();
+        self.unitwise.borrow_mut().clear();
+    }
+
     /// Makes every process start from rank 0's `parameters` and averages
     /// their gradients from now on; nothing in a world of one, nothing for
     /// parameters already registered (a model prepared twice).

@@ -523,12 +523,32 @@ impl Accelerator {
         self.is_main_process() || (self.project.save_on_each_node && self.is_local_main_process())
     }
 
-    /// Drops `objects` (prepared models, optimizers…) and releases cached
-    /// GPU memory (`free_memory`); forgets prepared optimizers no one holds.
+    /// Accelerate's `free_memory`: drops `objects` (prepared models,
+    /// optimizers…), forgets every prepared model, optimizer, scheduler and
+    /// data loader (later saves hold none of them, gradients are no longer
+    /// averaged), resets the step counter and the accumulation position to
+    /// 0, and releases cached GPU memory and an async save's buffers.
+    /// Objects given to `register_for_checkpointing` stay, as in Accelerate.
     pub fn free_memory<T>(&mut self, objects: T) -> Result<(), TchError> {
         drop(objects);
-        self.optimizers.retain(|o| Arc::strong_count(o) > 1);
+        self.optimizers.clear();
+        let registered = &mut self.registered;
+        registered.models.clear();
+        registered.buffers.clear();
+        registered.shards.clear();
+        registered.schedulers.clear();
+        registered.loaders.clear();
+        self.ddp.forget();
+        self.micro_steps
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+        self.state.set_accumulation_position(0);
+        self.snapshot_buffers.clear();
         ops::empty_device_cache()
+    }
+
+    /// Accelerate's `clear`: the same as [`free_memory`](Self::free_memory).
+    pub fn clear<T>(&mut self, objects: T) -> Result<(), TchError> {
+        self.free_memory(objects)
     }
 
     /// Finishes the trackers (Accelerate's `end_training`) and waits for
