@@ -107,6 +107,8 @@ pub struct Fp8RecipeKwargs {
     pub use_autocast_during_eval: bool,
     /// `"O1"` or `"O2"` (MS-AMP).
     pub opt_level: String,
+    /// MXFP8 block scaling (Transformer Engine on Blackwell).
+    pub use_mxfp8_block_scaling: bool,
 }
 
 impl Default for Fp8RecipeKwargs {
@@ -121,6 +123,7 @@ impl Default for Fp8RecipeKwargs {
             override_linear_precision: (false, false, false),
             use_autocast_during_eval: false,
             opt_level: "O2".into(),
+            use_mxfp8_block_scaling: false,
         }
     }
 }
