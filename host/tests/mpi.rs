@@ -1119,3 +1119,88 @@ fn a_dispatching_loader_gives_the_error_when_a_rank_hangs() {
         "the hung rank does not hold the job"
     );
 }
+
+/// One rank's view of a model prepared for training and one prepared with
+/// `evaluation_mode`, each built from this rank's own seed.
+#[test]
+fn child_evaluation_mode() {
+    if std::env::var(CHILD).as_deref() != Ok("evaluation") {
+        return; // only under mpirun
+    }
+    use hearth::models::{Gpt, GptConfig, Model};
+    let mut acc = Accelerator::builder()
+        .cpu(true)
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let r = acc.process_index();
+    let config = GptConfig {
+        vocab_size: 11,
+        block_size: 8,
+        d_model: 16,
+        layers: 1,
+        heads: 2,
+    };
+    tch::manual_seed(100 + r as i64);
+    let (train, eval) = (Gpt::new(config, Device::Cpu), Gpt::new(config, Device::Cpu));
+    let train = acc.prepare(train).unwrap();
+    let eval = acc.prepare_model(eval, true).unwrap();
+    let sum = |m: &dyn Fn() -> Vec<(String, Tensor)>, grad: bool| -> f64 {
+        m().iter()
+            .map(|(_, p)| {
+                let t = if grad { p.grad() } else { p.shallow_clone() };
+                f64::try_from(t.sum(Kind::Double)).unwrap()
+            })
+            .sum()
+    };
+    let weights = (
+        sum(&|| train.named_parameters(), false),
+        sum(&|| eval.named_parameters(), false),
+    );
+    let x = Tensor::randint(11, [2, 8], (Kind::Int64, Device::Cpu));
+    let loss =
+        train.forward_t(&x, true).sum(Kind::Float) + eval.forward_t(&x, true).sum(Kind::Float);
+    acc.backward(&loss).unwrap();
+    let grads = (
+        sum(&|| train.named_parameters(), true),
+        sum(&|| eval.named_parameters(), true),
+    );
+    let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
+    std::fs::write(
+        out.join(format!("rank_{r}.json")),
+        serde_json::json!({"weights": [weights.0, weights.1], "grads": [grads.0, grads.1]})
+            .to_string(),
+    )
+    .unwrap();
+}
+
+/// Accelerate's `prepare_model(model, evaluation_mode=True)` makes no DDP
+/// wrapper: such a model keeps each process's own weights and gradients,
+/// while one prepared for training starts from rank 0's and averages.
+#[test]
+fn a_model_prepared_for_evaluation_is_not_data_parallel() {
+    let dir = scratch("evaluation-mode");
+    mpirun_ok(2, "child_evaluation_mode", "evaluation", &dir);
+    let ranks = results(&dir, 2);
+    let at = |r: usize, what: &str, i: usize| ranks[r][what][i].as_f64().unwrap();
+    assert_eq!(
+        at(0, "weights", 0),
+        at(1, "weights", 0),
+        "trained: rank 0's weights"
+    );
+    assert_eq!(
+        at(0, "grads", 0),
+        at(1, "grads", 0),
+        "trained: averaged gradients"
+    );
+    assert_ne!(
+        at(0, "weights", 1),
+        at(1, "weights", 1),
+        "evaluated: each its own weights"
+    );
+    assert_ne!(
+        at(0, "grads", 1),
+        at(1, "grads", 1),
+        "evaluated: gradients not averaged"
+    );
+}

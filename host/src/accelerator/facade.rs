@@ -523,6 +523,20 @@ impl Accelerator {
         self.is_main_process() || (self.project.save_on_each_node && self.is_local_main_process())
     }
 
+    /// Accelerate's `prepare_model(model, evaluation_mode=...)`: with
+    /// `evaluation_mode` false the same as [`prepare`](Self::prepare); true,
+    /// the model is placed on the device, runs under the mixed precision and
+    /// is saved with the others, but is neither data-parallel nor sharded:
+    /// its parameters are not broadcast from rank 0 and its gradients are
+    /// not averaged (a model that is only evaluated).
+    pub fn prepare_model<M: Model + 'static>(
+        &mut self,
+        model: M,
+        evaluation_mode: bool,
+    ) -> Result<crate::accelerator::PreparedModel<M>, PrepareError> {
+        super::prepare::prepare_model_as(model, self, evaluation_mode)
+    }
+
     /// Accelerate's `free_memory`: drops `objects` (prepared models,
     /// optimizers…), forgets every prepared model, optimizer, scheduler and
     /// data loader (later saves hold none of them, gradients are no longer

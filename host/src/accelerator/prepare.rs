@@ -95,6 +95,30 @@ fn prepare_model<M: Model + 'static>(
     model: M,
     acc: &mut Accelerator,
 ) -> Result<PreparedModel<M>, PrepareError> {
+    prepare_model_as(model, acc, false)
+}
+
+/// [`prepare_model`], or with `evaluation` only placed on the device,
+/// run under the mixed precision and remembered for checkpoints: neither
+/// made data-parallel nor sharded (Accelerate's `evaluation_mode`).
+pub(super) fn prepare_model_as<M: Model + 'static>(
+    model: M,
+    acc: &mut Accelerator,
+    evaluation: bool,
+) -> Result<PreparedModel<M>, PrepareError> {
+    if evaluation {
+        let count = model.num_parameters();
+        let prepared = PreparedModel::new(model, count, acc.device(), acc.mixed_precision());
+        let buffers = prepared.inner().named_buffers();
+        let buffer_names = buffers.iter().map(|(n, _)| n.clone()).collect();
+        let state = prepared
+            .inner()
+            .named_parameters()
+            .into_iter()
+            .chain(buffers);
+        acc.remember_model(state.collect(), buffer_names, Vec::new());
+        return Ok(prepared);
+    }
     let shard_first = acc.shards_before_placing();
     let count = model.num_parameters();
     let register = |acc: &mut Accelerator, model: &M| {
