@@ -1204,3 +1204,84 @@ fn a_model_prepared_for_evaluation_is_not_data_parallel() {
         "evaluated: gradients not averaged"
     );
 }
+
+/// One rank's nested value padded, then gathered, reduced and broadcast whole.
+#[test]
+fn child_nested_collectives() {
+    if std::env::var(CHILD).as_deref() != Ok("nested") {
+        return; // only under mpirun
+    }
+    use std::collections::BTreeMap;
+    let acc = Accelerator::builder()
+        .cpu(true)
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let r = acc.process_index() as f64;
+    // (logits, {"labels": [a, b]}) with rank-dependent values and, for the
+    // labels, rank-dependent lengths.
+    let value = (
+        Tensor::from_slice(&[r, r + 0.5]),
+        BTreeMap::from([(
+            "labels".to_string(),
+            vec![
+                Tensor::full([1 + r as i64], r, (Kind::Float, Device::Cpu)),
+                Tensor::from(r * 10.0),
+            ],
+        )]),
+    );
+    let leaves = |v: &(Tensor, BTreeMap<String, Vec<Tensor>>)| -> Vec<Vec<f64>> {
+        let mut out = vec![values(&v.0)];
+        out.extend(v.1["labels"].iter().map(values));
+        out
+    };
+    let padded = acc.pad_across_processes(&value, 0, -1.0, false).unwrap();
+    let gathered = acc.gather(&padded).unwrap();
+    let summed = acc.reduce(&padded, ReduceOp::Sum).unwrap();
+    let from_one = acc.broadcast(&padded, 1).unwrap();
+    let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
+    std::fs::write(
+        out.join(format!("rank_{}.json", acc.process_index())),
+        serde_json::json!({
+            "padded": leaves(&padded),
+            "gathered": leaves(&gathered),
+            "summed": leaves(&summed),
+            "broadcast": leaves(&from_one),
+        })
+        .to_string(),
+    )
+    .unwrap();
+}
+
+/// `gather`, `reduce`, `broadcast` and `pad_across_processes` take nested values
+/// (Accelerate's `recursively_apply`): each leaf as the tensor collective
+/// gives it, the structure kept.
+#[test]
+fn collectives_take_nested_values_leaf_by_leaf() {
+    let dir = scratch("nested-collectives");
+    mpirun_ok(2, "child_nested_collectives", "nested", &dir);
+    let ranks = results(&dir, 2);
+    let leaf = |r: usize, what: &str| -> Vec<Vec<f64>> {
+        serde_json::from_value(ranks[r][what].clone()).unwrap()
+    };
+    // Labels padded to 2 on rank 0 (rank 1 has 2 already).
+    assert_eq!(
+        leaf(0, "padded"),
+        vec![vec![0.0, 0.5], vec![0.0, -1.0], vec![0.0]]
+    );
+    assert_eq!(
+        leaf(1, "padded"),
+        vec![vec![1.0, 1.5], vec![1.0, 1.0], vec![10.0]]
+    );
+    let gathered = vec![
+        vec![0.0, 0.5, 1.0, 1.5],
+        vec![0.0, -1.0, 1.0, 1.0],
+        vec![0.0, 10.0],
+    ];
+    let summed = vec![vec![1.0, 2.0], vec![1.0, 0.0], vec![10.0]];
+    for r in 0..2 {
+        assert_eq!(leaf(r, "gathered"), gathered, "rank {r}");
+        assert_eq!(leaf(r, "summed"), summed, "rank {r}");
+        assert_eq!(leaf(r, "broadcast"), leaf(1, "padded"), "rank {r}");
+    }
+}

@@ -3,7 +3,7 @@
 //! splitting, triggers, barriers and who-goes-first, and running work on
 //! chosen processes.
 
-use super::{Accelerator, RngType};
+use super::{Accelerator, RngType, TensorTree};
 use crate::dist::{DistError, DistributedType, ReduceOp};
 use crate::ops;
 use std::sync::atomic::Ordering;
@@ -25,16 +25,21 @@ impl Accelerator {
         }
     }
 
-    /// Every process's `tensor` concatenated along dimension 0 in rank
+    /// Every process's `value` concatenated along dimension 0 in rank
     /// order (Accelerate's `gather`; a scalar counts as one row). The first
-    /// dimension may differ between processes.
-    pub fn gather(&self, tensor: &Tensor) -> Result<Tensor, DistError> {
-        let rows = if tensor.dim() == 0 {
-            tensor.view([1])
-        } else {
-            tensor.shallow_clone()
-        };
-        self.group.all_gather(&rows)
+    /// dimension may differ between processes. `value` is a tensor or any
+    /// [`TensorTree`] (tuples, vectors, string-keyed maps… of tensors), each
+    /// tensor gathered in place, as Accelerate's `recursively_apply` does:
+    /// every process passes the same structure.
+    pub fn gather<T: TensorTree>(&self, value: &T) -> Result<T, DistError> {
+        each_tensor(value, |tensor| {
+            let rows = if tensor.dim() == 0 {
+                tensor.view([1])
+            } else {
+                tensor.shallow_clone()
+            };
+            self.group.all_gather(&rows)
+        })
     }
 
     /// Gathers evaluation outputs from every process (see
@@ -42,30 +47,36 @@ impl Accelerator {
     /// epoch, keeps only the real examples of it, dropping those repeated
     /// to give every process a full batch (Accelerate's
     /// `gather_for_metrics`, with the loader's `remainder`).
-    pub fn gather_for_metrics(&self, tensor: &Tensor) -> Result<Tensor, DistError> {
-        let all = self.gather(tensor)?;
-        match self.state.remainder() {
+    pub fn gather_for_metrics<T: TensorTree>(&self, value: &T) -> Result<T, DistError> {
+        let all = self.gather(value)?;
+        each_tensor(&all, |all| match self.state.remainder() {
             Some(r) if self.state.end_of_dataloader() && r > 0 && all.size()[0] > r as i64 => {
                 Ok(all.narrow(0, 0, r as i64))
             }
-            _ => Ok(all),
-        }
+            _ => Ok(all.shallow_clone()),
+        })
     }
 
-    /// `tensor` combined across processes with `op` (Accelerate's `reduce`:
-    /// sum, mean, max; min too), as a new tensor.
-    pub fn reduce(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
-        let mut out = tensor.detach().copy();
-        self.group.all_reduce(&mut out, op)?;
-        Ok(out)
+    /// `value` combined across processes with `op` (Accelerate's `reduce`:
+    /// sum, mean, max; min too), as new tensors; a tensor or any
+    /// [`TensorTree`], as [`gather`](Self::gather) takes.
+    pub fn reduce<T: TensorTree>(&self, value: &T, op: ReduceOp) -> Result<T, DistError> {
+        each_tensor(value, |tensor| {
+            let mut out = tensor.detach().copy();
+            self.group.all_reduce(&mut out, op)?;
+            Ok(out)
+        })
     }
 
-    /// Process `from`'s `tensor`, on every process (Accelerate's
-    /// `broadcast`; every process passes a tensor of the same shape).
-    pub fn broadcast(&self, tensor: &Tensor, from: usize) -> Result<Tensor, DistError> {
-        let mut out = tensor.detach().copy();
-        self.group.broadcast(&mut out, from)?;
-        Ok(out)
+    /// Process `from`'s `value`, on every process (Accelerate's
+    /// `broadcast`; every process passes tensors of the same shapes in the
+    /// same structure).
+    pub fn broadcast<T: TensorTree>(&self, value: &T, from: usize) -> Result<T, DistError> {
+        each_tensor(value, |tensor| {
+            let mut out = tensor.detach().copy();
+            self.group.broadcast(&mut out, from)?;
+            Ok(out)
+        })
     }
 
     /// Every process's `object`, in rank order (Accelerate's
@@ -133,7 +144,8 @@ impl Accelerator {
     /// there, with `pad_value`, at the end (or at the start with
     /// `pad_first`), so that it can be gathered (Accelerate's
     /// `pad_across_processes`). A negative `dim` counts from the last; a
-    /// `dim` the tensor does not have returns it unchanged, as there.
+    /// `dim` the tensor does not have returns it unchanged, as there. Any
+    /// [`TensorTree`] is padded tensor by tensor.
     ///
     /// ```no_run
     /// # fn demo(acc: &hearth::accelerator::Accelerator, predictions: &tch::Tensor) -> Result<(), hearth::dist::DistError> {
@@ -142,7 +154,20 @@ impl Accelerator {
     /// let all = acc.gather(&padded)?;
     /// # Ok(()) }
     /// ```
-    pub fn pad_across_processes(
+    pub fn pad_across_processes<T: TensorTree>(
+        &self,
+        value: &T,
+        dim: i64,
+        pad_value: f64,
+        pad_first: bool,
+    ) -> Result<T, DistError> {
+        each_tensor(value, |tensor| {
+            self.pad_tensor(tensor, dim, pad_value, pad_first)
+        })
+    }
+
+    /// [`pad_across_processes`](Self::pad_across_processes) of one tensor.
+    fn pad_tensor(
         &self,
         tensor: &Tensor,
         dim: i64,
@@ -356,4 +381,20 @@ impl Accelerator {
         }
         Ok(())
     }
+}
+
+/// `f` applied to every tensor of `value` in [`TensorTree::tensors`]'s
+/// order, the structure kept: a collective over a nested value, one tensor
+/// at a time (the same order on every process).
+fn each_tensor<T: TensorTree>(
+    value: &T,
+    f: impl FnMut(&Tensor) -> Result<Tensor, DistError>,
+) -> Result<T, DistError> {
+    let done = value
+        .tensors()
+        .into_iter()
+        .map(f)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(T::from_tensors(&value.shape(), &mut done.into_iter())
+        .expect("one tensor back for each of the structure's"))
 }
