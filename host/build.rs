@@ -38,6 +38,7 @@ fn main() {
     let abi = env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     println!("cargo:rerun-if-changed=csrc/shim.cpp");
+    println!("cargo:rerun-if-changed=csrc/guarded.h");
     cc::Build::new()
         .cpp(true)
         .pic(true)

@@ -5,6 +5,7 @@
 // libtorch_cuda is loaded (src/ops/cuda_graph.rs). Every function returns
 // null on success or a malloc'd error message for hearth_free_error.
 
+#include "guarded.h"
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
@@ -23,18 +24,7 @@ cudaDeviceProp *getDeviceProperties(c10::DeviceIndex device);
 
 namespace {
 
-char *message(const char *what) { return strdup(what ? what : "unknown C++ error"); }
-
-template <typename F> char *guarded(F &&f) {
-  try {
-    f();
-    return nullptr;
-  } catch (const std::exception &e) {
-    return message(e.what());
-  } catch (...) {
-    return message(nullptr);
-  }
-}
+using hearth_abi::guarded;
 
 // The side stream that warm-up and capture run on (capture cannot use the
 // default stream), and the stream that was current before.

@@ -7,6 +7,7 @@
 // across the C boundary, and returns NULL on success or an error message that
 // the caller releases with `hearth_free_error`.
 
+#include "guarded.h"
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/DeviceAccelerator.h>
@@ -46,18 +47,7 @@ std::vector<at::Tensor> gather(at::Tensor **tensors, size_t n) {
   return out;
 }
 
-char *message(const char *what) { return strdup(what ? what : "unknown C++ error"); }
-
-template <typename F> char *guarded(F &&f) {
-  try {
-    f();
-    return nullptr;
-  } catch (const std::exception &e) {
-    return message(e.what());
-  } catch (...) {
-    return message(nullptr);
-  }
-}
+using hearth_abi::guarded;
 
 // Calls `ready(owner, index)` each time autograd has accumulated a gradient
 // into the tensor (PyTorch's register_post_accumulate_grad_hook).
