@@ -4,7 +4,7 @@
 //! parent checks it against the values of the distributed issue.
 
 mod common;
-use common::{mpirun, mpirun_ok, results, scratch, CHILD, OUT};
+use common::{mpirun, mpirun_ok, results, scratch, write_result, CHILD, OUT};
 
 use hearth::accelerator::Accelerator;
 use hearth::dist::{DistError, ReduceOp};
@@ -86,8 +86,7 @@ fn child_collectives() {
         "unequal_shape": unequal.size(), "unequal": values(&unequal), "mismatch": mismatch,
         "broadcast": values(&broadcast), "objects": objects, "word": word,
     });
-    let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
-    std::fs::write(out.join(format!("rank_{r}.json")), result.to_string()).unwrap();
+    write_result(r, &result);
 }
 
 /// One rank of the Accelerate-helpers comparison: the same inputs as
@@ -202,8 +201,7 @@ fn child_process_helpers() {
     });
     let mut result = result;
     result.as_object_mut().unwrap().extend(dispatched);
-    let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
-    std::fs::write(out.join(format!("rank_{r}.json")), result.to_string()).unwrap();
+    write_result(r, &result);
 }
 
 /// The DDP runs: a small network trained with AdamW for 20 optimizer
@@ -306,8 +304,7 @@ fn child_ddp() {
         "syncs": stats.syncs, "all_reduces": stats.all_reduces, "bytes": stats.bytes,
         "overlapped": stats.overlapped,
     });
-    let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
-    std::fs::write(out.join(format!("rank_{r}.json")), result.to_string()).unwrap();
+    write_result(r, &result);
 }
 
 /// The weights of one process training alone with batch `batch`.
@@ -1002,8 +999,7 @@ fn child_buffers() {
     }
     let _ = model.forward_t(&tokens(7), true);
     let result = serde_json::json!({"prepared": prepared, "end": buffers(&model)});
-    let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
-    std::fs::write(out.join(format!("rank_{r}.json")), result.to_string()).unwrap();
+    write_result(r, &result);
 }
 
 /// A BatchNorm model's buffers (issue 18, item 3): prepared, every rank
@@ -1165,13 +1161,10 @@ fn child_evaluation_mode() {
         sum(&|| train.named_parameters(), true),
         sum(&|| eval.named_parameters(), true),
     );
-    let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
-    std::fs::write(
-        out.join(format!("rank_{r}.json")),
-        serde_json::json!({"weights": [weights.0, weights.1], "grads": [grads.0, grads.1]})
-            .to_string(),
-    )
-    .unwrap();
+    write_result(
+        r,
+        &serde_json::json!({"weights": [weights.0, weights.1], "grads": [grads.0, grads.1]}),
+    );
 }
 
 /// Accelerate's `prepare_model(model, evaluation_mode=True)` makes no DDP
@@ -1239,18 +1232,15 @@ fn child_nested_collectives() {
     let gathered = acc.gather(&padded).unwrap();
     let summed = acc.reduce(&padded, ReduceOp::Sum).unwrap();
     let from_one = acc.broadcast(&padded, 1).unwrap();
-    let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
-    std::fs::write(
-        out.join(format!("rank_{}.json", acc.process_index())),
-        serde_json::json!({
+    write_result(
+        acc.process_index(),
+        &serde_json::json!({
             "padded": leaves(&padded),
             "gathered": leaves(&gathered),
             "summed": leaves(&summed),
             "broadcast": leaves(&from_one),
-        })
-        .to_string(),
-    )
-    .unwrap();
+        }),
+    );
 }
 
 /// `gather`, `reduce`, `broadcast` and `pad_across_processes` take nested values

@@ -104,6 +104,13 @@ pub fn mpirun_ok(n: usize, child: &str, mode: &str, out: &std::path::Path) {
     );
 }
 
+/// Writes rank `rank`'s `result` as `rank_<r>.json` into the folder the
+/// parent gave in `$HEARTH_MPI_OUT` (what [`results`] reads).
+pub fn write_result(rank: usize, result: &serde_json::Value) {
+    let out = PathBuf::from(std::env::var(OUT).expect("run under mpirun by a parent test"));
+    std::fs::write(out.join(format!("rank_{rank}.json")), result.to_string()).unwrap();
+}
+
 /// The `rank_<r>.json` results of `n` ranks in `dir`.
 pub fn results(dir: &std::path::Path, n: usize) -> Vec<serde_json::Value> {
     (0..n)
