@@ -488,6 +488,14 @@ fn libtorch_cuda_is_opened_only_where_a_driver_is() {
         v["cuda_devices"], 0,
         "a driver without a GPU has no devices"
     );
+    // Nothing to name, no versions to read, no graphs to capture.
+    assert_eq!(v["gpus"], serde_json::json!([]));
+    assert!(v["cuda_version"].is_null() && v["cudnn_version"].is_null());
+    let graphs = v["cuda_graphs"].as_str().unwrap();
+    assert!(
+        graphs.starts_with("CUDA graphs are unavailable: no CUDA device"),
+        "{graphs}"
+    );
 
     // The machine's own driver decides what plain `hearth env` said.
     let machine_has_driver = std::path::Path::new("/dev/nvidiactl").exists();
