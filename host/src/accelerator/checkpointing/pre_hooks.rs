@@ -115,3 +115,30 @@ impl PreHooks {
         Ok(order)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn load_hooks_run_in_order_until_removed_and_an_impossible_list_is_refused() {
+        let hooks = PreHooks::default();
+        let drop_first = hooks.add_load(Box::new(|models, _| {
+            models.remove(0);
+        }));
+        let reverse = hooks.add_load(Box::new(|models, _| models.reverse()));
+        assert_eq!(hooks.before_load(3, Path::new("ck")), Ok(vec![2, 1]));
+        drop(reverse);
+        assert_eq!(hooks.before_load(3, Path::new("ck")), Ok(vec![1, 2]));
+        drop_first.remove();
+        assert_eq!(hooks.before_load(3, Path::new("ck")), Ok(vec![0, 1, 2]));
+        for bad in [vec![3], vec![1, 1]] {
+            let _h = hooks.add_load(Box::new(move |models, _| *models = bad.clone()));
+            let err = hooks.before_load(3, Path::new("ck")).unwrap_err();
+            assert!(
+                err.contains("a load_state pre-hook left the model list") && err.contains("0 to 2"),
+                "{err}"
+            );
+        }
+    }
+}
