@@ -1,6 +1,7 @@
 //! Links the hearth binaries against libtorch so they run without
 //! `LD_LIBRARY_PATH`, and compiles the small C++ shim in `csrc/` that binds
-//! the ATen kernels tch does not expose (fused AdamW, foreach norms). With
+//! the ATen kernels tch does not expose (fused AdamW, foreach norms) and
+//! libtorch's profiler (`csrc/profiler.cpp`). With
 //! the `cuda` feature it also puts NCCL where cudarc looks for it.
 
 use std::env;
@@ -39,6 +40,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     println!("cargo:rerun-if-changed=csrc/shim.cpp");
     println!("cargo:rerun-if-changed=csrc/guarded.h");
+    println!("cargo:rerun-if-changed=csrc/profiler.cpp");
     cc::Build::new()
         .cpp(true)
         .pic(true)
@@ -47,6 +49,7 @@ fn main() {
         .include(root.join("include"))
         .define("_GLIBCXX_USE_CXX11_ABI", abi.as_str())
         .file("csrc/shim.cpp")
+        .file("csrc/profiler.cpp")
         .compile("hearth_shim");
 }
 

@@ -44,6 +44,19 @@ def hearth(hearth_bin, tmp_path):
     return run
 
 
+def mpirun(hearth_bin, n, *args, cwd, machines=1):
+    """`hearth` on `n` processes, spread over `machines` pretend machines
+    (each process told its machine's name by HEARTH_NODE_NAME)."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    command = ["mpirun", "--oversubscribe"]
+    for m in range(machines):
+        if m:
+            command.append(":")
+        command += ["-n", str(n // machines), "-x", f"HEARTH_NODE_NAME=machine-{m}", str(hearth_bin), *map(str, args)]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
 def write_config(folder: pathlib.Path, text: str, name: str = "job.toml") -> pathlib.Path:
     path = folder / name
     path.write_text(text)

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import ROOT, make_plugin, write_config
+from conftest import ROOT, make_plugin, mpirun, write_config
 
 sys.path.insert(0, str(ROOT / "tests" / "oracles"))
 import peer_gpt  # noqa: E402
@@ -121,19 +121,6 @@ def test_plan_holds_a_quarter_of_the_gradients_and_state_on_four_processes(heart
         # A quarter, within the padding of rows that do not divide by 4
         # (every dimension 0 here divides, so exactly; the step counters stay whole).
         assert abs(four[key] - one[key] / 4) <= 0.01 * one[key], (key, one, four)
-
-
-def mpirun(hearth_bin, n, *args, cwd, machines=1):
-    """`hearth` on `n` processes, spread over `machines` pretend machines
-    (each process told its machine's name by HEARTH_NODE_NAME)."""
-    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    command = ["mpirun", "--oversubscribe"]
-    for m in range(machines):
-        if m:
-            command.append(":")
-        command += ["-n", str(n // machines), "-x", f"HEARTH_NODE_NAME=machine-{m}", str(hearth_bin), *map(str, args)]
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_two_processes_hold_what_the_plan_says_and_save_what_pytorch_loads(hearth, hearth_bin, tmp_path):

@@ -24,6 +24,7 @@ pub mod optim;
 pub mod parallel;
 pub mod plugins;
 pub mod precision;
+pub mod profiling;
 pub mod report;
 pub mod train;
 

@@ -1323,3 +1323,123 @@ fn free_memory_forgets_what_accelerates_does() {
         );
     }
 }
+
+/// The names and counts of a Chrome trace's events of category `cat`.
+fn trace_events(path: &std::path::Path, cat: &str) -> std::collections::BTreeMap<String, usize> {
+    let trace: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut names = std::collections::BTreeMap::new();
+    for event in trace["traceEvents"].as_array().unwrap() {
+        if event["cat"] == cat {
+            *names
+                .entry(event["name"].as_str().unwrap().to_string())
+                .or_insert(0) += 1;
+        }
+    }
+    names
+}
+
+/// `Accelerator::profile` against Accelerate's `accelerator.profile()` run
+/// live (`tests/oracles/accelerate_profile.py`) on the same steps of a
+/// linear layer, with the same ProfileKwargs: on_trace_ready is called at
+/// the same step, the same steps are recorded (`ProfilerStep#n`), the
+/// trace holds the same operators the same number of times with their
+/// input shapes, and the same options at its top. hearth's own
+/// `hearth::backward` span is in each recorded step.
+#[test]
+fn profile_records_the_steps_and_operators_accelerate_records() {
+    use hearth::profiling::{ProfileKwargs, ProfilerActivity, ScheduleOption};
+    let _serial = serial();
+    let dir = std::env::temp_dir().join(format!("hearth-profile-{}", std::process::id()));
+    let oracle: Value = serde_json::from_str(
+        oracle(
+            "accelerate_profile.py",
+            &[dir.join("accelerate").to_str().unwrap()],
+        )
+        .trim(),
+    )
+    .unwrap();
+
+    let ready = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = ready.clone();
+    let kwargs = ProfileKwargs {
+        activities: Some(vec![ProfilerActivity::Cpu]),
+        schedule_option: Some(ScheduleOption {
+            wait: 1,
+            warmup: 1,
+            active: 2,
+            repeat: 1,
+            skip_first: 1,
+            ..Default::default()
+        }),
+        on_trace_ready: Some(std::sync::Arc::new(move |prof| {
+            seen.lock().unwrap().push(prof.step_num());
+        })),
+        record_shapes: true,
+        with_flops: true,
+        output_trace_dir: Some(dir.join("hearth")),
+        ..Default::default()
+    };
+    let acc = Accelerator::builder()
+        .cpu(true)
+        .profile_kwargs(kwargs)
+        .build()
+        .unwrap();
+    let x = Tensor::ones([4, 8], (Kind::Float, Device::Cpu));
+    let w = Tensor::full([16, 8], 0.5, (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let b = Tensor::zeros([16], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    acc.profile(None, |prof| {
+        for _ in 0..8 {
+            let loss = x.linear(&w, Some(&b)).relu().sum(Kind::Float);
+            acc.backward(&loss).unwrap();
+            prof.step().unwrap();
+        }
+    })
+    .unwrap();
+
+    assert_eq!(serde_json::json!(*ready.lock().unwrap()), oracle["ready"]);
+    let ours = dir.join("hearth/profile_0.json");
+    let theirs = std::path::PathBuf::from(oracle["trace"].as_str().unwrap());
+    // The one operator that differs: backward's seed gradient (ones_like
+    // of the loss) is allocated by aten::empty from C++'s
+    // torch::autograd::backward (contiguous format) and by
+    // aten::empty_strided from Python's (preserve format).
+    let ops = |path| {
+        let mut names = trace_events(path, "cpu_op");
+        if let Some(n) = names.remove("aten::empty_strided") {
+            names.insert("aten::empty".into(), n);
+        }
+        names
+    };
+    assert_eq!(ops(&ours), ops(&theirs));
+    assert_eq!(ops(&ours)["aten::addmm"], 2);
+    let steps = |path| {
+        let mut names = trace_events(path, "user_annotation");
+        names.retain(|name, _| name.starts_with("ProfilerStep#"));
+        names
+    };
+    assert_eq!(steps(&ours), steps(&theirs));
+    assert_eq!(
+        trace_events(&ours, "user_annotation")["hearth::backward"],
+        2
+    );
+
+    let read = |path: &std::path::Path| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+    let (ours, theirs) = (read(&ours), read(&theirs));
+    let dims = |trace: &Value| -> Vec<Value> {
+        trace["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["name"] == "aten::addmm")
+            .map(|e| e["args"]["Input Dims"].clone())
+            .collect()
+    };
+    assert_eq!(dims(&ours), dims(&theirs));
+    assert_eq!(dims(&ours).len(), 2);
+    for key in ["record_shapes", "with_flops"] {
+        assert_eq!(ours[key], theirs[key], "{key}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

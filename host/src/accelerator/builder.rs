@@ -45,6 +45,7 @@ pub struct AcceleratorBuilder {
     ddp: crate::parallel::DdpOptions,
     fsdp: Option<crate::parallel::FsdpPlugin>,
     plugin_path: Option<crate::plugins::SearchPath>,
+    profile: Option<crate::profiling::ProfileKwargs>,
 }
 
 /// How prepared data loaders share batches between processes
@@ -183,6 +184,13 @@ impl AcceleratorBuilder {
     /// hearth runs on has an FP8 backend yet.
     pub fn fp8_recipe(mut self, recipe: crate::precision::Fp8RecipeKwargs) -> Self {
         self.fp8 = Some(recipe);
+        self
+    }
+
+    /// What [`Accelerator::profile`] records when it is given no
+    /// kwargs of its own (Accelerate's `ProfileKwargs` handler).
+    pub fn profile_kwargs(mut self, kwargs: crate::profiling::ProfileKwargs) -> Self {
+        self.profile = Some(kwargs);
         self
     }
 
@@ -370,6 +378,7 @@ impl AcceleratorBuilder {
             plugin_path: self
                 .plugin_path
                 .unwrap_or_else(|| crate::plugins::SearchPath::standard(&[], None)),
+            profile: self.profile,
         }))
     }
 }

@@ -60,6 +60,8 @@ pub struct Accelerator {
     pub(super) ddp: super::ddp::DataParallel,
     /// Set by [`set_trigger`](Self::set_trigger), read by `check_trigger`.
     pub(super) trigger: std::sync::atomic::AtomicBool,
+    /// The builder's `profile_kwargs`, for [`profile`](Self::profile).
+    pub(super) profile_handler: Option<crate::profiling::ProfileKwargs>,
 }
 
 /// A checkpoint being written in the background.
@@ -81,6 +83,7 @@ pub(super) struct Settings {
     pub ddp: crate::parallel::DdpOptions,
     pub fsdp: Option<crate::parallel::FsdpSettings>,
     pub plugin_path: crate::plugins::SearchPath,
+    pub profile: Option<crate::profiling::ProfileKwargs>,
 }
 
 /// The random generators' states of a process (Accelerate saves them as
@@ -122,6 +125,7 @@ impl Accelerator {
             snapshot_buffers: Default::default(),
             ddp: super::ddp::DataParallel::new(s.ddp, s.fsdp, s.plugin_path),
             trigger: Default::default(),
+            profile_handler: s.profile,
         }
     }
 
@@ -352,6 +356,7 @@ impl Accelerator {
     /// [`no_sync`](Self::no_sync) (which
     /// [`accumulate`](Self::accumulate) uses between sync steps).
     pub fn backward(&self, loss: &Tensor) -> Result<(), BackwardError> {
+        let _span = crate::profiling::span("hearth::backward");
         let steps = self.state.num_steps();
         let loss = if steps > 1 {
             loss / steps as f64
@@ -382,6 +387,7 @@ impl Accelerator {
         if !self.sync_gradients() {
             return Ok(None);
         }
+        let _span = crate::profiling::span("hearth::clip_grad_norm");
         optimizer.unscale_gradients()?;
         optimizer
             .with_inner(|inner| {

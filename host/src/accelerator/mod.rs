@@ -17,6 +17,7 @@ mod model;
 mod nested;
 mod optimizer;
 mod prepare;
+mod profile;
 mod scheduler;
 mod sharding;
 mod state;

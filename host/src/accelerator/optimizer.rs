@@ -84,6 +84,7 @@ impl AcceleratedOptimizer {
         if !self.state.sync_gradients() {
             return Ok(());
         }
+        let _span = crate::profiling::span("hearth::optimizer_step");
         let Some(scaler) = self.scaler.clone() else {
             return self.core().step();
         };

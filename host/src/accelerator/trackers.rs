@@ -242,6 +242,7 @@ impl Accelerator {
     /// Logs `values` at `step` to every tracker, from the main process only
     /// (Accelerate's `accelerator.log(values, step)`). Never blocks on a tracker.
     pub fn log(&self, values: Entries, step: u64) {
+        let _span = crate::profiling::span("hearth::log");
         if let Some(hub) = &self.trackers {
             hub.log(step, values);
         }

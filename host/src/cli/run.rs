@@ -28,6 +28,9 @@ pub(super) struct RunArgs {
     /// Continue from the newest complete checkpoint in the run folder (see run.save-every).
     #[arg(long)]
     resume: bool,
+    /// Record some steps with libtorch's profiler (as [profile] says, by default steps 7 to 9) and write profile_<rank>.json here.
+    #[arg(long, value_name = "DIR")]
+    profile: Option<PathBuf>,
 }
 
 pub(super) fn execute(args: RunArgs) -> Result<(), Failure> {
@@ -42,13 +45,18 @@ pub(super) fn execute(args: RunArgs) -> Result<(), Failure> {
         // Restarted by `hearth launch --max-restarts`: from the newest
         // complete checkpoint, if the run got to one.
         resume_if_any: crate::launch::restart_count() > 0,
+        profile: args.profile,
     };
     let summary = train::run(&config, &options).map_err(|e| match e {
         TrainError::Data(_)
         | TrainError::NoCuda(_)
         | TrainError::CudaGraphRefused { .. }
         | TrainError::Plugin { .. }
-        | TrainError::TorchScript(_) => Failure::bad_input(e),
+        | TrainError::TorchScript(_)
+        | TrainError::Profile(
+            crate::profiling::ProfileError::Activity(_)
+            | crate::profiling::ProfileError::Schedule(_),
+        ) => Failure::bad_input(e),
         _ => Failure::failed(e),
     })?;
     if summary.process_index != 0 {

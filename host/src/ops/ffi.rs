@@ -113,3 +113,44 @@ extern "C" {
         out: *mut *mut C_tensor,
     ) -> *mut c_char;
 }
+
+// host/csrc/profiler.cpp: libtorch's Kineto profiler and record_function spans.
+extern "C" {
+    pub fn hearth_profiler_prepare(
+        activities: c_int,
+        shapes: bool,
+        memory: bool,
+        stack: bool,
+        flops: bool,
+        modules: bool,
+    ) -> *mut c_char;
+    pub fn hearth_profiler_enable(
+        activities: c_int,
+        shapes: bool,
+        memory: bool,
+        stack: bool,
+        flops: bool,
+        modules: bool,
+    ) -> *mut c_char;
+    pub fn hearth_profiler_add_metadata(key: *const c_char, value: *const c_char) -> *mut c_char;
+    pub fn hearth_profiler_disable(out: *mut *mut std::ffi::c_void) -> *mut c_char;
+    pub fn hearth_profiler_save(result: *mut std::ffi::c_void, path: *const c_char) -> *mut c_char;
+    pub fn hearth_profiler_result_free(result: *mut std::ffi::c_void);
+    pub fn hearth_profiler_events(
+        result: *mut std::ffi::c_void,
+        ctx: *mut std::ffi::c_void,
+        on_event: extern "C" fn(
+            *mut std::ffi::c_void,
+            *const c_char,
+            u64,
+            u64,
+            u64,
+            u8,
+            c_int,
+            u64,
+            i64,
+        ),
+    ) -> *mut c_char;
+    pub fn hearth_span_enter(name: *const c_char) -> *mut std::ffi::c_void;
+    pub fn hearth_span_exit(span: *mut std::ffi::c_void);
+}

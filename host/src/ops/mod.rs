@@ -8,6 +8,7 @@ pub mod cuda_graph;
 mod ffi;
 mod foreach;
 mod jit;
+pub mod profiler;
 mod rng;
 
 pub use amp::{amp_unscale_, amp_update_scale_, autocast_cache_enabled, AutocastGuard};

@@ -402,6 +402,7 @@ impl<'s, 'g> Round<'s, 'g> {
     /// writes the means into the gradients; after a model's first round,
     /// rebuilds its buckets in the order its gradients came in.
     pub(crate) fn finish(mut self) -> Result<(), DistError> {
+        let _span = crate::profiling::span("hearth::gradient_sync");
         if let Some(e) = self.error.take() {
             return Err(e);
         }
@@ -437,6 +438,7 @@ impl<'s, 'g> Round<'s, 'g> {
     /// Starts the all-reduce of the next bucket and moves on to the one
     /// after it; `after_gradients` when inside backward.
     fn start_next(&mut self, after_gradients: Option<usize>) -> Result<(), DistError> {
+        let _span = crate::profiling::span("hearth::bucket_reduce_start");
         let (m, b) = self.next;
         let model = &mut self.models[m];
         let (pending, kind) = match &model.reduction {

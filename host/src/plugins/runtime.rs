@@ -199,6 +199,7 @@ impl Prepared {
         call: impl Future<Output = wasmtime::Result<T>>,
     ) -> wasmtime::Result<T> {
         let limit = self.manifest.limits.call_timeout() + 2 * EPOCH_TICK;
+        let _span = crate::profiling::span_named(|| format!("plugin::{}", self.name()));
         let _ticking = PluginEngine::global().ticking();
         self.runtime.block_on(async {
             match tokio::time::timeout(limit, call).await {

@@ -35,6 +35,9 @@ pub enum TrainError {
     /// Preparing the model, optimizer or scheduler failed.
     #[error("cannot prepare the training objects")]
     Prepare(#[from] PrepareError),
+    /// Profiling the run (`[profile]`, `--profile`) failed.
+    #[error("profiling the run failed")]
+    Profile(#[source] crate::profiling::ProfileError),
     /// The run folder could not be written.
     #[error("failed to write {path}")]
     Io {

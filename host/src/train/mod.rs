@@ -8,6 +8,7 @@ mod graphed;
 mod history;
 mod loss;
 mod plan;
+mod profile;
 mod progress;
 mod runner;
 mod setup;

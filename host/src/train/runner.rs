@@ -6,6 +6,7 @@ use super::eval::{score, Evaluation, Shard};
 use super::graphed::{GraphStats, GraphedStep, StepOutput};
 use super::history::{History, HISTORY_NAME};
 use super::loss::lm_loss;
+use super::profile::RunProfile;
 use super::progress::Progress;
 use super::setup::{self, eval_entries, io_err, DataStream};
 use crate::accelerator::{
@@ -42,6 +43,9 @@ pub struct RunOptions {
     /// `hearth launch` wrote it, else start afresh (a rank restarted by
     /// `hearth launch --max-restarts`).
     pub resume_if_any: bool,
+    /// Profile the run (as `[profile]` says, or its defaults) and write
+    /// the traces here (replaces `profile.output-trace-dir`).
+    pub profile: Option<PathBuf>,
 }
 
 /// What a finished run reports (also written as `summary.json`).
@@ -77,6 +81,8 @@ pub struct RunSummary {
     pub fsdp: Option<crate::parallel::FsdpSettings>,
     /// What the CUDA graph did, when `run.cuda-graph` is on.
     pub cuda_graph: Option<GraphStats>,
+    /// This process's Chrome trace, when the run was profiled.
+    pub profile: Option<PathBuf>,
 }
 
 /// Trains the model a config describes, evaluates it, and writes
@@ -91,7 +97,7 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
     let registry = setup::plugin_registry(config, options)?;
     attach_plugins(&mut acc, config, registry.as_ref())?;
     let mut job = Job::prepare(&mut acc, config, options, registry.as_ref(), &run_dir)?;
-    let trained = job.train(&mut acc, config, options)?;
+    let trained = job.train(&mut acc, config, options, &run_dir)?;
     let eval = job.evaluate(&acc, config)?;
     if let Some(e) = &eval {
         let mut values = eval_entries(e);
@@ -130,6 +136,8 @@ fn attach_plugins(
 struct Trained {
     final_loss: f64,
     tokens_per_sec: f64,
+    /// This process's trace, when profiled.
+    profile: Option<PathBuf>,
 }
 
 /// The prepared training objects of a run.
@@ -238,6 +246,7 @@ impl Job {
         acc: &mut Accelerator,
         config: &TrainConfig,
         options: &RunOptions,
+        run_dir: &std::path::Path,
     ) -> Result<Trained, TrainError> {
         let (steps, device) = (self.steps, acc.device());
         let accumulation = acc.gradient_accumulation_steps();
@@ -245,6 +254,7 @@ impl Job {
             self.use_cuda_graph(acc, config)?;
         }
         self.announce(acc, config);
+        let mut profile = RunProfile::start(acc, config, options, run_dir, self.first_step)?;
         let progress = Progress::new(steps, options.quiet, acc.is_main_process());
         // Tokens of all processes.
         let tokens_per_step = (config.data.batch_size * self.data.seq_len()) as f64
@@ -308,13 +318,18 @@ impl Job {
                 window_start = Instant::now();
             }
             self.between_steps(acc, config, step, &progress)?;
+            if let Some(profile) = profile.as_mut() {
+                profile.step()?;
+            }
         }
         let timed_steps = (steps + 1).saturating_sub(self.first_step + warmup);
         let tokens_per_sec = timed_steps as f64 * tokens_per_step / timer.elapsed().as_secs_f64();
         progress.finish();
+        let profile = profile.map(|p| p.finish(acc)).transpose()?;
         Ok(Trained {
             final_loss,
             tokens_per_sec,
+            profile,
         })
     }
 
@@ -407,9 +422,11 @@ impl Job {
         step: u64,
     ) -> Result<Tensor, TrainError> {
         let device = acc.device();
-        let batch = self
-            .data
-            .sample_batch(config.data.batch_size, &mut self.stream.lock().unwrap().0);
+        let batch = {
+            let _span = crate::profiling::span("hearth::next_batch");
+            self.data
+                .sample_batch(config.data.batch_size, &mut self.stream.lock().unwrap().0)
+        };
         let (model, opt, schedule) = (&self.model, &mut self.opt, &mut self.schedule);
         let grad_norm = &mut self.grad_norm;
         let graphed = &mut self.graphed;
@@ -524,7 +541,10 @@ fn update(
     inputs: &Tensor,
     targets: &Tensor,
 ) -> Result<StepOutput, TrainError> {
-    let loss = lm_loss(&model.forward_t(inputs, true), targets);
+    let loss = {
+        let _span = crate::profiling::span("hearth::forward");
+        lm_loss(&model.forward_t(inputs, true), targets)
+    };
     acc.backward(&loss)?;
     let mut grad_norm = None;
     if let Some(max_norm) = config.optimizer.max_grad_norm {
@@ -582,6 +602,7 @@ fn write_results(
         memory: acc.memory_stats(),
         fsdp: acc.fsdp_settings().cloned(),
         cuda_graph: job.graphed.as_ref().map(GraphedStep::stats),
+        profile: trained.profile,
     };
     if acc.is_main_process() {
         std::fs::create_dir_all(run_dir).map_err(io_err(run_dir))?;

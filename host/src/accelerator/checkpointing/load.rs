@@ -34,6 +34,7 @@ impl Accelerator {
     /// its state (an optimizer whose groups differ, a scheduler plugin, a
     /// registered object), those restored before it are put back.
     pub fn load_state(&mut self, dir: Option<&Path>) -> Result<PathBuf, CheckpointError> {
+        let _span = crate::profiling::span("hearth::load_state");
         self.wait_for_checkpoint()?;
         let dir = match dir {
             Some(d) => d.to_path_buf(),

@@ -158,6 +158,7 @@ impl Accelerator {
     /// failure of the background write is returned by the next of those
     /// calls (the previous checkpoint is untouched either way).
     pub fn save_state(&mut self, dir: Option<&Path>) -> Result<PathBuf, CheckpointError> {
+        let _span = crate::profiling::span("hearth::save_state");
         let waited = self.wait_for_checkpoint();
         if (self.sharded_optimizers() || self.saves_sharded()) && self.num_processes() > 1 {
             // The gathers below are collectives: every process goes on, or none.

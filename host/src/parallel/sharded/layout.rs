@@ -350,6 +350,8 @@ impl UnitShard {
         group: &'g dyn crate::dist::ProcessGroup,
         kind: Kind,
     ) -> Result<(crate::dist::Pending<'g>, u64), crate::dist::DistError> {
+        let _span =
+            crate::profiling::span_named(|| format!("hearth::fsdp_all_gather {}", self.path));
         let flat = tch::no_grad(|| self.pack_shards().to_kind(kind));
         let bytes = (flat.numel() * flat.kind().elt_size_in_bytes()) as u64;
         Ok((group.all_gather_into_start(&flat)?, bytes))
@@ -358,6 +360,7 @@ impl UnitShard {
     /// Makes the whole parameters the all-gathered shards `gathered`
     /// (`[world, shard_numel]`).
     pub fn gather_finish(&self, gathered: Tensor) {
+        let _span = crate::profiling::span("hearth::fsdp_unshard");
         tch::no_grad(|| {
             for p in &self.params {
                 let chunks = gathered.narrow(1, p.offset, p.chunk_numel());

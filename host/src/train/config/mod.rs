@@ -20,6 +20,7 @@ mod eval;
 mod fsdp;
 mod model;
 mod optimizer;
+mod profile;
 mod run;
 mod scheduler;
 mod trackers;
@@ -32,6 +33,7 @@ pub use eval::EvalSection;
 pub use fsdp::FsdpSection;
 pub use model::{ModelKind, ModelSection};
 pub use optimizer::{OptimizerKind, OptimizerSection};
+pub use profile::ProfileSection;
 pub use run::{DeviceChoice, RunSection};
 pub use scheduler::SchedulerSection;
 pub use trackers::TrackerSection;
@@ -68,6 +70,9 @@ pub struct TrainConfig {
     /// `[fsdp]`: sharded data parallelism (FSDP); absent, DDP.
     #[serde(default)]
     pub fsdp: Option<FsdpSection>,
+    /// `[profile]`: record some steps with libtorch's profiler.
+    #[serde(default)]
+    pub profile: Option<ProfileSection>,
     /// `[[checkpoint-hooks]]`: checkpoint hook plugins, in the order they run.
     #[serde(default)]
     pub checkpoint_hooks: Vec<CheckpointHookSection>,
@@ -123,6 +128,9 @@ impl TrainConfig {
         }
         if let Some(f) = &self.fsdp {
             f.validate(&invalid)?;
+        }
+        if let Some(p) = &self.profile {
+            p.validate(&invalid, self.run.steps)?;
         }
         let trackers = self.trackers.iter().map(|t| t.name.as_str());
         plugin_names("trackers", "tracker", trackers, &invalid)?;
