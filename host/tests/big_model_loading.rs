@@ -173,6 +173,28 @@ fn a_gpt_with_modules_on_the_disk_gives_the_plain_models_and_accelerates_logits(
             (&logits - &theirs).abs().max()
         );
     }
+
+    // Accelerate's verify_device_map: true for this map, false for a
+    // model dispatched whole onto the CPU.
+    let acc = hearth::accelerator::Accelerator::builder()
+        .cpu(true)
+        .build()
+        .unwrap();
+    let whole: DeviceMap = [(String::new(), MapDevice::Cpu)].into_iter().collect();
+    let whole = dispatch_model(
+        Box::new(Gpt::new(CONFIG, Device::Cpu)),
+        &whole,
+        &DispatchOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        json!({"mapped": acc.verify_device_map(&dispatched), "whole": acc.verify_device_map(&whole)}),
+        report["verify_device_map"]
+    );
+    assert_eq!(
+        report["verify_device_map"],
+        json!({"mapped": true, "whole": false})
+    );
 }
 
 #[test]

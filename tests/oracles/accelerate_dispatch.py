@@ -11,7 +11,9 @@ Usage: python accelerate_dispatch.py '<json spec>'
 Writes to FILE (safetensors) the logits of Accelerate's dispatched model
 (`accelerate`) and of a model whose disk-mapped weights come only from
 hearth's offload folder (`from_hearth_folder`); prints JSON with both
-offload indexes and the `.dat` files whose bytes differ between them.
+offload indexes, the `.dat` files whose bytes differ between them, and
+`Accelerator.verify_device_map` of the dispatched model and of one
+dispatched whole onto the CPU.
 
 With "save": PATH in the spec, the model is accelerate_big_model.py's
 TiedNet (tied weights, buffers, a root parameter): the oracle writes its
@@ -24,7 +26,7 @@ import pathlib
 import sys
 
 import torch
-from accelerate import load_checkpoint_and_dispatch
+from accelerate import Accelerator, dispatch_model, load_checkpoint_and_dispatch
 from accelerate.utils import load_offloaded_weights
 from safetensors.torch import load_file, save_file
 
@@ -96,6 +98,11 @@ def main(spec):
         from_hearth_folder = model(tokens)
 
     save_file({"accelerate": accelerate_logits.contiguous(), "from_hearth_folder": from_hearth_folder.contiguous()}, spec["out"])
+    # Accelerator.verify_device_map of this model, and of one dispatched
+    # whole onto the CPU (a map of one entry).
+    acc = Accelerator(cpu=True)
+    whole = dispatch_model(fresh(sizes), device_map={"": "cpu"})
+    verified = {"mapped": acc.verify_device_map(dispatched), "whole": acc.verify_device_map(whole)}
     theirs = json.loads((pathlib.Path(spec["accelerate_offload"]) / "index.json").read_text())
     differ = [
         name
@@ -103,7 +110,7 @@ def main(spec):
         if (pathlib.Path(spec["accelerate_offload"]) / f"{name}.dat").read_bytes()
         != (pathlib.Path(folder) / f"{name}.dat").read_bytes()
     ]
-    return {"hearth_index": index, "accelerate_index": theirs, "dat_differ": differ}
+    return {"hearth_index": index, "accelerate_index": theirs, "dat_differ": differ, "verify_device_map": verified}
 
 
 if __name__ == "__main__":

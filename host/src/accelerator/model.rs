@@ -140,3 +140,14 @@ impl<M: Model + 'static> Model for PreparedModel<M> {
         }
     }
 }
+
+impl super::Accelerator {
+    /// Whether `model` was dispatched over a device map of more than one
+    /// entry (Accelerate's `verify_device_map`, which looks for an
+    /// `hf_device_map` of more than one entry). Such a model is for
+    /// inference: a `DispatchedModel` cannot be prepared for training, so
+    /// Accelerate's refusal to train it on several processes holds by type.
+    pub fn verify_device_map(&self, model: &crate::big_model::DispatchedModel) -> bool {
+        model.hf_device_map().len() > 1
+    }
+}

@@ -75,6 +75,7 @@ pub struct DispatchedModel {
     units: Vec<UnitPlan>,
     loader: OffloadedWeightsLoader,
     notes: Notes,
+    device_map: DeviceMap,
 }
 
 /// Accelerate's `dispatch_model(model, device_map, main_device,
@@ -252,6 +253,7 @@ pub fn dispatch_model(
         units,
         loader,
         notes,
+        device_map: device_map.clone(),
     })
 }
 
@@ -374,6 +376,12 @@ impl DispatchedModel {
     /// The model (its offloaded tensors hold no data between runs).
     pub fn model(&self) -> &dyn Model {
         self.model.as_ref()
+    }
+
+    /// The device map it was dispatched with (Accelerate's
+    /// `model.hf_device_map`).
+    pub fn hf_device_map(&self) -> &DeviceMap {
+        &self.device_map
     }
 
     /// Accelerate's warnings while dispatching.
