@@ -31,6 +31,34 @@ pub enum BackwardError {
     /// The gradients could not be averaged across processes.
     #[error("averaging gradients across processes failed")]
     Sync(#[from] DistError),
+    /// Parameters got no gradient on some process while DDP expects every
+    /// parameter to take part in the loss.
+    #[error("{} got no gradient in this backward pass on at least one of the {world} processes (reported by rank {rank}): DDP expects every parameter to take part in the loss; set DdpOptions::find_unused_parameters (Accelerate's DistributedDataParallelKwargs(find_unused_parameters=True); in a config, [distributed] find-unused-parameters = true), or make every parameter take part in the loss", names_list(.names))]
+    UnusedParameters {
+        /// The parameters.
+        names: Vec<String>,
+        /// This process.
+        rank: usize,
+        /// The number of processes.
+        world: usize,
+    },
+}
+
+fn names_list(names: &[String]) -> String {
+    const SHOWN: usize = 8;
+    let mut text = names
+        .iter()
+        .take(SHOWN)
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > SHOWN {
+        text += &format!(" and {} more", names.len() - SHOWN);
+    }
+    format!(
+        "parameter{} {text}",
+        if names.len() == 1 { "" } else { "s" }
+    )
 }
 
 /// How a prepared model is sharded: what it must run with and its units.
@@ -116,7 +144,7 @@ impl DataParallel {
     pub(super) fn register(
         &self,
         group: &dyn ProcessGroup,
-        parameters: Vec<Tensor>,
+        parameters: Vec<(String, Tensor)>,
     ) -> Result<(), DistError> {
         if group.num_processes() == 1 || parameters.is_empty() {
             return Ok(());
@@ -128,7 +156,7 @@ impl DataParallel {
                 .flat_map(|m| m.parameters())
                 .any(|q| q.data_ptr() == p.data_ptr())
         };
-        if parameters.iter().all(known) {
+        if parameters.iter().all(|(_, p)| known(p)) {
             return Ok(());
         }
         let sync = GradientSync::new(group, parameters, self.options)?;
@@ -156,8 +184,7 @@ impl DataParallel {
         device: tch::Device,
     ) -> Result<ModelSharding, ShardingError> {
         let Some(settings) = &self.fsdp else {
-            let tensors = parameters.into_iter().map(|(_, p)| p).collect();
-            self.register(group, tensors)?;
+            self.register(group, parameters)?;
             return Ok(ModelSharding::default());
         };
         let world = group.num_processes();
@@ -213,7 +240,6 @@ impl DataParallel {
             let tensors = parameters
                 .into_iter()
                 .filter(|(n, _)| kept.contains(n.as_str()))
-                .map(|(_, p)| p)
                 .collect();
             self.register(group, tensors)?;
             return Ok(checkpointing(Vec::new()));
@@ -510,6 +536,14 @@ impl DataParallel {
         let mut round = Round::new(&mut models, group);
         round.during(backward)?;
         round.finish()?;
+        let names: Vec<String> = models.iter_mut().flat_map(|m| m.take_unused()).collect();
+        if !names.is_empty() {
+            return Err(BackwardError::UnusedParameters {
+                names,
+                rank: group.process_index(),
+                world: group.num_processes(),
+            });
+        }
         Ok(())
     }
 }

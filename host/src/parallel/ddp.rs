@@ -36,6 +36,17 @@ pub struct DdpOptions {
     /// every process before each training forward pass (PyTorch's
     /// default); off, each process keeps its own.
     pub broadcast_buffers: bool,
+    /// Parameters may go without a gradient in a backward pass that
+    /// syncs (PyTorch's `find_unused_parameters`): such a gradient counts
+    /// as zero in the mean. Off (the default), a parameter that some
+    /// process got no gradient for is an error naming it, as DDP's is.
+    pub find_unused_parameters: bool,
+    /// The model uses the same parameters in every step (PyTorch's
+    /// `static_graph`): unused parameters are allowed, as with
+    /// `find_unused_parameters`, since the set found in the first step
+    /// holds for all (the buckets are rebuilt once, after the first step,
+    /// either way).
+    pub static_graph: bool,
 }
 
 impl Default for DdpOptions {
@@ -44,7 +55,17 @@ impl Default for DdpOptions {
             bucket_cap_mb: 25.0,
             comm_hook: CommHook::No,
             broadcast_buffers: true,
+            find_unused_parameters: false,
+            static_graph: false,
         }
+    }
+}
+
+impl DdpOptions {
+    /// Whether a parameter may go without a gradient in a synchronising
+    /// backward pass.
+    pub fn allows_unused_parameters(&self) -> bool {
+        self.find_unused_parameters || self.static_graph
     }
 }
 
@@ -156,18 +177,25 @@ pub(super) fn unflatten<'a>(
 
 /// Writes the means of `reduced` (a bucket's gradients and flags, as
 /// [`start`] packed them) into the gradients of `bucket`; a parameter no
-/// process had a gradient for keeps none.
+/// process had a gradient for keeps none. Returns the positions in
+/// `bucket` of the parameters that require a gradient and that some
+/// process had none for (the same on every process: the flags are reduced).
 pub(super) fn write_means(
     group: &dyn ProcessGroup,
     bucket: &[Tensor],
     reduced: &Tensor,
-) -> Result<(), DistError> {
+) -> Result<Vec<usize>, DistError> {
     let n = bucket.len() as i64;
     let values = reduced.narrow(0, 0, reduced.size()[0] - n);
     let flags = reduced
         .narrow(0, reduced.size()[0] - n, n)
         .to_kind(Kind::Float);
     let flags = Vec::<f32>::try_from(&flags).expect("flags convert to f32");
+    // Each flag is the share of processes that had the gradient.
+    let missing = (flags.iter().enumerate())
+        .filter(|&(i, &flag)| flag < 0.999 && bucket[i].requires_grad())
+        .map(|(i, _)| i)
+        .collect();
     tch::no_grad(|| {
         for ((p, value), flag) in bucket.iter().zip(unflatten(&values, bucket)).zip(flags) {
             let mut g = p.grad();
@@ -181,7 +209,7 @@ pub(super) fn write_means(
                 })?;
             }
         }
-        Ok(())
+        Ok(missing)
     })
 }
 

@@ -75,6 +75,11 @@ pub struct GradientSync {
     /// The parameters, by the index their hook reports (reverse of the
     /// order they were given in).
     params: Vec<Tensor>,
+    /// Their names, by the same index (empty for sharded units).
+    names: Vec<String>,
+    /// Parameters that some process had no gradient for in the last
+    /// round, where the options do not allow that.
+    unused: Vec<String>,
     /// The parameters of each bucket, in the order the buckets start.
     buckets: Vec<Vec<usize>>,
     /// The bucket of each parameter.
@@ -91,7 +96,7 @@ impl GradientSync {
     /// are in, and returns the averaging for them.
     pub fn new(
         group: &dyn ProcessGroup,
-        mut parameters: Vec<Tensor>,
+        mut parameters: Vec<(String, Tensor)>,
         options: DdpOptions,
     ) -> Result<Self, DistError> {
         let id = next_id();
@@ -99,11 +104,14 @@ impl GradientSync {
         // first guess at the order, until a backward pass shows the real one.
         parameters.reverse();
         let order: Vec<usize> = (0..parameters.len()).collect();
+        let (names, parameters) = parameters.into_iter().unzip();
         let mut sync = Self {
             id,
             buckets: Vec::new(),
             bucket_of: Vec::new(),
             params: parameters,
+            names,
+            unused: Vec::new(),
             rebuilt: false,
             reduction: Reduction::AllReduce(options),
             stats: SyncStats::default(),
@@ -138,6 +146,8 @@ impl GradientSync {
             bucket_of: Vec::new(),
             buckets,
             params,
+            names: Vec::new(),
+            unused: Vec::new(),
             rebuilt: false,
             reduction: Reduction::ReduceScatter(units),
             stats: SyncStats::default(),
@@ -152,6 +162,13 @@ impl GradientSync {
         }
         sync.hook(id);
         Ok(sync)
+    }
+
+    /// The parameters that some process had no gradient for in the last
+    /// synchronising backward pass, when `find_unused_parameters` and
+    /// `static_graph` are off; emptied by the call.
+    pub(crate) fn take_unused(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.unused)
     }
 
     /// The units of a sharded reduction, in bucket order.
@@ -418,8 +435,13 @@ impl<'s, 'g> Round<'s, 'g> {
             }
             let reduced = started.pending.wait()?.to_kind(started.kind);
             match &model.reduction {
-                Reduction::AllReduce(_) => {
-                    ddp::write_means(group, &model.bucket(started.bucket), &reduced)?
+                Reduction::AllReduce(options) => {
+                    let missing = ddp::write_means(group, &model.bucket(started.bucket), &reduced)?;
+                    if !options.allows_unused_parameters() {
+                        let bucket = &model.buckets[started.bucket];
+                        let names = missing.iter().map(|&i| model.names[bucket[i]].clone());
+                        model.unused.extend(names);
+                    }
                 }
                 Reduction::ReduceScatter(units) => {
                     super::sharded::write_gradient_shard(group, &units[started.bucket], &reduced)?
@@ -561,6 +583,12 @@ mod tests {
         Tensor::ones([n], (Kind::Float, Device::Cpu)).set_requires_grad(true)
     }
 
+    fn named(params: Vec<Tensor>) -> Vec<(String, Tensor)> {
+        (params.into_iter().enumerate())
+            .map(|(i, p)| (format!("p{i}"), p))
+            .collect()
+    }
+
     #[test]
     fn a_world_of_one_keeps_its_gradients_and_counts_the_syncs() {
         let (a, b, unused) = (param(3), param(2), param(4));
@@ -568,7 +596,11 @@ mod tests {
         (&b * 3.0).sum(Kind::Float).backward();
         let mut sync = GradientSync::new(
             &SingleProcess,
-            vec![a.shallow_clone(), b.shallow_clone(), unused.shallow_clone()],
+            named(vec![
+                a.shallow_clone(),
+                b.shallow_clone(),
+                unused.shallow_clone(),
+            ]),
             DdpOptions::default(),
         )
         .unwrap();
@@ -633,7 +665,7 @@ mod tests {
                 bucket_cap_mb: 1e-6,
                 ..Default::default()
             };
-            GradientSync::new(self, params, options).unwrap()
+            GradientSync::new(self, named(params), options).unwrap()
         }
 
         /// One backward pass of `loss` in a round over `sync`.
@@ -766,7 +798,8 @@ mod tests {
             comm_hook: CommHook::Bf16,
             ..Default::default()
         };
-        let mut sync = GradientSync::new(&SingleProcess, vec![p.shallow_clone()], options).unwrap();
+        let mut sync =
+            GradientSync::new(&SingleProcess, named(vec![p.shallow_clone()]), options).unwrap();
         sync.sync(&SingleProcess).unwrap();
         // bfloat16 has 8 bits of mantissa: 1.0001 rounds to 1.
         assert_eq!(Vec::<f32>::try_from(p.grad()).unwrap(), vec![1.0]);

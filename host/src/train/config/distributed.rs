@@ -27,6 +27,14 @@ pub struct DistributedSection {
     /// before each training forward pass (default true, as DDP's
     /// `broadcast_buffers`).
     pub broadcast_buffers: Option<bool>,
+    /// Parameters may go without a gradient (DDP's
+    /// `find_unused_parameters`; default false: an error naming them).
+    #[serde(default)]
+    pub find_unused_parameters: bool,
+    /// The model uses the same parameters every step (DDP's
+    /// `static_graph`; allows unused parameters too).
+    #[serde(default)]
+    pub static_graph: bool,
     /// Every machine writes the whole checkpoint in its own `checkpoints/`
     /// (for machines without a shared file system); default: rank 0 only.
     #[serde(default)]
@@ -41,6 +49,8 @@ impl DistributedSection {
             bucket_cap_mb: self.bucket_cap_mb.unwrap_or(default.bucket_cap_mb),
             comm_hook: self.comm_hook.unwrap_or(default.comm_hook),
             broadcast_buffers: self.broadcast_buffers.unwrap_or(default.broadcast_buffers),
+            find_unused_parameters: self.find_unused_parameters,
+            static_graph: self.static_graph,
         }
     }
 
@@ -69,5 +79,21 @@ impl DistributedSection {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ddp_flags_come_from_the_section() {
+        let section: DistributedSection =
+            toml::from_str("find-unused-parameters = true\nstatic-graph = true").unwrap();
+        let ddp = section.ddp();
+        assert!(ddp.find_unused_parameters && ddp.static_graph);
+        let ddp = DistributedSection::default().ddp();
+        assert!(!ddp.find_unused_parameters && !ddp.static_graph);
+        assert!(!ddp.allows_unused_parameters());
     }
 }
