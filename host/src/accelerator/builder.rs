@@ -32,6 +32,7 @@ pub struct AcceleratorBuilder {
     group: Option<Box<dyn ProcessGroup>>,
     timeout: Option<std::time::Duration>,
     backend: Option<crate::dist::Backend>,
+    init_method: Option<crate::dist::InitMethod>,
     mixed_precision: Option<MixedPrecision>,
     gradient_accumulation_steps: Option<usize>,
     accumulation_plugin: Option<super::GradientAccumulationPlugin>,
@@ -169,6 +170,14 @@ impl AcceleratorBuilder {
     /// [`crate::dist::choose_backend`] for what each launcher allows.
     pub fn backend(mut self, backend: crate::dist::Backend) -> Self {
         self.backend = Some(backend);
+        self
+    }
+
+    /// Where processes started without MPI find rank 0's rendezvous store
+    /// (Accelerate's `InitProcessGroupKwargs.init_method`): `env://` (the
+    /// default: `MASTER_ADDR` and `MASTER_PORT`) or `tcp://host:port`.
+    pub fn init_method(mut self, method: crate::dist::InitMethod) -> Self {
+        self.init_method = Some(method);
         self
     }
 
@@ -360,6 +369,7 @@ impl AcceleratorBuilder {
                     Device::Cuda(index) => Some(index),
                     _ => None,
                 },
+                &self.init_method.clone().unwrap_or_default(),
             )?,
         };
         Ok(Accelerator::new(super::facade::Settings {

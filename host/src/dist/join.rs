@@ -202,14 +202,24 @@ pub fn from_environment(
     timeout: Option<Duration>,
     requested: Option<Backend>,
     cuda_device: Option<usize>,
+    init_method: &super::InitMethod,
 ) -> Result<Box<dyn ProcessGroup>, DistError> {
     let refused = |message: String| DistError::Unsupported {
         op: "init",
         backend: "launch",
         message,
     };
-    let env = LaunchEnv::from_env().map_err(|e| refused(e.to_string()))?;
-    let agent_store = std::env::var("TORCHELASTIC_USE_AGENT_STORE").is_ok_and(|v| v == "True");
+    let env = init_method.apply(LaunchEnv::from_env().map_err(|e| refused(e.to_string()))?);
+    // torchrun's agent serves its own store on MASTER_PORT: hearth's moves
+    // to the next port when it would take the same one.
+    let master_port = std::env::var("MASTER_PORT")
+        .ok()
+        .and_then(|p| p.parse::<u16>().ok());
+    let agent_store = std::env::var("TORCHELASTIC_USE_AGENT_STORE").is_ok_and(|v| v == "True")
+        && match init_method {
+            super::InitMethod::Env => true,
+            super::InitMethod::Tcp { port, .. } => Some(*port) == master_port,
+        };
     let join = choose_backend(&env, requested, cuda_device, agent_store).map_err(refused)?;
     if matches!(join, Join::NcclOverMpi { .. } | Join::NcclOverStore { .. }) && !NCCL_BUILT {
         return Err(refused(

@@ -7,6 +7,7 @@
 //! [`crate::parallel`]; `hearth launch` is in [`crate::launch`].
 
 mod hybrid;
+mod init_method;
 mod join;
 mod launch_env;
 mod mpi;
@@ -17,6 +18,7 @@ mod single;
 mod store;
 
 pub use hybrid::HybridGroup;
+pub use init_method::InitMethod;
 pub use join::{choose_backend, from_environment, Backend, DistributedType, Join, NCCL_BUILT};
 pub use launch_env::{LaunchEnv, LaunchEnvError, Launcher};
 pub use mpi::MpiGroup;

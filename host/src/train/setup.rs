@@ -84,6 +84,9 @@ fn distributed(
     config: &TrainConfig,
 ) -> Result<AcceleratorBuilder, TrainError> {
     builder = builder.ddp(config.distributed.ddp());
+    if let Some(method) = config.distributed.init_method() {
+        builder = builder.init_method(method);
+    }
     if let Some(backend) = config.distributed.backend {
         builder = builder.backend(backend);
     }

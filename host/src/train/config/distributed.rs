@@ -14,6 +14,9 @@ use serde::Deserialize;
 pub struct DistributedSection {
     /// `mpi` or `nccl` (default: NCCL on a GPU, MPI on the CPU).
     pub backend: Option<Backend>,
+    /// `env://` (default) or `tcp://host:port`: where processes started
+    /// without MPI find rank 0's rendezvous store.
+    pub init_method: Option<String>,
     /// Seconds a collective may wait for the other processes before the run
     /// fails, naming the rank that gave up (default as PyTorch: 1800, 600
     /// with NCCL).
@@ -54,12 +57,22 @@ impl DistributedSection {
         }
     }
 
+    /// The init method, when the config sets one (validated).
+    pub fn init_method(&self) -> Option<crate::dist::InitMethod> {
+        (self.init_method.as_ref()).map(|m| m.parse().expect("validated with the config"))
+    }
+
     /// The collective timeout, when the config sets one.
     pub fn timeout(&self) -> Option<std::time::Duration> {
         self.timeout.map(std::time::Duration::from_secs_f64)
     }
 
     pub(super) fn validate(&self, invalid: &Invalid) -> Result<(), ConfigError> {
+        if let Some(method) = &self.init_method {
+            method
+                .parse::<crate::dist::InitMethod>()
+                .map_err(|why| invalid("distributed.init-method", why))?;
+        }
         if let Some(t) = self
             .timeout
             .filter(|t| !(t.is_finite() && *t > 0.0 && *t < 1e9))
@@ -95,5 +108,28 @@ mod tests {
         let ddp = DistributedSection::default().ddp();
         assert!(!ddp.find_unused_parameters && !ddp.static_graph);
         assert!(!ddp.allows_unused_parameters());
+    }
+
+    #[test]
+    fn a_bad_init_method_is_refused_naming_the_key() {
+        let section: DistributedSection =
+            toml::from_str("init-method = \"file:///tmp/x\"").unwrap();
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            path: "job.toml".into(),
+            key: key.into(),
+            message,
+        };
+        let e = section.validate(&invalid).unwrap_err().to_string();
+        assert!(
+            e.contains("distributed.init-method") && e.contains("tcp://HOST:PORT"),
+            "{e}"
+        );
+        let section: DistributedSection =
+            toml::from_str("init-method = \"tcp://10.0.0.7:23456\"").unwrap();
+        assert!(section.validate(&invalid).is_ok());
+        assert_eq!(
+            section.init_method().unwrap().to_string(),
+            "tcp://10.0.0.7:23456"
+        );
     }
 }
