@@ -1325,8 +1325,7 @@ fn free_memory_forgets_what_accelerates_does() {
 }
 
 /// The names and counts of a Chrome trace's events of category `cat`.
-fn trace_events(path: &std::path::Path, cat: &str) -> std::collections::BTreeMap<String, usize> {
-    let trace: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+fn trace_events(trace: &Value, cat: &str) -> std::collections::BTreeMap<String, usize> {
     let mut names = std::collections::BTreeMap::new();
     for event in trace["traceEvents"].as_array().unwrap() {
         if event["cat"] == cat {
@@ -1349,7 +1348,7 @@ fn trace_events(path: &std::path::Path, cat: &str) -> std::collections::BTreeMap
 fn profile_records_the_steps_and_operators_accelerate_records() {
     use hearth::profiling::{ProfileKwargs, ProfilerActivity, ScheduleOption};
     let _serial = serial();
-    let dir = std::env::temp_dir().join(format!("hearth-profile-{}", std::process::id()));
+    let dir = common::scratch("profile");
     let oracle: Value = serde_json::from_str(
         oracle(
             "accelerate_profile.py",
@@ -1397,14 +1396,17 @@ fn profile_records_the_steps_and_operators_accelerate_records() {
     .unwrap();
 
     assert_eq!(serde_json::json!(*ready.lock().unwrap()), oracle["ready"]);
-    let ours = dir.join("hearth/profile_0.json");
-    let theirs = std::path::PathBuf::from(oracle["trace"].as_str().unwrap());
+    let read = |path: &std::path::Path| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+    let ours = read(&dir.join("hearth/profile_0.json"));
+    let theirs = read(std::path::Path::new(oracle["trace"].as_str().unwrap()));
     // The one operator that differs: backward's seed gradient (ones_like
     // of the loss) is allocated by aten::empty from C++'s
     // torch::autograd::backward (contiguous format) and by
     // aten::empty_strided from Python's (preserve format).
-    let ops = |path| {
-        let mut names = trace_events(path, "cpu_op");
+    let ops = |trace: &Value| {
+        let mut names = trace_events(trace, "cpu_op");
         if let Some(n) = names.remove("aten::empty_strided") {
             names.insert("aten::empty".into(), n);
         }
@@ -1412,8 +1414,8 @@ fn profile_records_the_steps_and_operators_accelerate_records() {
     };
     assert_eq!(ops(&ours), ops(&theirs));
     assert_eq!(ops(&ours)["aten::addmm"], 2);
-    let steps = |path| {
-        let mut names = trace_events(path, "user_annotation");
+    let steps = |trace: &Value| {
+        let mut names = trace_events(trace, "user_annotation");
         names.retain(|name, _| name.starts_with("ProfilerStep#"));
         names
     };
@@ -1423,10 +1425,6 @@ fn profile_records_the_steps_and_operators_accelerate_records() {
         2
     );
 
-    let read = |path: &std::path::Path| -> Value {
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-    };
-    let (ours, theirs) = (read(&ours), read(&theirs));
     let dims = |trace: &Value| -> Vec<Value> {
         trace["traceEvents"]
             .as_array()
@@ -1441,5 +1439,4 @@ fn profile_records_the_steps_and_operators_accelerate_records() {
     for key in ["record_shapes", "with_flops"] {
         assert_eq!(ours[key], theirs[key], "{key}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

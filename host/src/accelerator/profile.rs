@@ -1,7 +1,7 @@
 //! `Accelerator::profile`: Accelerate's profiling block.
 
 use super::Accelerator;
-use crate::profiling::{trace_path, ProfileError, ProfileKwargs, Profiler};
+use crate::profiling::{ProfileError, ProfileKwargs, Profiler};
 
 impl Accelerator {
     /// Profiles what `body` runs with libtorch's profiler, as Accelerate's
@@ -21,17 +21,12 @@ impl Accelerator {
         let kwargs = kwargs.or(self.profile_handler.as_ref()).unwrap_or(&default);
         let mut profiler = Profiler::start_with_metadata(kwargs, self.profiler_metadata())?;
         let value = body(&mut profiler);
-        let steps = profiler.step_num();
-        let schedule = profiler.schedule();
-        let trace = profiler.stop()?;
-        if let Some(dir) = &kwargs.output_trace_dir {
-            let trace = trace.ok_or_else(|| ProfileError::NothingRecorded {
-                dir: dir.clone(),
-                schedule,
-                steps,
-            })?;
-            trace.export_chrome_trace(&trace_path(dir, self.process_index()))?;
-            self.wait_for_everyone()?;
+        match &kwargs.output_trace_dir {
+            Some(dir) => {
+                profiler.stop_and_export(dir, self.process_index())?;
+                self.wait_for_everyone()?;
+            }
+            None => drop(profiler.stop()?),
         }
         Ok(value)
     }

@@ -259,6 +259,25 @@ impl Profiler {
         Ok(self.last.take())
     }
 
+    /// Ends profiling and writes the last trace to `dir` as
+    /// `profile_<process_index>.json` (what Accelerate's `profile` block
+    /// does on leaving); an error when nothing was recorded.
+    pub fn stop_and_export(
+        self,
+        dir: &std::path::Path,
+        process_index: usize,
+    ) -> Result<(ProfileTrace, PathBuf), ProfileError> {
+        let (steps, schedule) = (self.step_num, self.schedule);
+        let trace = self.stop()?.ok_or_else(|| ProfileError::NothingRecorded {
+            dir: dir.to_path_buf(),
+            schedule,
+            steps,
+        })?;
+        let path = trace_path(dir, process_index);
+        trace.export_chrome_trace(&path)?;
+        Ok((trace, path))
+    }
+
     /// Steps taken so far.
     pub fn step_num(&self) -> u64 {
         self.step_num

@@ -4,7 +4,7 @@
 
 use super::{RunOptions, TrainConfig, TrainError};
 use crate::accelerator::Accelerator;
-use crate::profiling::{trace_path, ProfileError, Profiler};
+use crate::profiling::Profiler;
 use std::path::{Path, PathBuf};
 
 /// The profiler of a run and where its trace goes.
@@ -53,18 +53,9 @@ impl RunProfile {
     /// Stops, writes `profile_<rank>.json`, prints the table (main
     /// process) and waits for the other processes. Returns the trace's path.
     pub fn finish(self, acc: &Accelerator) -> Result<PathBuf, TrainError> {
-        let (steps, schedule) = (self.profiler.step_num(), self.profiler.schedule());
-        let trace = self.profiler.stop().map_err(TrainError::Profile)?;
-        let trace = trace.ok_or_else(|| {
-            TrainError::Profile(ProfileError::NothingRecorded {
-                dir: self.dir.clone(),
-                schedule,
-                steps,
-            })
-        })?;
-        let path = trace_path(&self.dir, acc.process_index());
-        trace
-            .export_chrome_trace(&path)
+        let schedule = self.profiler.schedule();
+        let (trace, path) = (self.profiler)
+            .stop_and_export(&self.dir, acc.process_index())
             .map_err(TrainError::Profile)?;
         if acc.is_main_process() {
             let table = trace.table(TABLE_ROWS).map_err(TrainError::Profile)?;
