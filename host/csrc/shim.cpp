@@ -206,6 +206,22 @@ char *hearth_randperm(int64_t n, uint64_t seed, at::Tensor **out) {
   });
 }
 
+// `torch.manual_seed(seed)` then one `torch.randn(shape, dtype)` per shape
+// on the CPU, inside `torch.random.fork_rng()`: drawn in turn from a private
+// generator, so the default generator is not touched. `dims` holds the
+// shapes one after another, `ndims[i]` the length of shape i.
+char *hearth_randn_seeded(const int64_t *dims, const size_t *ndims, size_t count, int dtype,
+                          uint64_t seed, at::Tensor **outs) {
+  return guarded([&] {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    auto options = at::TensorOptions().dtype(static_cast<c10::ScalarType>(dtype));
+    for (size_t i = 0; i < count; i++) {
+      outs[i] = new at::Tensor(at::randn(at::IntArrayRef(dims, ndims[i]), gen, options));
+      dims += ndims[i];
+    }
+  });
+}
+
 // A copy of `t` (on any device) in page-locked host memory, copied straight
 // into it (tch's pin_memory copies CPU tensors only and passes a deprecated
 // device argument); a GPU copies from and to such memory at full speed.

@@ -1110,6 +1110,56 @@ fn accelerates_enum_values_parse_with_its_spellings_or_say_why_not() {
     assert!(e.to_string().contains("FP8 tensor cores"), "{e}");
 }
 
+/// Bad `DdpOptions` are refused when the accelerator is built, naming the
+/// field and what to set (the same checks as `[distributed]`'s).
+#[test]
+fn bad_ddp_options_are_refused_when_the_accelerator_is_built() {
+    use hearth::parallel::{CommHook, CommWrapper, DdpOptions, PowerSgdOptions};
+    let refusal = |ddp: DdpOptions| {
+        Accelerator::builder()
+            .cpu(true)
+            .ddp(ddp)
+            .build()
+            .err()
+            .expect("refused")
+            .to_string()
+    };
+    let e = refusal(DdpOptions {
+        comm_hook: CommHook::BatchedPowerSgd,
+        ..Default::default()
+    });
+    assert!(
+        e.starts_with("DistributedDataParallelKwargs: comm_hook = batched_power_sgd"),
+        "{e}"
+    );
+    let e = refusal(DdpOptions {
+        comm_wrapper: CommWrapper::Bf16,
+        ..Default::default()
+    });
+    assert!(
+        e.contains("comm_wrapper = bf16") && e.contains("set comm_hook"),
+        "{e}"
+    );
+    let e = refusal(DdpOptions {
+        comm_hook: CommHook::PowerSgd,
+        comm_state_option: PowerSgdOptions {
+            warm_start: false,
+            start_power_sgd_iter: 1,
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    assert!(
+        e.contains("start_powerSGD_iter = 1") && e.contains("use_error_feedback"),
+        "{e}"
+    );
+    let e = refusal(DdpOptions {
+        bucket_cap_mb: 0.0,
+        ..Default::default()
+    });
+    assert!(e.contains("bucket_cap_mb"), "{e}");
+}
+
 #[test]
 fn fp8_is_accepted_and_refused_with_what_it_would_need() {
     let err = Accelerator::builder()

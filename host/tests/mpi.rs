@@ -5,6 +5,9 @@
 
 mod common;
 use common::{mpirun, mpirun_ok, results, scratch, write_result, CHILD, OUT};
+/// DistributedDataParallelKwargs checked against PyTorch's DDP.
+#[path = "mpi/ddp_kwargs.rs"]
+mod ddp_kwargs;
 
 use hearth::accelerator::Accelerator;
 use hearth::dist::{DistError, ReduceOp};
@@ -1273,89 +1276,5 @@ fn collectives_take_nested_values_leaf_by_leaf() {
         assert_eq!(leaf(r, "gathered"), gathered, "rank {r}");
         assert_eq!(leaf(r, "summed"), summed, "rank {r}");
         assert_eq!(leaf(r, "broadcast"), leaf(1, "padded"), "rank {r}");
-    }
-}
-
-/// A linear layer the loss uses and one it does not, on each of 2 ranks
-/// (inputs filled with rank + 1), with DDP's `find_unused_parameters` or
-/// `static_graph` as the mode says: one backward pass.
-#[test]
-fn child_unused_parameters() {
-    let Some(mode) = std::env::var(CHILD)
-        .ok()
-        .and_then(|m| m.strip_prefix("unused:").map(str::to_string))
-    else {
-        return; // only under mpirun
-    };
-    use tch::nn::{self, Module};
-    let mut acc = Accelerator::builder()
-        .cpu(true)
-        .timeout(Duration::from_secs(60))
-        .ddp(hearth::parallel::DdpOptions {
-            find_unused_parameters: mode == "find",
-            static_graph: mode == "static",
-            ..Default::default()
-        })
-        .build()
-        .unwrap();
-    let r = acc.process_index();
-    let vs = nn::VarStore::new(Device::Cpu);
-    let used = nn::linear(vs.root() / "used", 3, 2, Default::default());
-    let _idle = nn::linear(vs.root() / "idle", 3, 2, Default::default());
-    let vs = acc.prepare(vs).unwrap();
-    let x = Tensor::full([4, 3], (r + 1) as f64, (Kind::Float, Device::Cpu));
-    let error = acc
-        .backward(&used.forward(&x).sum(Kind::Float))
-        .err()
-        .map(|e| e.to_string());
-    let vars = vs.variables();
-    let used_grad = vars["used.weight"].grad();
-    write_result(
-        r,
-        &serde_json::json!({
-            "error": error,
-            "idle_grad": vars["idle.weight"].grad().defined(),
-            "used_grad": used_grad.defined().then(|| Vec::<Vec<f32>>::try_from(&used_grad).unwrap()),
-        }),
-    );
-}
-
-/// DDP's `find_unused_parameters` and `static_graph` against PyTorch's DDP
-/// on 2 gloo processes run live (`tests/oracles/ddp_unused_parameters.py`):
-/// off, a parameter the loss does not use is refused on every rank, naming
-/// it and the flag (PyTorch refuses at the next forward pass, naming the
-/// flag and the parameters' indices); with either flag on, the idle layer
-/// keeps no gradient and the used one gets PyTorch's mean.
-#[test]
-fn an_unused_parameter_is_refused_unless_find_unused_parameters_or_static_graph_is_on() {
-    let oracle: serde_json::Value =
-        serde_json::from_str(common::oracle("ddp_unused_parameters.py", &[]).trim()).unwrap();
-    assert!(oracle["off"]["error"]
-        .as_str()
-        .unwrap()
-        .contains("find_unused_parameters=True"));
-    for mode in ["off", "find", "static"] {
-        let dir = scratch(&format!("unused-{mode}"));
-        mpirun_ok(
-            2,
-            "child_unused_parameters",
-            &format!("unused:{mode}"),
-            &dir,
-        );
-        for rank in results(&dir, 2) {
-            assert_eq!(rank["idle_grad"], oracle[mode]["idle_grad"], "{mode}");
-            match mode {
-                "off" => {
-                    let error = rank["error"].as_str().expect("refused");
-                    for needle in ["`idle.bias`", "`idle.weight`", "find_unused_parameters"] {
-                        assert!(error.contains(needle), "{needle} in {error}");
-                    }
-                }
-                _ => {
-                    assert_eq!(rank["error"], serde_json::Value::Null, "{mode}");
-                    assert_eq!(rank["used_grad"], oracle[mode]["used_grad"], "{mode}");
-                }
-            }
-        }
     }
 }

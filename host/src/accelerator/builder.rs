@@ -92,6 +92,9 @@ pub enum BuildError {
     /// FP8 was asked for (see [`crate::precision::fp8_refusal`]).
     #[error("{0}")]
     Fp8(String),
+    /// A bad `DdpOptions` (Accelerate's `DistributedDataParallelKwargs`).
+    #[error("DistributedDataParallelKwargs: {0}")]
+    Ddp(String),
     /// Both `gradient_accumulation_steps` and `gradient_accumulation_plugin`.
     #[error("gradient_accumulation_steps({steps}) and gradient_accumulation_plugin(..) were both given; give only the plugin, with num_steps = {steps}")]
     AccumulationTwice {
@@ -360,6 +363,7 @@ impl AcceleratorBuilder {
         if self.fp8.is_some() {
             return Err(BuildError::Fp8(crate::precision::fp8_refusal(Some(device))));
         }
+        self.ddp.validate().map_err(BuildError::Ddp)?;
         let group = match self.group {
             Some(group) => group,
             None => crate::dist::from_environment(

@@ -75,6 +75,14 @@ extern "C" {
     pub fn hearth_deterministic_algorithms() -> i32;
     pub fn hearth_to_pinned_host(t: *mut C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
     pub fn hearth_randperm(n: i64, seed: u64, out: *mut *mut C_tensor) -> *mut c_char;
+    pub fn hearth_randn_seeded(
+        dims: *const i64,
+        ndims: *const usize,
+        count: usize,
+        dtype: c_int,
+        seed: u64,
+        outs: *mut *mut C_tensor,
+    ) -> *mut c_char;
     pub fn hearth_set_grad(tensor: *mut C_tensor, grad: *mut C_tensor) -> *mut c_char;
     pub fn hearth_on_grad_accumulated(
         tensor: *mut C_tensor,

@@ -18,7 +18,7 @@ pub use foreach::{
 };
 pub use jit::{JitStructure, ScriptModule};
 pub use rng::{
-    deterministic_algorithms, empty_device_cache, randperm, rng_state, set_rng_state,
+    deterministic_algorithms, empty_device_cache, randn_seeded, randperm, rng_state, set_rng_state,
     to_pinned_host, use_deterministic_algorithms,
 };
 

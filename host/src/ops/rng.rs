@@ -40,6 +40,50 @@ pub fn randperm(n: i64, seed: u64) -> Result<Tensor, TchError> {
     Ok(unsafe { Tensor::from_ptr(out) })
 }
 
+/// `torch.manual_seed(seed)` then `torch.randn(shape, dtype=kind)` for each
+/// of `shapes` in turn, on the CPU, as inside `torch.random.fork_rng()`: the
+/// draws come from a private generator, no global one is read or changed.
+pub fn randn_seeded(
+    shapes: &[&[i64]],
+    kind: tch::Kind,
+    seed: u64,
+) -> Result<Vec<Tensor>, TchError> {
+    // c10::ScalarType's numbers of the floating kinds.
+    let dtype = match kind {
+        tch::Kind::Half => 5,
+        tch::Kind::Float => 6,
+        tch::Kind::Double => 7,
+        tch::Kind::BFloat16 => 15,
+        other => {
+            return Err(TchError::Kind(format!(
+                "randn draws floating-point values, not {other:?}"
+            )))
+        }
+    };
+    let dims: Vec<i64> = shapes.iter().flat_map(|s| s.iter().copied()).collect();
+    let ndims: Vec<usize> = shapes.iter().map(|s| s.len()).collect();
+    let mut outs: Vec<*mut C_tensor> = vec![std::ptr::null_mut(); shapes.len()];
+    // SAFETY: `dims` and `ndims` describe `shapes.len()` shapes and `outs`
+    // has room for as many tensors; on success each is a new at::Tensor
+    // owned by us from here on (on failure none is left allocated: the
+    // shim fails before or while allocating, and a failed at::randn
+    // allocates nothing we keep).
+    check(unsafe {
+        ffi::hearth_randn_seeded(
+            dims.as_ptr(),
+            ndims.as_ptr(),
+            shapes.len(),
+            dtype,
+            seed,
+            outs.as_mut_ptr(),
+        )
+    })?;
+    Ok(outs
+        .into_iter()
+        .map(|t| unsafe { Tensor::from_ptr(t) })
+        .collect())
+}
+
 /// A copy of `t` (on any device) in page-locked (pinned) host memory,
 /// which a GPU copies from and to at full speed; needs a GPU.
 pub fn to_pinned_host(t: &Tensor) -> Result<Tensor, TchError> {

@@ -1,17 +1,20 @@
 //! DDP's side of the gradient round (PyTorch's `DistributedDataParallel`):
 //! gradients cut into buckets of about `bucket_cap_mb`, each bucket's
 //! gradients all-reduced to their mean on every process, optionally
-//! compressed to 16 bits on the wire.
+//! compressed on the wire (16 bits, or PowerSGD's low-rank factors).
 
-use crate::dist::{DistError, Pending, ProcessGroup, ReduceOp};
+use super::grad_sync::Collective;
+use super::power_sgd::{PowerSgd, PowerSgdOptions};
+use crate::dist::{DistError, ProcessGroup, ReduceOp};
 use tch::{Kind, Tensor};
 
 /// How gradients are compressed for the all-reduce (Accelerate's
-/// `DDPCommunicationHookType`): the 16-bit hooks divide by the number of
-/// processes, cast to half or bfloat16, sum, and cast back — half the bytes
-/// on the wire, at 16-bit precision.
+/// `DDPCommunicationHookType`): the 16-bit hooks cast to half or bfloat16,
+/// divide by the number of processes, sum, and cast back — half the bytes
+/// on the wire, at 16-bit precision; PowerSGD sends low-rank factors of
+/// each matrix (see [`super::power_sgd`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum CommHook {
     /// Full-precision gradients.
     #[default]
@@ -20,6 +23,36 @@ pub enum CommHook {
     Fp16,
     /// bfloat16 on the wire (`bf16_compress_hook`).
     Bf16,
+    /// PowerSGD (`powerSGD_hook`), set by [`DdpOptions::comm_state_option`].
+    PowerSgd,
+    /// Refused: PyTorch's `batched_powerSGD_hook` fails its own check.
+    BatchedPowerSgd,
+}
+
+/// A cast around the comm hook (Accelerate's `comm_wrapper`, PyTorch's
+/// `fp16_compress_wrapper` / `bf16_compress_wrapper`): the hook runs on the
+/// gradients in 16 bits, and its result is cast back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CommWrapper {
+    /// The hook sees the gradients' own kind.
+    #[default]
+    No,
+    /// Half precision.
+    Fp16,
+    /// bfloat16.
+    Bf16,
+}
+
+impl CommWrapper {
+    /// The kind the hook runs in, when it is cast.
+    pub(crate) fn kind(self) -> Option<Kind> {
+        match self {
+            Self::No => None,
+            Self::Fp16 => Some(Kind::Half),
+            Self::Bf16 => Some(Kind::BFloat16),
+        }
+    }
 }
 
 /// The data-parallel settings that apply to hearth (Accelerate's
@@ -32,6 +65,11 @@ pub struct DdpOptions {
     pub bucket_cap_mb: f64,
     /// Compression of the gradients on the wire.
     pub comm_hook: CommHook,
+    /// A 16-bit cast around `comm_hook` (refused with [`CommHook::No`],
+    /// where Accelerate registers no hook to wrap).
+    pub comm_wrapper: CommWrapper,
+    /// PowerSGD's settings (with [`CommHook::PowerSgd`] only).
+    pub comm_state_option: PowerSgdOptions,
     /// Rank 0's buffers (BatchNorm's running statistics, say) are sent to
     /// every process before each training forward pass (PyTorch's
     /// default); off, each process keeps its own.
@@ -54,6 +92,8 @@ impl Default for DdpOptions {
         Self {
             bucket_cap_mb: 25.0,
             comm_hook: CommHook::No,
+            comm_wrapper: CommWrapper::No,
+            comm_state_option: PowerSgdOptions::default(),
             broadcast_buffers: true,
             find_unused_parameters: false,
             static_graph: false,
@@ -67,17 +107,56 @@ impl DdpOptions {
     pub fn allows_unused_parameters(&self) -> bool {
         self.find_unused_parameters || self.static_graph
     }
+
+    /// Refuses combinations that would do nothing or what hearth cannot
+    /// match; the message names the field and says what to set.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.bucket_cap_mb.is_finite() && self.bucket_cap_mb > 0.0) {
+            return Err(format!(
+                "bucket_cap_mb must be a positive number of MiB, not {}",
+                self.bucket_cap_mb
+            ));
+        }
+        match self.comm_hook {
+            CommHook::BatchedPowerSgd => {
+                return Err(
+                    "comm_hook = batched_power_sgd: PyTorch's batched_powerSGD_hook \
+                            fails its own check (it orthogonalises a 2-d matrix where \
+                            _orthogonalize asserts 3-d), so there is nothing to match; use \
+                            comm_hook = power_sgd, with batch_tensors_with_same_shape = true \
+                            in comm_state_option to batch matrices of one shape"
+                        .into(),
+                )
+            }
+            CommHook::PowerSgd => self.comm_state_option.validate()?,
+            CommHook::No if self.comm_wrapper != CommWrapper::No => {
+                return Err(format!(
+                    "comm_wrapper = {:?} wraps a comm hook, and comm_hook is no (Accelerate \
+                     registers nothing then): set comm_hook = power_sgd, fp16 or bf16, or \
+                     leave comm_wrapper out",
+                    self.comm_wrapper
+                )
+                .to_lowercase())
+            }
+            _ => {}
+        }
+        if self.comm_hook != CommHook::PowerSgd
+            && self.comm_state_option != PowerSgdOptions::default()
+        {
+            return Err(
+                "comm_state_option sets PowerSGD's state, and comm_hook is not power_sgd: \
+                 set comm_hook = power_sgd, or leave comm_state_option out"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
 }
 
-/// Packs `bucket`'s gradients and a flag per parameter (1 where this
-/// process has a gradient) into one tensor and starts its all-reduce.
-pub(super) fn start<'g>(
-    group: &'g dyn ProcessGroup,
-    options: DdpOptions,
-    bucket: &[Tensor],
-) -> Result<(Pending<'g>, Kind), DistError> {
-    let world = group.num_processes() as f64;
-    let (flat, kind) = tch::no_grad(|| {
+/// `bucket`'s gradients (zeros where this process has none) as one flat
+/// tensor, and a flag per parameter: 1 where this process has a gradient.
+fn pack(bucket: &[Tensor]) -> (Tensor, Tensor) {
+    tch::no_grad(|| {
         let grads: Vec<Tensor> = bucket.iter().map(Tensor::grad).collect();
         let had: Vec<f32> = grads
             .iter()
@@ -91,27 +170,69 @@ pub(super) fn start<'g>(
         } else {
             Tensor::from_slice(&had).to_device(device).to_kind(kind)
         };
-        let mut parts: Vec<Tensor> = grads
-            .into_iter()
-            .zip(bucket)
-            .map(|(g, p)| if g.defined() { g } else { p.zeros_like() }.reshape([-1]))
-            .collect();
-        parts.push(flags);
-        // One copy: the gradients and their flags together.
-        (Tensor::cat(&parts, 0), kind)
-    });
-    let pending = match options.comm_hook {
-        CommHook::No => group.all_reduce_start(&flat, ReduceOp::Mean),
-        hook => {
-            let wire = if hook == CommHook::Fp16 {
+        let values = flatten(grads.into_iter().zip(bucket).map(|(g, p)| {
+            if g.defined() {
+                g
+            } else {
+                p.zeros_like()
+            }
+        }));
+        (values, flags)
+    })
+}
+
+/// Starts bucket `index`'s all-reduce: its gradients and a flag per
+/// parameter (1 where this process has a gradient), compressed as the
+/// options say; `power_sgd` is the model's PowerSGD state when the hook is
+/// PowerSGD. Returns the collective, the kind to cast its result back to,
+/// and the bytes this process sends.
+pub(super) fn start<'g>(
+    group: &'g dyn ProcessGroup,
+    options: DdpOptions,
+    power_sgd: Option<&mut PowerSgd>,
+    index: usize,
+    bucket: &[Tensor],
+) -> Result<(Collective<'g>, Kind, u64), DistError> {
+    let world = group.num_processes() as f64;
+    let kind = bucket[0].kind();
+    let (mut values, mut flags) = pack(bucket);
+    if let Some(wrapped) = options.comm_wrapper.kind() {
+        (values, flags) = (values.to_kind(wrapped), flags.to_kind(wrapped));
+    }
+    let bytes = |t: &Tensor| (t.numel() * t.kind().elt_size_in_bytes()) as u64;
+    let sixteen = |wire: Kind| {
+        // `_compress_hook`: cast, then divide, then sum.
+        let flat = Tensor::cat(&[values.shallow_clone(), flags.shallow_clone()], 0);
+        flat.to_kind(wire) / world
+    };
+    let (collective, sent) = match (options.comm_hook, power_sgd) {
+        (CommHook::PowerSgd, Some(state)) => {
+            let shapes: Vec<Vec<i64>> = bucket.iter().map(Tensor::size).collect();
+            let (in_flight, sent) =
+                tch::no_grad(|| state.start(group, index, values, flags, &shapes))?;
+            (Collective::PowerSgd(in_flight), sent)
+        }
+        (CommHook::Fp16 | CommHook::Bf16, _) => {
+            let wire = if options.comm_hook == CommHook::Fp16 {
                 Kind::Half
             } else {
                 Kind::BFloat16
             };
-            group.all_reduce_start(&(flat / world).to_kind(wire), ReduceOp::Sum)
+            let flat = sixteen(wire);
+            (
+                Collective::One(group.all_reduce_start(&flat, ReduceOp::Sum)?),
+                bytes(&flat),
+            )
         }
-    }?;
-    Ok((pending, kind))
+        _ => {
+            let flat = Tensor::cat(&[values, flags], 0);
+            (
+                Collective::One(group.all_reduce_start(&flat, ReduceOp::Mean)?),
+                bytes(&flat),
+            )
+        }
+    };
+    Ok((collective, kind, sent))
 }
 
 /// With the default bucket size, the first bucket holds at most this many
@@ -149,10 +270,6 @@ pub(super) fn buckets(order: &[usize], params: &[Tensor], cap_mb: f64) -> Vec<Ve
         }
     }
     out
-}
-
-pub(super) fn flat_len(bucket: &[Tensor]) -> usize {
-    bucket.iter().map(Tensor::numel).sum::<usize>() + bucket.len()
 }
 
 /// The tensors as one 1-d tensor.

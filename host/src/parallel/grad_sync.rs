@@ -18,6 +18,7 @@
 //! on this process, say) starts then; the round then waits for all of them.
 
 use super::ddp::{self, DdpOptions};
+use super::power_sgd::{self, PowerSgd};
 use super::sharded::UnitShard;
 use crate::dist::{DistError, Pending, ProcessGroup};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -87,7 +88,34 @@ pub struct GradientSync {
     /// The buckets were rebuilt in the order gradients came in.
     rebuilt: bool,
     reduction: Reduction,
+    /// The PowerSGD state, when DDP's comm hook is PowerSGD.
+    power_sgd: Option<PowerSgd>,
     stats: SyncStats,
+}
+
+/// A bucket's collective under way.
+pub(crate) enum Collective<'g> {
+    /// One all-reduce or reduce-scatter.
+    One(Pending<'g>),
+    /// PowerSGD's rounds (the rest run when it is waited for).
+    PowerSgd(power_sgd::InFlight<'g>),
+}
+
+impl Collective<'_> {
+    /// The result: for DDP the bucket's values and each flag's share.
+    fn wait(
+        self,
+        power_sgd: Option<&mut PowerSgd>,
+        group: &dyn ProcessGroup,
+    ) -> Result<Tensor, DistError> {
+        match (self, power_sgd) {
+            (Self::One(pending), _) => pending.wait(),
+            (Self::PowerSgd(in_flight), Some(state)) => {
+                tch::no_grad(|| state.finish(group, in_flight))
+            }
+            (Self::PowerSgd(_), None) => unreachable!("PowerSGD started without its state"),
+        }
+    }
 }
 
 impl GradientSync {
@@ -114,6 +142,8 @@ impl GradientSync {
             unused: Vec::new(),
             rebuilt: false,
             reduction: Reduction::AllReduce(options),
+            power_sgd: (options.comm_hook == ddp::CommHook::PowerSgd)
+                .then(|| PowerSgd::new(options.comm_state_option)),
             stats: SyncStats::default(),
         };
         sync.set_buckets(&order);
@@ -150,6 +180,7 @@ impl GradientSync {
             unused: Vec::new(),
             rebuilt: false,
             reduction: Reduction::ReduceScatter(units),
+            power_sgd: None,
             stats: SyncStats::default(),
         };
         sync.index_buckets();
@@ -349,7 +380,7 @@ pub(crate) struct Round<'s, 'g> {
 struct Started<'g> {
     model: usize,
     bucket: usize,
-    pending: Pending<'g>,
+    collective: Collective<'g>,
     kind: Kind,
     /// Gradients reported when it started, if that was inside backward.
     after_gradients: Option<usize>,
@@ -433,9 +464,16 @@ impl<'s, 'g> Round<'s, 'g> {
             if started.after_gradients.is_some_and(|n| n < reported) {
                 model.stats.overlapped += 1;
             }
-            let reduced = started.pending.wait()?.to_kind(started.kind);
+            let reduced = started.collective.wait(model.power_sgd.as_mut(), group)?;
             match &model.reduction {
                 Reduction::AllReduce(options) => {
+                    // Through the wrapper's kind, as PyTorch copies the
+                    // hook's result into the wrapped bucket first.
+                    let reduced = match options.comm_wrapper.kind() {
+                        Some(wrapped) => reduced.to_kind(wrapped),
+                        None => reduced,
+                    }
+                    .to_kind(started.kind);
                     let missing = ddp::write_means(group, &model.bucket(started.bucket), &reduced)?;
                     if !options.allows_unused_parameters() {
                         let bucket = &model.buckets[started.bucket];
@@ -443,13 +481,18 @@ impl<'s, 'g> Round<'s, 'g> {
                         model.unused.extend(names);
                     }
                 }
-                Reduction::ReduceScatter(units) => {
-                    super::sharded::write_gradient_shard(group, &units[started.bucket], &reduced)?
-                }
+                Reduction::ReduceScatter(units) => super::sharded::write_gradient_shard(
+                    group,
+                    &units[started.bucket],
+                    &reduced.to_kind(started.kind),
+                )?,
             }
         }
         for (model, arrived) in self.models.iter_mut().zip(&self.arrived) {
             model.stats.syncs += 1;
+            if let Some(state) = &mut model.power_sgd {
+                state.end_round();
+            }
             if !model.rebuilt {
                 model.rebuild(group, arrived)?;
             }
@@ -463,29 +506,26 @@ impl<'s, 'g> Round<'s, 'g> {
         let _span = crate::profiling::span("hearth::bucket_reduce_start");
         let (m, b) = self.next;
         let model = &mut self.models[m];
-        let (pending, kind) = match &model.reduction {
+        let (collective, kind) = match &model.reduction {
             Reduction::AllReduce(options) => {
                 let bucket = model.bucket(b);
-                let (pending, kind) = ddp::start(self.group, *options, &bucket)?;
+                let (collective, kind, bytes) =
+                    ddp::start(self.group, *options, model.power_sgd.as_mut(), b, &bucket)?;
                 model.stats.all_reduces += 1;
-                let wire_bytes = match options.comm_hook {
-                    ddp::CommHook::No => kind.elt_size_in_bytes(),
-                    _ => 2,
-                };
-                model.stats.bytes += (ddp::flat_len(&bucket) * wire_bytes) as u64;
-                (pending, kind)
+                model.stats.bytes += bytes;
+                (collective, kind)
             }
             Reduction::ReduceScatter(units) => {
                 let (pending, kind, bytes) = super::sharded::start(self.group, &units[b], None)?;
                 model.stats.reduce_scatters += 1;
                 model.stats.bytes += bytes;
-                (pending, kind)
+                (Collective::One(pending), kind)
             }
         };
         self.started.push(Started {
             model: m,
             bucket: b,
-            pending,
+            collective,
             kind,
             after_gradients,
         });

@@ -11,14 +11,16 @@
 mod ddp;
 mod fsdp;
 mod grad_sync;
+mod power_sgd;
 pub mod sharded;
 mod unitwise;
 
-pub use ddp::{BufferBroadcast, CommHook, DdpOptions, FIRST_BUCKET_MB};
+pub use ddp::{BufferBroadcast, CommHook, CommWrapper, DdpOptions, FIRST_BUCKET_MB};
 pub use fsdp::{
     policy_name, BackwardPrefetch, FsdpError, FsdpPlugin, FsdpSettings, MixedPrecisionPolicy,
     PolicyDtype, ShardingStrategy, StateDictType, FIELDS as FSDP_FIELDS, USE_FSDP_ENV,
 };
 pub(crate) use grad_sync::Round;
 pub use grad_sync::{GradientSync, SyncStats};
+pub use power_sgd::PowerSgdOptions;
 pub use unitwise::{FullShard, FullShardOptions, Prefetch, Unitwise, UnitwiseError};

@@ -5,7 +5,7 @@
 
 use super::{ConfigError, Invalid};
 use crate::dist::Backend;
-use crate::parallel::{CommHook, DdpOptions};
+use crate::parallel::{CommHook, CommWrapper, DdpOptions, PowerSgdOptions};
 use serde::Deserialize;
 
 /// The `[distributed]` section.
@@ -24,8 +24,16 @@ pub struct DistributedSection {
     /// Gradients are averaged in buckets of about this many MiB (default 25,
     /// with a first bucket of at most 1 MiB).
     pub bucket_cap_mb: Option<f64>,
-    /// `no` (default), `fp16` or `bf16`: the gradients' precision on the wire.
+    /// `no` (default), `fp16`, `bf16` or `power_sgd`: how gradients are
+    /// compressed on the wire.
     pub comm_hook: Option<CommHook>,
+    /// `no` (default), `fp16` or `bf16`: the comm hook runs on the
+    /// gradients cast to 16 bits (Accelerate's `comm_wrapper`).
+    pub comm_wrapper: Option<CommWrapper>,
+    /// PowerSGD's settings, PyTorch's `PowerSGDState` arguments as
+    /// Accelerate's `comm_state_option` spells them
+    /// (`matrix_approximation_rank`, `start_powerSGD_iter`, …).
+    pub comm_state_option: Option<PowerSgdOptions>,
     /// Rank 0's buffers (BatchNorm statistics) are sent to every process
     /// before each training forward pass (default true, as DDP's
     /// `broadcast_buffers`).
@@ -51,6 +59,8 @@ impl DistributedSection {
         DdpOptions {
             bucket_cap_mb: self.bucket_cap_mb.unwrap_or(default.bucket_cap_mb),
             comm_hook: self.comm_hook.unwrap_or(default.comm_hook),
+            comm_wrapper: self.comm_wrapper.unwrap_or(default.comm_wrapper),
+            comm_state_option: self.comm_state_option.unwrap_or(default.comm_state_option),
             broadcast_buffers: self.broadcast_buffers.unwrap_or(default.broadcast_buffers),
             find_unused_parameters: self.find_unused_parameters,
             static_graph: self.static_graph,
@@ -91,7 +101,9 @@ impl DistributedSection {
                 format!("must be a positive number of MiB, not {mb}"),
             ));
         }
-        Ok(())
+        self.ddp()
+            .validate()
+            .map_err(|why| invalid("distributed", why))
     }
 }
 
@@ -108,6 +120,56 @@ mod tests {
         let ddp = DistributedSection::default().ddp();
         assert!(!ddp.find_unused_parameters && !ddp.static_graph);
         assert!(!ddp.allows_unused_parameters());
+    }
+
+    #[test]
+    fn power_sgd_and_its_state_come_from_the_section() {
+        let section: DistributedSection = toml::from_str(
+            "comm-hook = \"power_sgd\"\ncomm-wrapper = \"fp16\"\n\
+             [comm-state-option]\nmatrix_approximation_rank = 2\nstart_powerSGD_iter = 3\n",
+        )
+        .unwrap();
+        let ddp = section.ddp();
+        assert_eq!(ddp.comm_hook, CommHook::PowerSgd);
+        assert_eq!(ddp.comm_wrapper, CommWrapper::Fp16);
+        assert_eq!(ddp.comm_state_option.matrix_approximation_rank, 2);
+        assert_eq!(ddp.comm_state_option.start_power_sgd_iter, 3);
+        assert!(
+            ddp.comm_state_option.use_error_feedback,
+            "PyTorch's default"
+        );
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            path: "job.toml".into(),
+            key: key.into(),
+            message,
+        };
+        assert!(section.validate(&invalid).is_ok());
+        for (toml, needle) in [
+            ("comm-hook = \"batched_power_sgd\"", "batched_powerSGD_hook"),
+            ("comm-wrapper = \"bf16\"", "comm_hook is no"),
+            (
+                "comm-hook = \"fp16\"\n[comm-state-option]\nrandom_seed = 3",
+                "comm_hook is not power_sgd",
+            ),
+            (
+                "comm-hook = \"power_sgd\"\n[comm-state-option]\nstart_powerSGD_iter = 1",
+                "start_powerSGD_iter",
+            ),
+        ] {
+            let section: DistributedSection = toml::from_str(toml).unwrap();
+            let e = section.validate(&invalid).unwrap_err().to_string();
+            assert!(
+                e.contains("distributed") && e.contains(needle),
+                "{toml}: {e}"
+            );
+        }
+        let e = toml::from_str::<DistributedSection>("[comm-state-option]\nrank = 2")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rank"),
+            "an unknown field is refused by name: {e}"
+        );
     }
 
     #[test]
