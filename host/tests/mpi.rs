@@ -8,6 +8,9 @@ use common::{mpirun, mpirun_ok, results, scratch, write_result, CHILD, OUT};
 /// DistributedDataParallelKwargs checked against PyTorch's DDP.
 #[path = "mpi/ddp_kwargs.rs"]
 mod ddp_kwargs;
+/// `join_uneven_inputs` checked against PyTorch's `Join`.
+#[path = "mpi/join.rs"]
+mod join;
 
 use hearth::accelerator::Accelerator;
 use hearth::dist::{DistError, ReduceOp};

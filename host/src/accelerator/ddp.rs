@@ -9,7 +9,7 @@
 
 use super::sharding::{plan_units, ShardingError};
 use super::Accelerator;
-use crate::dist::{DistError, HybridGroup, ProcessGroup};
+use crate::dist::{DistError, HybridGroup, ProcessGroup, ReduceOp};
 use crate::models::ModuleTree;
 use crate::optim::Optimizer;
 use crate::parallel::sharded::{ShardedOptimizer, UnitShard};
@@ -97,6 +97,13 @@ pub(super) struct DataParallel {
     pub(super) no_sync: Cell<bool>,
     /// Inside `trigger_sync_in_backward`.
     pub(super) forced: Cell<bool>,
+    /// Inside `join_uneven_inputs` with joining on: each synchronising
+    /// backward pass first tells joined processes it is coming, and
+    /// buffers are not broadcast before forward passes.
+    pub(super) joining: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The buffers broadcast before every forward pass, for the final sync
+    /// of a join.
+    broadcast_buffers: RefCell<Vec<Tensor>>,
 }
 
 impl DataParallel {
@@ -115,6 +122,8 @@ impl DataParallel {
             hybrid: std::cell::OnceCell::new(),
             no_sync: Cell::new(false),
             forced: Cell::new(false),
+            joining: Default::default(),
+            broadcast_buffers: RefCell::default(),
         }
     }
 
@@ -134,6 +143,7 @@ impl DataParallel {
     /// no longer averaged or reduce-scattered.
     pub(super) fn forget(&self) {
         self.models.borrow_mut().clear();
+        self.broadcast_buffers.borrow_mut().clear();
         self.units.borrow_mut().clear();
         self.unitwise.borrow_mut().clear();
     }
@@ -533,6 +543,10 @@ impl DataParallel {
         if models.is_empty() || (self.no_sync.get() && !self.forced.get()) {
             return Ok(backward()?);
         }
+        if self.joining.load(std::sync::atomic::Ordering::Relaxed) {
+            // Processes that ran out of inputs learn a round is coming.
+            any_active(group, true)?;
+        }
         let mut round = Round::new(&mut models, group);
         round.during(backward)?;
         round.finish()?;
@@ -546,6 +560,51 @@ impl DataParallel {
         }
         Ok(())
     }
+}
+
+impl DataParallel {
+    /// True when some prepared model is sharded (sharded models do not
+    /// join: PyTorch's FSDP is not joinable either).
+    pub(super) fn shards(&self) -> bool {
+        self.models.borrow().iter().any(|m| !m.units().is_empty())
+            || !self.unitwise.borrow().is_empty()
+    }
+
+    /// This process has run out of inputs inside `join_uneven_inputs`:
+    /// until every process has, it takes part in each gradient round the
+    /// others run (with zero gradients); then every process takes the
+    /// parameters and buffers of the last process to join (the highest
+    /// rank among the last), as PyTorch's `Join` with DDP does.
+    pub(super) fn join(&self, group: &dyn ProcessGroup) -> Result<(), DistError> {
+        let mut last = true;
+        while any_active(group, false)? {
+            last = false;
+            Round::shadow(&mut self.models.borrow_mut(), group)?;
+        }
+        let mut root = Tensor::from_slice(&[if last {
+            group.process_index() as f64 + 1.0
+        } else {
+            0.0
+        }]);
+        group.all_reduce(&mut root, ReduceOp::Max)?;
+        let root = root.double_value(&[0]) as usize - 1;
+        for model in self.models.borrow().iter() {
+            model.take_parameters_from(group, root)?;
+        }
+        tch::no_grad(|| {
+            (self.broadcast_buffers.borrow().iter())
+                .try_for_each(|b| group.broadcast(&mut b.shallow_clone(), root))
+        })
+    }
+}
+
+/// Whether some process is still training inside `join_uneven_inputs`:
+/// every process all-reduces whether it is (`active`), the joined ones
+/// to learn whether another gradient round is coming.
+fn any_active(group: &dyn ProcessGroup, active: bool) -> Result<bool, DistError> {
+    let mut flag = Tensor::from_slice(&[f32::from(u8::from(active))]);
+    group.all_reduce(&mut flag, ReduceOp::Max)?;
+    Ok(flag.double_value(&[0]) > 0.0)
 }
 
 /// FULL_SHARD models' parameters held whole; released when dropped.
@@ -626,7 +685,8 @@ impl Accelerator {
                 .map_err(super::PrepareError::Dist)?;
             return Ok(None);
         }
-        let sync = crate::parallel::BufferBroadcast::new(group, buffers)
+        (self.ddp.broadcast_buffers.borrow_mut()).extend(buffers.iter().map(Tensor::shallow_clone));
+        let sync = crate::parallel::BufferBroadcast::new(group, buffers, self.ddp.joining.clone())
             .map_err(super::PrepareError::Dist)?;
         Ok(Some(sync))
     }

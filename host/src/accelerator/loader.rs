@@ -67,7 +67,11 @@ where
             }
             None => {
                 self.state.set_remainder(self.inner.remainder());
-                Source::Local(self.inner.iter())
+                let mut shard = self.inner.shard();
+                if let Some(even) = self.state.even_batches_override() {
+                    shard.even_batches = even;
+                }
+                Source::Local(self.inner.iter_as(shard))
             }
         };
         PreparedBatches {

@@ -10,6 +10,7 @@ mod collectives;
 mod ddp;
 mod facade;
 mod grad;
+mod join;
 mod kinds;
 mod loader;
 mod memory;
@@ -33,6 +34,7 @@ pub use checkpointing::{
 pub use ddp::BackwardError;
 pub use facade::{Accelerator, AutocastKwargs, RngState};
 pub use grad::clip_grad_norm_;
+pub use join::JoinError;
 pub(crate) use kinds::parse_spelling;
 pub use kinds::{LoggerType, RngType};
 pub use loader::{PreparedBatches, PreparedDataLoader, TryPreparedBatches};

@@ -56,6 +56,9 @@ struct Inner {
     end_of_dataloader: AtomicBool,
     /// The loader's remainder, `usize::MAX` for none.
     remainder: AtomicUsize,
+    /// `even_batches` for prepared loaders while `join_uneven_inputs`
+    /// overrides it: 0 none, 1 false, 2 true.
+    even_batches: std::sync::atomic::AtomicU8,
 }
 
 impl GradientState {
@@ -76,6 +79,7 @@ impl GradientState {
             sync_gradients: AtomicBool::new(true),
             end_of_dataloader: AtomicBool::new(false),
             remainder: AtomicUsize::new(usize::MAX),
+            even_batches: Default::default(),
         }))
     }
 
@@ -104,6 +108,24 @@ impl GradientState {
     /// (see [`DataLoader::remainder`](crate::data::DataLoader::remainder)).
     pub fn remainder(&self) -> Option<usize> {
         Some(self.0.remainder.load(Relaxed)).filter(|&r| r != usize::MAX)
+    }
+
+    /// `even_batches` for epochs of prepared loaders begun now, when
+    /// `join_uneven_inputs` overrides theirs.
+    pub fn even_batches_override(&self) -> Option<bool> {
+        match self.0.even_batches.load(Relaxed) {
+            0 => None,
+            v => Some(v == 2),
+        }
+    }
+
+    /// Sets the override; returns the one before.
+    pub(crate) fn set_even_batches_override(&self, even: Option<bool>) -> Option<bool> {
+        let code = even.map_or(0, |e| 1 + u8::from(e));
+        match self.0.even_batches.swap(code, Relaxed) {
+            0 => None,
+            v => Some(v == 2),
+        }
     }
 
     pub(crate) fn set_remainder(&self, remainder: Option<usize>) {

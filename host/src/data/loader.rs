@@ -386,6 +386,12 @@ impl<S: BatchSource> DataLoader<S> {
     /// to the next epoch. The iterator knows, after each batch, whether it
     /// was the epoch's last ([`Batches::at_end`]): it reads one batch ahead.
     pub fn iter(&self) -> Batches<'_, S> {
+        self.iter_as(self.shard)
+    }
+
+    /// [`iter`](Self::iter) shared between processes as `shard` says, for
+    /// this epoch only (`join_uneven_inputs` overriding `even_batches`).
+    pub(crate) fn iter_as(&self, shard: Shard) -> Batches<'_, S> {
         let skip = std::mem::take(&mut *self.skip_once.lock().unwrap());
         let state = {
             let mut state = self.state.lock().unwrap();
@@ -396,7 +402,7 @@ impl<S: BatchSource> DataLoader<S> {
             seed: state.seed,
             ..self.options
         };
-        let mut inner = self.source.batches(&options, self.shard, state.epoch);
+        let mut inner = self.source.batches(&options, shard, state.epoch);
         for _ in 0..skip {
             if inner.next().is_none() {
                 break;

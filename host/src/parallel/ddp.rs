@@ -155,8 +155,21 @@ impl DdpOptions {
 
 /// `bucket`'s gradients (zeros where this process has none) as one flat
 /// tensor, and a flag per parameter: 1 where this process has a gradient.
-fn pack(bucket: &[Tensor]) -> (Tensor, Tensor) {
+/// A `shadow` (a joined process) sends zeros, every one flagged present.
+fn pack(bucket: &[Tensor], shadow: bool) -> (Tensor, Tensor) {
     tch::no_grad(|| {
+        if shadow {
+            let (kind, device) = (bucket[0].kind(), bucket[0].device());
+            let numel = bucket.iter().map(Tensor::numel).sum::<usize>() as i64;
+            // Frozen parameters have no gradient anywhere.
+            let present: Vec<f32> = (bucket.iter())
+                .map(|p| if p.requires_grad() { 1.0 } else { 0.0 })
+                .collect();
+            return (
+                Tensor::zeros([numel], (kind, device)),
+                Tensor::from_slice(&present).to_device(device).to_kind(kind),
+            );
+        }
         let grads: Vec<Tensor> = bucket.iter().map(Tensor::grad).collect();
         let had: Vec<f32> = grads
             .iter()
@@ -184,18 +197,20 @@ fn pack(bucket: &[Tensor]) -> (Tensor, Tensor) {
 /// Starts bucket `index`'s all-reduce: its gradients and a flag per
 /// parameter (1 where this process has a gradient), compressed as the
 /// options say; `power_sgd` is the model's PowerSGD state when the hook is
-/// PowerSGD. Returns the collective, the kind to cast its result back to,
-/// and the bytes this process sends.
+/// PowerSGD; a `shadow` sends zeros (see [`super::grad_sync::Round::shadow`]).
+/// Returns the collective, the kind to cast its result back to, and the
+/// bytes this process sends.
 pub(super) fn start<'g>(
     group: &'g dyn ProcessGroup,
     options: DdpOptions,
     power_sgd: Option<&mut PowerSgd>,
     index: usize,
     bucket: &[Tensor],
+    shadow: bool,
 ) -> Result<(Collective<'g>, Kind, u64), DistError> {
     let world = group.num_processes() as f64;
     let kind = bucket[0].kind();
-    let (mut values, mut flags) = pack(bucket);
+    let (mut values, mut flags) = pack(bucket, shadow);
     if let Some(wrapped) = options.comm_wrapper.kind() {
         (values, flags) = (values.to_kind(wrapped), flags.to_kind(wrapped));
     }
@@ -336,22 +351,34 @@ pub(super) fn write_means(
 pub struct BufferBroadcast {
     group: Box<dyn ProcessGroup>,
     buffers: Vec<Tensor>,
+    /// Set while processes may have run out of inputs (inside
+    /// `join_uneven_inputs`): a joined rank 0 sends nothing, so each
+    /// process keeps its own until the join ends.
+    paused: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl BufferBroadcast {
     /// `buffers` sent from rank 0 over a channel of their own in `group`,
-    /// once now.
-    pub fn new(group: &dyn ProcessGroup, buffers: Vec<Tensor>) -> Result<Self, DistError> {
+    /// once now; none is sent while `paused` is set.
+    pub fn new(
+        group: &dyn ProcessGroup,
+        buffers: Vec<Tensor>,
+        paused: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) -> Result<Self, DistError> {
         let this = Self {
             group: group.duplicate()?,
             buffers,
+            paused,
         };
         this.run()?;
         Ok(this)
     }
 
-    /// Sends rank 0's buffers to every process.
+    /// Sends rank 0's buffers to every process (nothing while paused).
     pub fn run(&self) -> Result<(), DistError> {
+        if self.paused.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
         tch::no_grad(|| {
             self.buffers
                 .iter()

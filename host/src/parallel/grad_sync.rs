@@ -212,13 +212,23 @@ impl GradientSync {
 
     /// Overwrites every parameter with rank 0's, bucket by bucket.
     fn start_from_rank_0(&self, group: &dyn ProcessGroup) -> Result<(), DistError> {
+        self.take_parameters_from(group, 0)
+    }
+
+    /// Overwrites every parameter with process `root`'s, bucket by bucket
+    /// (every process calls it with the same root).
+    pub(crate) fn take_parameters_from(
+        &self,
+        group: &dyn ProcessGroup,
+        root: usize,
+    ) -> Result<(), DistError> {
         if group.num_processes() == 1 {
             return Ok(());
         }
         for b in 0..self.buckets.len() {
             let bucket = self.bucket(b);
             let mut flat = tch::no_grad(|| ddp::flatten(bucket.iter().map(|p| p.detach())));
-            group.broadcast(&mut flat, 0)?;
+            group.broadcast(&mut flat, root)?;
             tch::no_grad(|| {
                 for (p, value) in bucket.iter().zip(ddp::unflatten(&flat, &bucket)) {
                     p.detach().copy_(&value);
@@ -374,6 +384,8 @@ pub(crate) struct Round<'s, 'g> {
     started: Vec<Started<'g>>,
     /// The first failure during backward.
     error: Option<DistError>,
+    /// A joined process matching the others' round (see [`Round::shadow`]).
+    shadow: bool,
 }
 
 /// A bucket whose all-reduce is under way.
@@ -422,7 +434,23 @@ impl<'s, 'g> Round<'s, 'g> {
             next: (0, 0),
             started: Vec::new(),
             error: None,
+            shadow: false,
         }
+    }
+
+    /// A process that has run out of inputs (inside `join_uneven_inputs`)
+    /// takes part in a round the others started: the same collectives,
+    /// bucket by bucket, with zero gradients that count as present
+    /// (PyTorch's `_match_all_reduce_for_bwd_pass`: the others' means are
+    /// divided by every process, the joined ones included). Its own
+    /// gradients are left as they are.
+    pub(crate) fn shadow(
+        models: &'s mut [GradientSync],
+        group: &'g dyn ProcessGroup,
+    ) -> Result<(), DistError> {
+        let mut round = Self::new(models, group);
+        round.shadow = true;
+        round.finish()
     }
 
     /// Runs `backward` while the gradient hooks of this round's models are
@@ -465,6 +493,9 @@ impl<'s, 'g> Round<'s, 'g> {
                 model.stats.overlapped += 1;
             }
             let reduced = started.collective.wait(model.power_sgd.as_mut(), group)?;
+            if self.shadow {
+                continue;
+            }
             match &model.reduction {
                 Reduction::AllReduce(options) => {
                     // Through the wrapper's kind, as PyTorch copies the
@@ -489,7 +520,7 @@ impl<'s, 'g> Round<'s, 'g> {
             }
         }
         for (model, arrived) in self.models.iter_mut().zip(&self.arrived) {
-            model.stats.syncs += 1;
+            model.stats.syncs += u64::from(!self.shadow);
             if let Some(state) = &mut model.power_sgd {
                 state.end_round();
             }
@@ -509,13 +540,20 @@ impl<'s, 'g> Round<'s, 'g> {
         let (collective, kind) = match &model.reduction {
             Reduction::AllReduce(options) => {
                 let bucket = model.bucket(b);
-                let (collective, kind, bytes) =
-                    ddp::start(self.group, *options, model.power_sgd.as_mut(), b, &bucket)?;
+                let (collective, kind, bytes) = ddp::start(
+                    self.group,
+                    *options,
+                    model.power_sgd.as_mut(),
+                    b,
+                    &bucket,
+                    self.shadow,
+                )?;
                 model.stats.all_reduces += 1;
                 model.stats.bytes += bytes;
                 (collective, kind)
             }
             Reduction::ReduceScatter(units) => {
+                assert!(!self.shadow, "sharded models do not join");
                 let (pending, kind, bytes) = super::sharded::start(self.group, &units[b], None)?;
                 model.stats.reduce_scatters += 1;
                 model.stats.bytes += bytes;
