@@ -223,16 +223,21 @@ fn pool(examples: usize) -> Vec<(Tensor, Tensor)> {
         .collect()
 }
 
+/// Named weights, sorted by name.
+type Weights = Vec<(String, Vec<f64>)>;
+
 /// Trains in this process's world with `b` examples per process and
 /// micro-batch; each process starts from its own random weights (seeded
 /// by `seed`), so the result shows rank 0's were broadcast. Returns the
-/// weights and the accelerator.
+/// weights, the losses, and after each synchronising backward pass how
+/// many gradients start where another ends in memory (views of one
+/// bucket do; gradients allocated one by one do not).
 fn train_ddp(
     acc: &mut Accelerator,
     b: usize,
     ga: usize,
     seed: i64,
-) -> (Vec<(String, Vec<f64>)>, Vec<f64>) {
+) -> (Weights, Vec<f64>, Vec<usize>) {
     use hearth::data::DataLoader;
     use hearth::ops::AdamHyper;
     use hearth::optim::Adam;
@@ -254,10 +259,25 @@ fn train_ddp(
         .prepare((opt, DataLoader::new(pool(examples), b)))
         .unwrap();
     let mut losses = Vec::new();
+    let mut adjacent = Vec::new();
+    let grads = vs.trainable_variables();
     for (x, y) in loader.iter() {
         acc.accumulate(|| {
             let loss = net.forward(&x).mse_loss(&y, tch::Reduction::Mean);
             acc.backward(&loss).unwrap();
+            if acc.sync_gradients() {
+                let mut spans: Vec<(usize, usize)> = (grads.iter())
+                    .map(|p| p.grad())
+                    .map(|g| (g.data_ptr() as usize, g.numel() * 4))
+                    .collect();
+                spans.sort();
+                adjacent.push(
+                    spans
+                        .windows(2)
+                        .filter(|w| w[0].0 + w[0].1 == w[1].0)
+                        .count(),
+                );
+            }
             opt.step().unwrap();
             opt.zero_grad();
             losses.push(f64::try_from(&loss).unwrap());
@@ -269,11 +289,12 @@ fn train_ddp(
         .map(|(n, t)| (n, values(&t)))
         .collect();
     weights.sort_by(|a, b| a.0.cmp(&b.0));
-    (weights, losses)
+    (weights, losses, adjacent)
 }
 
 /// One rank of a DDP run; the mode is `ddp:<b>:<ga>:<comm hook>`, with
-/// `:each` for the accumulation plugin's `sync_each_batch`.
+/// `:each` for the accumulation plugin's `sync_each_batch` or `:view` for
+/// `gradient_as_bucket_view`.
 #[test]
 fn child_ddp() {
     let Some(mode) = std::env::var(CHILD).ok().filter(|m| m.starts_with("ddp:")) else {
@@ -298,17 +319,18 @@ fn child_ddp() {
             // Small buckets, so the two layers' gradients take several.
             bucket_cap_mb: 0.0002,
             comm_hook,
+            gradient_as_bucket_view: parts.get(4) == Some(&"view"),
             ..Default::default()
         })
         .build()
         .unwrap();
     let r = acc.process_index();
-    let (weights, losses) = train_ddp(&mut acc, b, ga, 1000 + r as i64);
+    let (weights, losses, adjacent) = train_ddp(&mut acc, b, ga, 1000 + r as i64);
     let stats = acc.gradient_sync_stats();
     let result = serde_json::json!({
         "weights": weights, "losses": losses,
         "syncs": stats.syncs, "all_reduces": stats.all_reduces, "bytes": stats.bytes,
-        "overlapped": stats.overlapped,
+        "overlapped": stats.overlapped, "adjacent": adjacent,
     });
     write_result(r, &result);
 }
@@ -409,6 +431,27 @@ fn sync_each_batch_communicates_every_micro_batch_and_trains_the_same_weights() 
     for got in &ranks {
         assert_eq!(got["losses"].as_array().unwrap().len(), 2 * STEPS);
         assert_eq!(got["syncs"], 2 * STEPS, "one sync per micro-batch");
+    }
+}
+
+/// DDP's `gradient_as_bucket_view`: the gradients become views of the
+/// buckets that are all-reduced — at the first sync l2.weight's and
+/// l2.bias's gradients lie end to end (the first bucket, see
+/// [`assert_buckets`]), at every later one l2.bias's, l2.weight's and
+/// l1.bias's (the rebuilt first bucket) — and with accumulation the
+/// training is the same, bit for bit, as without (and as one process with
+/// twice the batch).
+#[test]
+fn gradient_as_bucket_view_puts_gradients_in_the_buckets_and_trains_the_same() {
+    let plain = ddp_matches_one_process_as(2, 2, 2, "no");
+    let view = ddp_matches_one_process_as(2, 2, 2, "no:view");
+    for (p, v) in plain.iter().zip(&view) {
+        assert_eq!(p["weights"], v["weights"]);
+        assert_eq!(p["losses"], v["losses"]);
+        let adjacent: Vec<u64> = serde_json::from_value(v["adjacent"].clone()).unwrap();
+        assert_eq!(adjacent.len(), STEPS);
+        assert_eq!(adjacent[0], 1, "{adjacent:?}");
+        assert!(adjacent[1..].iter().all(|&a| a == 2), "{adjacent:?}");
     }
 }
 

@@ -85,6 +85,12 @@ pub struct DdpOptions {
     /// holds for all (the buckets are rebuilt once, after the first step,
     /// either way).
     pub static_graph: bool,
+    /// Gradients are views into the buckets that are all-reduced
+    /// (PyTorch's `gradient_as_bucket_view`): no copy into a bucket before
+    /// each all-reduce once a gradient lives there, and no gradient-sized
+    /// temporary; the means are written into the buckets, so into the
+    /// gradients. Numerically the same.
+    pub gradient_as_bucket_view: bool,
 }
 
 impl Default for DdpOptions {
@@ -97,6 +103,7 @@ impl Default for DdpOptions {
             broadcast_buffers: true,
             find_unused_parameters: false,
             static_graph: false,
+            gradient_as_bucket_view: false,
         }
     }
 }
@@ -156,8 +163,13 @@ impl DdpOptions {
 /// `bucket`'s gradients (zeros where this process has none) as one flat
 /// tensor, and a flag per parameter: 1 where this process has a gradient.
 /// A `shadow` (a joined process) sends zeros, every one flagged present.
-fn pack(bucket: &[Tensor], shadow: bool) -> (Tensor, Tensor) {
+/// With a `view` (the bucket's own buffer, `gradient_as_bucket_view`), the
+/// gradients are moved into it and become views of it.
+fn pack(bucket: &[Tensor], shadow: bool, view: Option<&Tensor>) -> (Tensor, Tensor) {
     tch::no_grad(|| {
+        if let (false, Some(buffer)) = (shadow, view) {
+            return pack_into(bucket, buffer);
+        }
         if shadow {
             let (kind, device) = (bucket[0].kind(), bucket[0].device());
             let numel = bucket.iter().map(Tensor::numel).sum::<usize>() as i64;
@@ -194,10 +206,40 @@ fn pack(bucket: &[Tensor], shadow: bool) -> (Tensor, Tensor) {
     })
 }
 
+/// [`pack`] into `buffer` (a bucket's gradients, then its flags): each
+/// gradient not yet in it is copied there and replaced by its view.
+fn pack_into(bucket: &[Tensor], buffer: &Tensor) -> (Tensor, Tensor) {
+    let n = bucket.len() as i64;
+    let numel = buffer.size()[0] - n;
+    let values = buffer.narrow(0, 0, numel);
+    let mut had = Vec::with_capacity(bucket.len());
+    for (p, mut view) in bucket.iter().zip(unflatten(&values, bucket)) {
+        let g = p.grad();
+        if !g.defined() {
+            let _ = view.zero_();
+            had.push(0.0f32);
+            continue;
+        }
+        had.push(1.0);
+        if g.data_ptr() != view.data_ptr() {
+            view.copy_(&g);
+            crate::ops::set_grad(p, &view).expect("a view of the gradient's own shape and kind");
+        }
+    }
+    let mut flags = buffer.narrow(0, numel, n);
+    if had.iter().all(|&h| h == 1.0) {
+        let _ = flags.fill_(1.0);
+    } else {
+        flags.copy_(&Tensor::from_slice(&had));
+    }
+    (values, flags)
+}
+
 /// Starts bucket `index`'s all-reduce: its gradients and a flag per
 /// parameter (1 where this process has a gradient), compressed as the
 /// options say; `power_sgd` is the model's PowerSGD state when the hook is
-/// PowerSGD; a `shadow` sends zeros (see [`super::grad_sync::Round::shadow`]).
+/// PowerSGD; a `shadow` sends zeros (see [`super::grad_sync::Round::shadow`]);
+/// `view` is the bucket's buffer under `gradient_as_bucket_view`.
 /// Returns the collective, the kind to cast its result back to, and the
 /// bytes this process sends.
 pub(super) fn start<'g>(
@@ -207,10 +249,11 @@ pub(super) fn start<'g>(
     index: usize,
     bucket: &[Tensor],
     shadow: bool,
+    view: Option<&Tensor>,
 ) -> Result<(Collective<'g>, Kind, u64), DistError> {
     let world = group.num_processes() as f64;
     let kind = bucket[0].kind();
-    let (mut values, mut flags) = pack(bucket, shadow);
+    let (mut values, mut flags) = pack(bucket, shadow, view);
     if let Some(wrapped) = options.comm_wrapper.kind() {
         (values, flags) = (values.to_kind(wrapped), flags.to_kind(wrapped));
     }
@@ -309,15 +352,25 @@ pub(super) fn unflatten<'a>(
 
 /// Writes the means of `reduced` (a bucket's gradients and flags, as
 /// [`start`] packed them) into the gradients of `bucket`; a parameter no
-/// process had a gradient for keeps none. Returns the positions in
-/// `bucket` of the parameters that require a gradient and that some
-/// process had none for (the same on every process: the flags are reduced).
+/// process had a gradient for keeps none. With a `view` (the bucket's
+/// buffer, `gradient_as_bucket_view`) the means are written into it and a
+/// gradient is its view. Returns the positions in `bucket` of the
+/// parameters that require a gradient and that some process had none for
+/// (the same on every process: the flags are reduced).
 pub(super) fn write_means(
     group: &dyn ProcessGroup,
     bucket: &[Tensor],
     reduced: &Tensor,
+    view: Option<&Tensor>,
 ) -> Result<Vec<usize>, DistError> {
     let n = bucket.len() as i64;
+    let reduced = match view {
+        Some(buffer) => {
+            tch::no_grad(|| buffer.shallow_clone().copy_(reduced));
+            buffer.shallow_clone()
+        }
+        None => reduced.shallow_clone(),
+    };
     let values = reduced.narrow(0, 0, reduced.size()[0] - n);
     let flags = reduced
         .narrow(0, reduced.size()[0] - n, n)
@@ -332,7 +385,9 @@ pub(super) fn write_means(
         for ((p, value), flag) in bucket.iter().zip(unflatten(&values, bucket)).zip(flags) {
             let mut g = p.grad();
             if g.defined() {
-                g.copy_(&value);
+                if g.data_ptr() != value.data_ptr() {
+                    g.copy_(&value);
+                }
             } else if flag > 0.0 {
                 crate::ops::set_grad(p, &value.contiguous()).map_err(|e| DistError::Mismatch {
                     op: "gradient sync",

@@ -90,6 +90,10 @@ pub struct GradientSync {
     reduction: Reduction,
     /// The PowerSGD state, when DDP's comm hook is PowerSGD.
     power_sgd: Option<PowerSgd>,
+    /// Under `gradient_as_bucket_view`: each bucket's buffer (its
+    /// gradients, then a flag per parameter), which the gradients are
+    /// views of.
+    bucket_views: Vec<Tensor>,
     stats: SyncStats,
 }
 
@@ -144,6 +148,7 @@ impl GradientSync {
             reduction: Reduction::AllReduce(options),
             power_sgd: (options.comm_hook == ddp::CommHook::PowerSgd)
                 .then(|| PowerSgd::new(options.comm_state_option)),
+            bucket_views: Vec::new(),
             stats: SyncStats::default(),
         };
         sync.set_buckets(&order);
@@ -181,6 +186,7 @@ impl GradientSync {
             rebuilt: false,
             reduction: Reduction::ReduceScatter(units),
             power_sgd: None,
+            bucket_views: Vec::new(),
             stats: SyncStats::default(),
         };
         sync.index_buckets();
@@ -281,6 +287,17 @@ impl GradientSync {
             unreachable!("only DDP cuts buckets by size")
         };
         self.buckets = ddp::buckets(order, &self.params, options.bucket_cap_mb);
+        self.bucket_views = if options.gradient_as_bucket_view {
+            (self.buckets.iter())
+                .map(|b| {
+                    let p = &self.params[b[0]];
+                    let numel: usize = b.iter().map(|&i| self.params[i].numel()).sum();
+                    Tensor::zeros([(numel + b.len()) as i64], (p.kind(), p.device()))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         self.index_buckets();
     }
 
@@ -505,7 +522,12 @@ impl<'s, 'g> Round<'s, 'g> {
                         None => reduced,
                     }
                     .to_kind(started.kind);
-                    let missing = ddp::write_means(group, &model.bucket(started.bucket), &reduced)?;
+                    let missing = ddp::write_means(
+                        group,
+                        &model.bucket(started.bucket),
+                        &reduced,
+                        model.bucket_views.get(started.bucket),
+                    )?;
                     if !options.allows_unused_parameters() {
                         let bucket = &model.buckets[started.bucket];
                         let names = missing.iter().map(|&i| model.names[bucket[i]].clone());
@@ -547,6 +569,7 @@ impl<'s, 'g> Round<'s, 'g> {
                     b,
                     &bucket,
                     self.shadow,
+                    model.bucket_views.get(b),
                 )?;
                 model.stats.all_reduces += 1;
                 model.stats.bytes += bytes;

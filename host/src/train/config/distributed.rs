@@ -46,6 +46,10 @@ pub struct DistributedSection {
     /// `static_graph`; allows unused parameters too).
     #[serde(default)]
     pub static_graph: bool,
+    /// Gradients are views into the all-reduced buckets (DDP's
+    /// `gradient_as_bucket_view`; default false).
+    #[serde(default)]
+    pub gradient_as_bucket_view: bool,
     /// Every machine writes the whole checkpoint in its own `checkpoints/`
     /// (for machines without a shared file system); default: rank 0 only.
     #[serde(default)]
@@ -64,6 +68,7 @@ impl DistributedSection {
             broadcast_buffers: self.broadcast_buffers.unwrap_or(default.broadcast_buffers),
             find_unused_parameters: self.find_unused_parameters,
             static_graph: self.static_graph,
+            gradient_as_bucket_view: self.gradient_as_bucket_view,
         }
     }
 
@@ -113,12 +118,14 @@ mod tests {
 
     #[test]
     fn ddp_flags_come_from_the_section() {
-        let section: DistributedSection =
-            toml::from_str("find-unused-parameters = true\nstatic-graph = true").unwrap();
+        let section: DistributedSection = toml::from_str(
+            "find-unused-parameters = true\nstatic-graph = true\ngradient-as-bucket-view = true",
+        )
+        .unwrap();
         let ddp = section.ddp();
-        assert!(ddp.find_unused_parameters && ddp.static_graph);
+        assert!(ddp.find_unused_parameters && ddp.static_graph && ddp.gradient_as_bucket_view);
         let ddp = DistributedSection::default().ddp();
-        assert!(!ddp.find_unused_parameters && !ddp.static_graph);
+        assert!(!ddp.find_unused_parameters && !ddp.static_graph && !ddp.gradient_as_bucket_view);
         assert!(!ddp.allows_unused_parameters());
     }
 
