@@ -1110,6 +1110,31 @@ fn accelerates_enum_values_parse_with_its_spellings_or_say_why_not() {
     assert!(e.to_string().contains("FP8 tensor cores"), "{e}");
 }
 
+/// `device_placement(false)` (Accelerate's `device_placement=False`): a
+/// prepared loader puts its batches nowhere (`device()` is `None`) and they
+/// come as the loader made them; by default it puts them on the
+/// accelerator's device. On a GPU, `tests/cuda.rs` checks where models and
+/// batches end up, with `non_blocking` too.
+#[test]
+fn device_placement_off_leaves_batches_where_the_loader_made_them() {
+    for (place, want) in [(true, Some(Device::Cpu)), (false, None)] {
+        let mut acc = Accelerator::builder()
+            .cpu(true)
+            .device_placement(place)
+            .dataloader_config(hearth::accelerator::DataLoaderConfiguration {
+                non_blocking: true,
+                ..Default::default()
+            })
+            .build()
+            .unwrap();
+        assert_eq!(acc.device_placement(), place);
+        let loader = acc.prepare(DataLoader::new(ids(6), 3)).unwrap();
+        assert_eq!(loader.device(), want);
+        let batches: Vec<Vec<i64>> = loader.iter().map(|b| values(&b)).collect();
+        assert_eq!(batches, vec![vec![0, 1, 2], vec![3, 4, 5]]);
+    }
+}
+
 /// Bad `DdpOptions` are refused when the accelerator is built, naming the
 /// field and what to set (the same checks as `[distributed]`'s).
 #[test]

@@ -146,6 +146,43 @@ fn a_gpt_trains_under_bf16_and_fp16_on_cuda() {
     }
 }
 
+/// Accelerate's `device_placement` and `DataLoaderConfiguration.non_blocking`
+/// on a GPU: by default a prepared VarStore and a prepared loader's batches
+/// are on the GPU (non-blocking copies give the same values); with
+/// `device_placement(false)` both stay on the CPU.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn device_placement_and_non_blocking_decide_where_batches_and_models_go() {
+    use hearth::data::DataLoader;
+    let cuda = cuda();
+    let examples =
+        || -> Vec<Tensor> { (0..4i64).map(|i| Tensor::from_slice(&[i, i + 1])).collect() };
+    for (place, non_blocking) in [(true, false), (true, true), (false, false)] {
+        let mut acc = Accelerator::builder()
+            .device(cuda)
+            .device_placement(place)
+            .non_blocking(non_blocking)
+            .build()
+            .unwrap();
+        let vs = tch::nn::VarStore::new(Device::Cpu);
+        let _ = tch::nn::linear(vs.root(), 2, 2, Default::default());
+        let (vs, loader) = acc.prepare((vs, DataLoader::new(examples(), 2))).unwrap();
+        let want = if place { cuda } else { Device::Cpu };
+        assert_eq!(loader.device(), place.then_some(cuda));
+        for t in vs.trainable_variables() {
+            assert_eq!(t.device(), want, "model, placement {place}");
+        }
+        let batches: Vec<Tensor> = loader.iter().collect();
+        assert_eq!(batches.len(), 2);
+        for (i, b) in batches.iter().enumerate() {
+            assert_eq!(b.device(), want, "batch, placement {place}");
+            let values = Vec::<i64>::try_from(&b.to_device(Device::Cpu).reshape([-1])).unwrap();
+            let i = 2 * i as i64;
+            assert_eq!(values, vec![i, i + 1, i + 1, i + 2]);
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_generator_state_round_trips() {

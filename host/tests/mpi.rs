@@ -188,14 +188,16 @@ fn child_process_helpers() {
         let loader = acc.prepare(loader).unwrap();
         assert!(loader.dispatches());
         let ints = |t: &Tensor| Vec::<i64>::try_from(t).unwrap();
-        let (mut batches, mut metrics) = (vec![], vec![]);
+        let (mut batches, mut metrics, mut objects) = (vec![], vec![], vec![]);
         for batch in loader.iter() {
             batches.push(ints(&batch));
             metrics.push(ints(&acc.gather_for_metrics(&batch).unwrap()));
+            let names: Vec<String> = ints(&batch).iter().map(|v| format!("ex{v}")).collect();
+            objects.push(acc.gather_objects_for_metrics(names).unwrap());
         }
         dispatched.insert(
             format!("dispatch:{}", u8::from(drop_last)),
-            serde_json::json!({"batches": batches, "metrics": metrics}),
+            serde_json::json!({"batches": batches, "metrics": metrics, "objects": objects}),
         );
     }
     let last = acc.on_last_process(|| r);

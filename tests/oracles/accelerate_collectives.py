@@ -47,14 +47,17 @@ def main(out):
     res["synced_draw"] = torch.rand(3).tolist()
 
     # dispatch_batches: rank 0 reads 11 examples in batches of 2 and sends
-    # each process its slice; gather_for_metrics drops the repeats.
+    # each process its slice; gather_for_metrics drops the repeats, of
+    # tensors and of objects (use_gather_object).
     for drop in (False, True):
         loader = acc.prepare(DataLoader(Stream(11), batch_size=2, drop_last=drop))
-        batches, metrics = [], []
+        batches, metrics, objects = [], [], []
         for batch in loader:
             batches.append(batch.tolist())
             metrics.append(acc.gather_for_metrics(batch).tolist())
-        res[f"dispatch:{int(drop)}"] = {"batches": batches, "metrics": metrics}
+            names = [f"ex{v}" for v in batch.tolist()]
+            objects.append(acc.gather_for_metrics(names, use_gather_object=True))
+        res[f"dispatch:{int(drop)}"] = {"batches": batches, "metrics": metrics, "objects": objects}
 
     with open(os.path.join(out, f"rank_{r}.json"), "w") as f:
         json.dump(res, f)

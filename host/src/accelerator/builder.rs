@@ -40,6 +40,8 @@ pub struct AcceleratorBuilder {
     split_batches: bool,
     even_batches: Option<bool>,
     dispatch_batches: bool,
+    device_placement: Option<bool>,
+    non_blocking: bool,
     scaler: GradScalerConfig,
     cpu_loss_scaling: bool,
     project: super::ProjectConfiguration,
@@ -61,6 +63,9 @@ pub struct DataLoaderConfiguration {
     pub even_batches: bool,
     /// The main process reads and sends each process its slice.
     pub dispatch_batches: bool,
+    /// Batches are copied to the device without waiting for it (from
+    /// pinned host memory to a GPU; nothing changes on the CPU).
+    pub non_blocking: bool,
 }
 
 impl Default for DataLoaderConfiguration {
@@ -69,6 +74,7 @@ impl Default for DataLoaderConfiguration {
             split_batches: false,
             even_batches: true,
             dispatch_batches: false,
+            non_blocking: false,
         }
     }
 }
@@ -252,12 +258,28 @@ impl AcceleratorBuilder {
         self
     }
 
-    /// `split_batches`, `even_batches` and `dispatch_batches` at once
-    /// (Accelerate's `dataloader_config`).
+    /// Prepared loaders copy batches to the device with `non_blocking`
+    /// (Accelerate's `DataLoaderConfiguration.non_blocking`; default off).
+    pub fn non_blocking(mut self, non_blocking: bool) -> Self {
+        self.non_blocking = non_blocking;
+        self
+    }
+
+    /// Whether `prepare` puts models, and prepared loaders their batches,
+    /// on the accelerator's device (Accelerate's `device_placement`;
+    /// default true). Off, they stay where they are: place them yourself.
+    pub fn device_placement(mut self, place: bool) -> Self {
+        self.device_placement = Some(place);
+        self
+    }
+
+    /// `split_batches`, `even_batches`, `dispatch_batches` and
+    /// `non_blocking` at once (Accelerate's `dataloader_config`).
     pub fn dataloader_config(self, config: DataLoaderConfiguration) -> Self {
         self.split_batches(config.split_batches)
             .even_batches(config.even_batches)
             .dispatch_batches(config.dispatch_batches)
+            .non_blocking(config.non_blocking)
     }
 
     /// Settings of the fp16 loss scaler (Accelerate's `GradScalerKwargs`).
@@ -384,6 +406,8 @@ impl AcceleratorBuilder {
             split_batches: self.split_batches,
             even_batches: self.even_batches.unwrap_or(true),
             dispatch_batches: self.dispatch_batches,
+            device_placement: self.device_placement.unwrap_or(true),
+            non_blocking: self.non_blocking,
             scaler: self.scaler,
             cpu_loss_scaling: self.cpu_loss_scaling,
             project: self.project,

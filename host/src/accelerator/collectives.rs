@@ -57,6 +57,25 @@ impl Accelerator {
         })
     }
 
+    /// Every process's `items` (anything serialisable: strings, records),
+    /// one list in rank order (Accelerate's `gather_for_metrics(items,
+    /// use_gather_object=True)`, which gathers with `gather_object` and
+    /// flattens); on the last batch of a prepared loader's epoch, only the
+    /// first `remainder` are kept, dropping the items of examples repeated
+    /// to give every process a full batch.
+    pub fn gather_objects_for_metrics<T: serde::Serialize + serde::de::DeserializeOwned>(
+        &self,
+        items: Vec<T>,
+    ) -> Result<Vec<T>, DistError> {
+        let mut all: Vec<T> = self.gather_object(&items)?.into_iter().flatten().collect();
+        if let Some(r) = self.state.remainder() {
+            if self.state.end_of_dataloader() && r > 0 {
+                all.truncate(r);
+            }
+        }
+        Ok(all)
+    }
+
     /// `value` combined across processes with `op` (Accelerate's `reduce`:
     /// sum, mean, max; min too), as new tensors; a tensor or any
     /// [`TensorTree`], as [`gather`](Self::gather) takes.

@@ -49,6 +49,10 @@ pub struct Accelerator {
     split_batches: bool,
     even_batches: bool,
     pub(super) dispatch_batches: bool,
+    /// Prepared models and loaders' batches go to the device.
+    pub(super) device_placement: bool,
+    /// Prepared loaders copy batches to the device without waiting.
+    pub(super) non_blocking: bool,
     pub(super) scaler: Option<Arc<Mutex<GradScaler>>>,
     pub(super) optimizers: Vec<SharedOptimizer>,
     pub(super) registered: Registered,
@@ -77,6 +81,8 @@ pub(super) struct Settings {
     pub split_batches: bool,
     pub even_batches: bool,
     pub dispatch_batches: bool,
+    pub device_placement: bool,
+    pub non_blocking: bool,
     pub scaler: GradScalerConfig,
     pub cpu_loss_scaling: bool,
     pub project: ProjectConfiguration,
@@ -116,6 +122,8 @@ impl Accelerator {
             split_batches: s.split_batches,
             even_batches: s.even_batches,
             dispatch_batches: s.dispatch_batches,
+            device_placement: s.device_placement,
+            non_blocking: s.non_blocking,
             scaler,
             optimizers: Vec::new(),
             registered: Registered::default(),
@@ -175,6 +183,12 @@ impl Accelerator {
         .map_err(PrepareError::Scheduler)?;
         self.remember_scheduler(scheduler.shared());
         Ok(scheduler)
+    }
+
+    /// Whether `prepare` puts models, and prepared loaders their batches,
+    /// on the device (Accelerate's `device_placement`; default true).
+    pub fn device_placement(&self) -> bool {
+        self.device_placement
     }
 
     /// How prepared data loaders share batches between processes.

@@ -15,7 +15,10 @@ use tch::{Device, Kind, Tensor};
 pub struct PreparedDataLoader<S> {
     inner: DataLoader<S>,
     state: GradientState,
-    device: Device,
+    /// Where batches go (`None`: nowhere, `device_placement` off), and
+    /// whether without waiting.
+    device: Option<Device>,
+    non_blocking: bool,
     /// With `dispatch_batches` in a world of several processes: the
     /// channel the main process sends batches through.
     dispatch: Option<Box<dyn ProcessGroup>>,
@@ -28,15 +31,22 @@ where
     pub(super) fn new(
         inner: DataLoader<S>,
         state: GradientState,
-        device: Device,
+        device: Option<Device>,
+        non_blocking: bool,
         dispatch: Option<Box<dyn ProcessGroup>>,
     ) -> Self {
         Self {
             inner,
             state,
             device,
+            non_blocking,
             dispatch,
         }
+    }
+
+    /// The device batches are put on; `None` with `device_placement` off.
+    pub fn device(&self) -> Option<Device> {
+        self.device
     }
 
     /// Reads the current epoch (see [`DataLoader::iter`]). A dispatching
@@ -78,6 +88,7 @@ where
             source,
             state: self.state.clone(),
             device: self.device,
+            non_blocking: self.non_blocking,
         }
     }
 
@@ -125,7 +136,8 @@ where
 pub struct PreparedBatches<'a, S: BatchSource> {
     source: Source<'a, S>,
     state: GradientState,
-    device: Device,
+    device: Option<Device>,
+    non_blocking: bool,
 }
 
 enum Source<'a, S: BatchSource> {
@@ -188,7 +200,10 @@ where
                     self.state.set_remainder(Some(rows));
                 }
                 self.state.set_end_of_dataloader(slice.last);
-                Some(slice.batch.to_device(self.device))
+                Some(match self.device {
+                    Some(device) => slice.batch.send_to_device(device, self.non_blocking, &[]),
+                    None => slice.batch,
+                })
             }
             None => {
                 self.state.set_end_of_dataloader(false);

@@ -30,6 +30,27 @@ pub trait TensorTree: Sized {
     fn to_device(&self, device: Device) -> Self {
         self.map_tensors(&mut |t| t.to_device(device))
     }
+    /// Accelerate's `send_to_device(value, device, non_blocking,
+    /// skip_keys)`: every tensor moved to `device` but those under a map
+    /// key in `skip_keys` (at any depth), which stay as they are; with
+    /// `non_blocking` a copy from pinned host memory to a GPU does not
+    /// wait for the GPU.
+    fn send_to_device(&self, device: Device, non_blocking: bool, skip_keys: &[&str]) -> Self {
+        self.map_tensors_skipping(skip_keys, &mut |t| {
+            t.to_device_(device, t.kind(), non_blocking, false)
+        })
+    }
+    /// [`map_tensors`](Self::map_tensors), leaving the tensors under a map
+    /// key in `skip_keys` (at any depth) as they are. Containers of other
+    /// trees pass `skip_keys` down; string-keyed maps apply it.
+    fn map_tensors_skipping(
+        &self,
+        skip_keys: &[&str],
+        f: &mut dyn FnMut(&Tensor) -> Tensor,
+    ) -> Self {
+        let _ = skip_keys;
+        self.map_tensors(f)
+    }
     /// Half and bfloat16 tensors as float32, the rest unchanged
     /// (`convert_to_fp32`).
     fn to_fp32(&self) -> Self {
@@ -106,6 +127,11 @@ impl<T: TensorTree> TensorTree for Vec<T> {
     fn map_tensors(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
         self.iter().map(|x| x.map_tensors(f)).collect()
     }
+    fn map_tensors_skipping(&self, skip: &[&str], f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        self.iter()
+            .map(|x| x.map_tensors_skipping(skip, f))
+            .collect()
+    }
     fn tensors(&self) -> Vec<&Tensor> {
         self.iter().flat_map(TensorTree::tensors).collect()
     }
@@ -135,6 +161,9 @@ impl<T: TensorTree> TensorTree for Option<T> {
     fn map_tensors(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
         self.as_ref().map(|x| x.map_tensors(f))
     }
+    fn map_tensors_skipping(&self, skip: &[&str], f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        self.as_ref().map(|x| x.map_tensors_skipping(skip, f))
+    }
     fn tensors(&self) -> Vec<&Tensor> {
         self.as_ref().map_or_else(Vec::new, TensorTree::tensors)
     }
@@ -160,6 +189,12 @@ impl<T: TensorTree> TensorTree for Option<T> {
 impl<A: TensorTree, B: TensorTree> TensorTree for (A, B) {
     fn map_tensors(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
         (self.0.map_tensors(f), self.1.map_tensors(f))
+    }
+    fn map_tensors_skipping(&self, skip: &[&str], f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        (
+            self.0.map_tensors_skipping(skip, f),
+            self.1.map_tensors_skipping(skip, f),
+        )
     }
     fn tensors(&self) -> Vec<&Tensor> {
         let mut all = self.0.tensors();
@@ -190,6 +225,23 @@ macro_rules! string_map {
             fn map_tensors(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
                 self.iter()
                     .map(|(k, v)| (k.clone(), v.map_tensors(f)))
+                    .collect()
+            }
+            fn map_tensors_skipping(
+                &self,
+                skip: &[&str],
+                f: &mut dyn FnMut(&Tensor) -> Tensor,
+            ) -> Self {
+                let keep = &mut |t: &Tensor| t.shallow_clone();
+                self.iter()
+                    .map(|(k, v)| {
+                        let v = if skip.contains(&k.as_str()) {
+                            v.map_tensors(keep)
+                        } else {
+                            v.map_tensors_skipping(skip, f)
+                        };
+                        (k.clone(), v)
+                    })
                     .collect()
             }
             fn tensors(&self) -> Vec<&Tensor> {
@@ -269,6 +321,33 @@ mod tests {
 
     fn t(v: &[f32]) -> Tensor {
         Tensor::from_slice(v)
+    }
+
+    /// Accelerate's `skip_keys`: a map key in it leaves its value alone at
+    /// any depth, through lists, options and pairs; other keys' tensors
+    /// are mapped.
+    #[test]
+    fn skip_keys_leave_their_values_alone_at_any_depth() {
+        let mut inner = HashMap::new();
+        inner.insert("labels".to_string(), t(&[1.0]));
+        inner.insert("ids".to_string(), t(&[2.0]));
+        let mut outer = BTreeMap::new();
+        outer.insert(
+            "labels".to_string(),
+            vec![Some(inner.map_tensors(&mut |x| x.copy()))],
+        );
+        outer.insert("batch".to_string(), vec![Some(inner)]);
+        let tree = (outer, t(&[3.0]));
+        let mapped = tree.map_tensors_skipping(&["labels"], &mut |x| x + 10);
+        let value = |m: &HashMap<String, Tensor>, k: &str| f64::try_from(&m[k]).unwrap();
+        let batch = mapped.0["batch"][0].as_ref().unwrap();
+        assert_eq!((value(batch, "ids"), value(batch, "labels")), (12.0, 1.0));
+        let labels = mapped.0["labels"][0].as_ref().unwrap();
+        assert_eq!((value(labels, "ids"), value(labels, "labels")), (2.0, 1.0));
+        assert_eq!(f64::try_from(&mapped.1).unwrap(), 13.0);
+        // send_to_device takes the same path; on the CPU it keeps the tensors.
+        let sent = tree.send_to_device(Device::Cpu, true, &["labels"]);
+        assert_eq!(sent.listify(), tree.listify());
     }
 
     #[test]

@@ -98,6 +98,17 @@ fn prepare_model<M: Model + 'static>(
     prepare_model_as(model, acc, false)
 }
 
+/// Where `prepare` puts `model`: the accelerator's device, or with
+/// `device_placement` off where its first parameter is (the model is not
+/// moved).
+fn placement<M: Model>(acc: &Accelerator, model: &M) -> tch::Device {
+    let here = || model.named_parameters().first().map(|(_, p)| p.device());
+    match acc.device_placement {
+        true => acc.device(),
+        false => here().unwrap_or(acc.device()),
+    }
+}
+
 /// [`prepare_model`], or with `evaluation` only placed on the device,
 /// run under the mixed precision and remembered for checkpoints: neither
 /// made data-parallel nor sharded (Accelerate's `evaluation_mode`).
@@ -106,9 +117,10 @@ pub(super) fn prepare_model_as<M: Model + 'static>(
     acc: &mut Accelerator,
     evaluation: bool,
 ) -> Result<PreparedModel<M>, PrepareError> {
+    let device = placement(acc, &model);
     if evaluation {
         let count = model.num_parameters();
-        let prepared = PreparedModel::new(model, count, acc.device(), acc.mixed_precision());
+        let prepared = PreparedModel::new(model, count, device, acc.mixed_precision());
         let buffers = prepared.inner().named_buffers();
         let buffer_names = buffers.iter().map(|(n, _)| n.clone()).collect();
         let state = prepared
@@ -133,11 +145,11 @@ pub(super) fn prepare_model_as<M: Model + 'static>(
     let (mut prepared, (parameters, sharding)) = if shard_first {
         let registered = register(acc, &model)?;
         (
-            PreparedModel::new(model, count, acc.device(), acc.mixed_precision()),
+            PreparedModel::new(model, count, device, acc.mixed_precision()),
             registered,
         )
     } else {
-        let prepared = PreparedModel::new(model, count, acc.device(), acc.mixed_precision());
+        let prepared = PreparedModel::new(model, count, device, acc.mixed_precision());
         let registered = register(acc, prepared.inner())?;
         (prepared, registered)
     };
@@ -175,7 +187,9 @@ impl Prepare for tch::nn::VarStore {
 impl Prepare for crate::models::VarStoreModel {
     type Prepared = tch::nn::VarStore;
     fn prepare_with(mut self, acc: &mut Accelerator) -> Result<tch::nn::VarStore, PrepareError> {
-        self.vs.set_device(acc.device());
+        if acc.device_placement {
+            self.vs.set_device(acc.device());
+        }
         let variables = crate::models::sorted_variables(&self.vs);
         let handles = variables
             .iter()
@@ -227,7 +241,8 @@ where
         Ok(PreparedDataLoader::new(
             loader,
             acc.gradient_state().clone(),
-            acc.device(),
+            acc.device_placement.then(|| acc.device()),
+            acc.non_blocking,
             dispatch,
         ))
     }
