@@ -18,7 +18,12 @@ pub enum JoinError {
     Sharded,
     /// A collective of the join failed (a process stopped, or hung past
     /// the timeout).
-    #[error("join_uneven_inputs: waiting for the other processes failed")]
+    #[error(
+        "join_uneven_inputs: waiting for the other processes failed ({0}); a process stopped \
+         or hung past the timeout, or `body` ran another collective (gather, reduce, …) a \
+         different number of times on some process: run those the same number of times \
+         everywhere"
+    )]
     Dist(#[from] DistError),
 }
 
@@ -75,6 +80,11 @@ impl Accelerator {
         let _restore = Restore(self, before, was);
         let out = body();
         if uneven {
+            // A model sharded inside `body` has the same units everywhere:
+            // every process refuses here alike.
+            if self.ddp.shards() {
+                return Err(JoinError::Sharded);
+            }
             self.ddp.join(group)?;
         }
         Ok(out)

@@ -29,11 +29,13 @@ pub struct PreparedModel<M> {
 }
 
 impl<M: Model> PreparedModel<M> {
-    /// `inner`, of `num_parameters` parameters, on `device`.
+    /// `inner`, of `num_parameters` parameters, run on `device`; moved
+    /// there first when `place` (`device_placement`).
     pub(super) fn new(
         inner: M,
         num_parameters: i64,
         device: Device,
+        place: bool,
         precision: MixedPrecision,
     ) -> Self {
         // Parameters and buffers not yet on the device move there (in place, so every
@@ -41,7 +43,7 @@ impl<M: Model> PreparedModel<M> {
         // FULL_SHARD released on the device already are empty there).
         tch::no_grad(|| {
             for (_, mut p) in inner.named_state() {
-                if p.device() != device {
+                if place && p.device() != device {
                     let moved = p.to_device(device);
                     p.set_data(&moved);
                 }

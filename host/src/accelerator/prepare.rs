@@ -98,9 +98,8 @@ fn prepare_model<M: Model + 'static>(
     prepare_model_as(model, acc, false)
 }
 
-/// Where `prepare` puts `model`: the accelerator's device, or with
-/// `device_placement` off where its first parameter is (the model is not
-/// moved).
+/// The device `model` runs on once prepared: the accelerator's, or with
+/// `device_placement` off (the model is not moved) its first parameter's.
 fn placement<M: Model>(acc: &Accelerator, model: &M) -> tch::Device {
     let here = || model.named_parameters().first().map(|(_, p)| p.device());
     match acc.device_placement {
@@ -120,7 +119,13 @@ pub(super) fn prepare_model_as<M: Model + 'static>(
     let device = placement(acc, &model);
     if evaluation {
         let count = model.num_parameters();
-        let prepared = PreparedModel::new(model, count, device, acc.mixed_precision());
+        let prepared = PreparedModel::new(
+            model,
+            count,
+            device,
+            acc.device_placement,
+            acc.mixed_precision(),
+        );
         let buffers = prepared.inner().named_buffers();
         let buffer_names = buffers.iter().map(|(n, _)| n.clone()).collect();
         let state = prepared
@@ -145,11 +150,23 @@ pub(super) fn prepare_model_as<M: Model + 'static>(
     let (mut prepared, (parameters, sharding)) = if shard_first {
         let registered = register(acc, &model)?;
         (
-            PreparedModel::new(model, count, device, acc.mixed_precision()),
+            PreparedModel::new(
+                model,
+                count,
+                device,
+                acc.device_placement,
+                acc.mixed_precision(),
+            ),
             registered,
         )
     } else {
-        let prepared = PreparedModel::new(model, count, device, acc.mixed_precision());
+        let prepared = PreparedModel::new(
+            model,
+            count,
+            device,
+            acc.device_placement,
+            acc.mixed_precision(),
+        );
         let registered = register(acc, prepared.inner())?;
         (prepared, registered)
     };

@@ -86,10 +86,11 @@ pub struct DdpOptions {
     /// either way).
     pub static_graph: bool,
     /// Gradients are views into the buckets that are all-reduced
-    /// (PyTorch's `gradient_as_bucket_view`): no copy into a bucket before
-    /// each all-reduce once a gradient lives there, and no gradient-sized
-    /// temporary; the means are written into the buckets, so into the
-    /// gradients. Numerically the same.
+    /// (PyTorch's `gradient_as_bucket_view`): once a gradient lives there
+    /// (zeroed in place, or accumulated over `no_sync` micro-batches) it is
+    /// not copied into a bucket before the all-reduce (without a comm hook),
+    /// and the means are written into the buckets, so into the gradients.
+    /// Numerically the same. Frozen parameters take room in the buckets too.
     pub gradient_as_bucket_view: bool,
 }
 
@@ -138,12 +139,11 @@ impl DdpOptions {
             CommHook::PowerSgd => self.comm_state_option.validate()?,
             CommHook::No if self.comm_wrapper != CommWrapper::No => {
                 return Err(format!(
-                    "comm_wrapper = {:?} wraps a comm hook, and comm_hook is no (Accelerate \
+                    "comm_wrapper = {} wraps a comm hook, and comm_hook is no (Accelerate \
                      registers nothing then): set comm_hook = power_sgd, fp16 or bf16, or \
                      leave comm_wrapper out",
-                    self.comm_wrapper
-                )
-                .to_lowercase())
+                    format!("{:?}", self.comm_wrapper).to_lowercase()
+                ))
             }
             _ => {}
         }
@@ -162,10 +162,18 @@ impl DdpOptions {
 
 /// `bucket`'s gradients (zeros where this process has none) as one flat
 /// tensor, and a flag per parameter: 1 where this process has a gradient.
-/// A `shadow` (a joined process) sends zeros, every one flagged present.
+/// A `shadow` (a joined process) sends zeros, flagged present where
+/// `flag_present` (so that refusing unused parameters does not count it as
+/// missing them) and absent otherwise (so that a parameter no training
+/// process used keeps no gradient, as PyTorch's joined ranks leave it).
 /// With a `view` (the bucket's own buffer, `gradient_as_bucket_view`), the
 /// gradients are moved into it and become views of it.
-fn pack(bucket: &[Tensor], shadow: bool, view: Option<&Tensor>) -> (Tensor, Tensor) {
+fn pack(
+    bucket: &[Tensor],
+    shadow: bool,
+    flag_present: bool,
+    view: Option<&Tensor>,
+) -> (Tensor, Tensor) {
     tch::no_grad(|| {
         if let (false, Some(buffer)) = (shadow, view) {
             return pack_into(bucket, buffer);
@@ -175,7 +183,7 @@ fn pack(bucket: &[Tensor], shadow: bool, view: Option<&Tensor>) -> (Tensor, Tens
             let numel = bucket.iter().map(Tensor::numel).sum::<usize>() as i64;
             // Frozen parameters have no gradient anywhere.
             let present: Vec<f32> = (bucket.iter())
-                .map(|p| if p.requires_grad() { 1.0 } else { 0.0 })
+                .map(|p| f32::from(u8::from(flag_present && p.requires_grad())))
                 .collect();
             return (
                 Tensor::zeros([numel], (kind, device)),
@@ -253,15 +261,18 @@ pub(super) fn start<'g>(
 ) -> Result<(Collective<'g>, Kind, u64), DistError> {
     let world = group.num_processes() as f64;
     let kind = bucket[0].kind();
-    let (mut values, mut flags) = pack(bucket, shadow, view);
+    let flag_present = !options.allows_unused_parameters();
+    let (mut values, mut flags) = pack(bucket, shadow, flag_present, view);
     if let Some(wrapped) = options.comm_wrapper.kind() {
         (values, flags) = (values.to_kind(wrapped), flags.to_kind(wrapped));
     }
     let bytes = |t: &Tensor| (t.numel() * t.kind().elt_size_in_bytes()) as u64;
+    // `_compress_hook`: cast, then divide, then sum; the flags are summed
+    // as counts (whole numbers are exact in 16 bits, up to 256 in
+    // bfloat16) and divided when they come back.
     let sixteen = |wire: Kind| {
-        // `_compress_hook`: cast, then divide, then sum.
-        let flat = Tensor::cat(&[values.shallow_clone(), flags.shallow_clone()], 0);
-        flat.to_kind(wire) / world
+        let values = values.to_kind(wire) / world;
+        Tensor::cat(&[values, flags.to_kind(wire)], 0)
     };
     let (collective, sent) = match (options.comm_hook, power_sgd) {
         (CommHook::PowerSgd, Some(state)) => {
@@ -277,13 +288,16 @@ pub(super) fn start<'g>(
                 Kind::BFloat16
             };
             let flat = sixteen(wire);
-            (
-                Collective::One(group.all_reduce_start(&flat, ReduceOp::Sum)?),
-                bytes(&flat),
-            )
+            let pending = group.all_reduce_start(&flat, ReduceOp::Sum)?;
+            let flags = bucket.len() as i64;
+            (Collective::Counted { pending, flags }, bytes(&flat))
         }
         _ => {
-            let flat = Tensor::cat(&[values, flags], 0);
+            let flat = match view {
+                // The gradients and flags are in it already, in order.
+                Some(buffer) if !shadow => buffer.shallow_clone(),
+                _ => Tensor::cat(&[values, flags], 0),
+            };
             (
                 Collective::One(group.all_reduce_start(&flat, ReduceOp::Mean)?),
                 bytes(&flat),
@@ -376,9 +390,13 @@ pub(super) fn write_means(
         .narrow(0, reduced.size()[0] - n, n)
         .to_kind(Kind::Float);
     let flags = Vec::<f32>::try_from(&flags).expect("flags convert to f32");
-    // Each flag is the share of processes that had the gradient.
+    // Each flag is the share of processes that had the gradient; as a
+    // count of processes it is a whole number (rounded: 16-bit shares are
+    // not exact).
+    let world = group.num_processes() as f64;
+    let count = |share: f32| (share as f64 * world).round();
     let missing = (flags.iter().enumerate())
-        .filter(|&(i, &flag)| flag < 0.999 && bucket[i].requires_grad())
+        .filter(|&(i, &flag)| count(flag) < world && bucket[i].requires_grad())
         .map(|(i, _)| i)
         .collect();
     tch::no_grad(|| {
@@ -388,7 +406,7 @@ pub(super) fn write_means(
                 if g.data_ptr() != value.data_ptr() {
                     g.copy_(&value);
                 }
-            } else if flag > 0.0 {
+            } else if count(flag) > 0.0 {
                 crate::ops::set_grad(p, &value.contiguous()).map_err(|e| DistError::Mismatch {
                     op: "gradient sync",
                     rank: group.process_index(),
@@ -425,7 +443,7 @@ impl BufferBroadcast {
             buffers,
             paused,
         };
-        this.run()?;
+        this.send()?;
         Ok(this)
     }
 
@@ -434,6 +452,10 @@ impl BufferBroadcast {
         if self.paused.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
+        self.send()
+    }
+
+    fn send(&self) -> Result<(), DistError> {
         tch::no_grad(|| {
             self.buffers
                 .iter()
@@ -459,6 +481,42 @@ mod tests {
             .iter()
             .map(|b| b.iter().map(|&i| params[i].numel()).collect())
             .collect()
+    }
+
+    /// A world of that many processes, seen from rank 0, without collectives.
+    struct World(usize);
+    impl ProcessGroup for World {
+        fn process_index(&self) -> usize {
+            0
+        }
+        fn num_processes(&self) -> usize {
+            self.0
+        }
+        fn local_process_index(&self) -> usize {
+            0
+        }
+        fn num_local_processes(&self) -> usize {
+            self.0
+        }
+        fn backend(&self) -> &'static str {
+            "test"
+        }
+    }
+
+    /// Seven shares of 1/7 summed one by one in bfloat16 (as a ring
+    /// all-reduce would) make 0.9921875, not 1: the share is read as a
+    /// count of processes, rounded, so the parameter is not taken for one
+    /// some process had no gradient for; a share one process short is.
+    #[test]
+    fn a_share_summed_in_16_bits_still_counts_every_process() {
+        let p = param(2);
+        let reduced = Tensor::from_slice(&[0.5f32, 0.25, 0.992_187_5]);
+        let missing = write_means(&World(7), std::slice::from_ref(&p), &reduced, None).unwrap();
+        assert!(missing.is_empty());
+        assert_eq!(Vec::<f32>::try_from(&p.grad()).unwrap(), vec![0.5, 0.25]);
+        let short = Tensor::from_slice(&[0.5f32, 0.25, 6.0 / 7.0]);
+        let missing = write_means(&World(7), &[param(2)], &short, None).unwrap();
+        assert_eq!(missing, vec![0]);
     }
 
     #[test]

@@ -101,6 +101,9 @@ pub struct GradientSync {
 pub(crate) enum Collective<'g> {
     /// One all-reduce or reduce-scatter.
     One(Pending<'g>),
+    /// An all-reduce whose last `flags` values are sums of 1s (counts of
+    /// processes), divided by the number of processes when waited for.
+    Counted { pending: Pending<'g>, flags: i64 },
     /// PowerSGD's rounds (the rest run when it is waited for).
     PowerSgd(power_sgd::InFlight<'g>),
 }
@@ -114,6 +117,13 @@ impl Collective<'_> {
     ) -> Result<Tensor, DistError> {
         match (self, power_sgd) {
             (Self::One(pending), _) => pending.wait(),
+            (Self::Counted { pending, flags }, _) => {
+                let reduced = pending.wait()?;
+                let len = reduced.size()[0];
+                let world = group.num_processes() as f64;
+                let _ = reduced.narrow(0, len - flags, flags).g_div_scalar_(world);
+                Ok(reduced)
+            }
             (Self::PowerSgd(in_flight), Some(state)) => {
                 tch::no_grad(|| state.finish(group, in_flight))
             }

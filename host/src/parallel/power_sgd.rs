@@ -168,8 +168,13 @@ impl Batch {
 
 /// A bucket's PowerSGD synchronisation under way.
 pub(crate) enum InFlight<'g> {
-    /// Before `start_powerSGD_iter`: the plain mean (values and flags).
-    Plain(Pending<'g>),
+    /// Before `start_powerSGD_iter`: the plain mean of the values, and the
+    /// flags summed (divided when waited for).
+    Plain {
+        pending: Pending<'g>,
+        flags: i64,
+        world: f64,
+    },
     /// The uncompressed values (with the flags) and P are being summed.
     Compressed(Box<Compressing<'g>>),
 }
@@ -264,11 +269,18 @@ impl PowerSgd {
         let world = group.num_processes() as f64;
         let element = values.kind().elt_size_in_bytes() as u64;
         if self.iter < self.options.start_power_sgd_iter {
-            // `_allreduce_fut`: divided first, then summed.
-            let flat = Tensor::cat(&[values, flags], 0) / world;
+            // `_allreduce_fut`: divided first, then summed; the flags are
+            // summed as counts, exact in 16 bits.
+            let n = flags.numel() as i64;
+            let flat = Tensor::cat(&[values / world, flags], 0);
             let bytes = flat.numel() as u64 * element;
+            let pending = group.all_reduce_start(&flat, ReduceOp::Sum)?;
             return Ok((
-                InFlight::Plain(group.all_reduce_start(&flat, ReduceOp::Sum)?),
+                InFlight::Plain {
+                    pending,
+                    flags: n,
+                    world,
+                },
                 bytes,
             ));
         }
@@ -403,7 +415,16 @@ impl PowerSgd {
         in_flight: InFlight<'_>,
     ) -> Result<Tensor, DistError> {
         let c = match in_flight {
-            InFlight::Plain(pending) => return pending.wait(),
+            InFlight::Plain {
+                pending,
+                flags,
+                world,
+            } => {
+                let reduced = pending.wait()?;
+                let len = reduced.size()[0];
+                let _ = reduced.narrow(0, len - flags, flags).g_div_scalar_(world);
+                return Ok(reduced);
+            }
             InFlight::Compressed(c) => *c,
         };
         let shares = c.uncompressed_sum.wait()? / c.world;
@@ -515,6 +536,21 @@ mod tests {
         .validate()
         .unwrap_err();
         assert!(e.contains("matrix_approximation_rank"), "{e}");
+        for (rate, epsilon) in [(f64::NAN, 0.0), (-1.0, 0.0), (2.0, f64::INFINITY)] {
+            let e = PowerSgdOptions {
+                min_compression_rate: rate,
+                orthogonalization_epsilon: epsilon,
+                ..Default::default()
+            }
+            .validate()
+            .unwrap_err();
+            let field = if rate == 2.0 {
+                "orthogonalization_epsilon"
+            } else {
+                "min_compression_rate"
+            };
+            assert!(e.contains(field) && e.contains("at least 0"), "{e}");
+        }
     }
 
     #[test]
