@@ -9,7 +9,7 @@
 
 use super::sharding::{plan_units, ShardingError};
 use super::Accelerator;
-use crate::dist::{DistError, HybridGroup, ProcessGroup, ReduceOp};
+use crate::dist::{DistError, HybridGroup, ProcessGroup};
 use crate::models::ModuleTree;
 use crate::optim::Optimizer;
 use crate::parallel::sharded::{ShardedOptimizer, UnitShard};
@@ -85,7 +85,7 @@ pub(super) struct DataParallel {
     options: DdpOptions,
     pub(super) fsdp: Option<FsdpSettings>,
     plugin_path: SearchPath,
-    models: RefCell<Vec<GradientSync>>,
+    pub(super) models: RefCell<Vec<GradientSync>>,
     /// The units of every model sharded SHARD_GRAD_OP (handles), for the
     /// optimizers.
     units: RefCell<Vec<UnitShard>>,
@@ -103,7 +103,7 @@ pub(super) struct DataParallel {
     pub(super) joining: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// The buffers broadcast before every forward pass, for the final sync
     /// of a join.
-    broadcast_buffers: RefCell<Vec<Tensor>>,
+    pub(super) broadcast_buffers: RefCell<Vec<Tensor>>,
 }
 
 impl DataParallel {
@@ -545,7 +545,7 @@ impl DataParallel {
         }
         if self.joining.load(std::sync::atomic::Ordering::Relaxed) {
             // Processes that ran out of inputs learn a round is coming.
-            any_active(group, true)?;
+            super::join::any_active(group, true)?;
         }
         let mut round = Round::new(&mut models, group);
         round.during(backward)?;
@@ -560,51 +560,6 @@ impl DataParallel {
         }
         Ok(())
     }
-}
-
-impl DataParallel {
-    /// True when some prepared model is sharded (sharded models do not
-    /// join: PyTorch's FSDP is not joinable either).
-    pub(super) fn shards(&self) -> bool {
-        self.models.borrow().iter().any(|m| !m.units().is_empty())
-            || !self.unitwise.borrow().is_empty()
-    }
-
-    /// This process has run out of inputs inside `join_uneven_inputs`:
-    /// until every process has, it takes part in each gradient round the
-    /// others run (with zero gradients); then every process takes the
-    /// parameters and buffers of the last process to join (the highest
-    /// rank among the last), as PyTorch's `Join` with DDP does.
-    pub(super) fn join(&self, group: &dyn ProcessGroup) -> Result<(), DistError> {
-        let mut last = true;
-        while any_active(group, false)? {
-            last = false;
-            Round::shadow(&mut self.models.borrow_mut(), group)?;
-        }
-        let mut root = Tensor::from_slice(&[if last {
-            group.process_index() as f64 + 1.0
-        } else {
-            0.0
-        }]);
-        group.all_reduce(&mut root, ReduceOp::Max)?;
-        let root = root.double_value(&[0]) as usize - 1;
-        for model in self.models.borrow().iter() {
-            model.take_parameters_from(group, root)?;
-        }
-        tch::no_grad(|| {
-            (self.broadcast_buffers.borrow().iter())
-                .try_for_each(|b| group.broadcast(&mut b.shallow_clone(), root))
-        })
-    }
-}
-
-/// Whether some process is still training inside `join_uneven_inputs`:
-/// every process all-reduces whether it is (`active`), the joined ones
-/// to learn whether another gradient round is coming.
-fn any_active(group: &dyn ProcessGroup, active: bool) -> Result<bool, DistError> {
-    let mut flag = Tensor::from_slice(&[f32::from(u8::from(active))]);
-    group.all_reduce(&mut flag, ReduceOp::Max)?;
-    Ok(flag.double_value(&[0]) > 0.0)
 }
 
 /// FULL_SHARD models' parameters held whole; released when dropped.
