@@ -163,14 +163,17 @@ impl DataParallel {
         let known = |p: &Tensor| {
             models
                 .iter()
-                .flat_map(|m| m.parameters())
+                .flat_map(|m| m.parameters().iter().chain(m.frozen()))
                 .any(|q| q.data_ptr() == p.data_ptr())
         };
         if parameters.iter().all(|(_, p)| known(p)) {
             return Ok(());
         }
         let sync = GradientSync::new(group, parameters, self.options)?;
-        models.push(sync);
+        // A model with every parameter frozen was broadcast; nothing to average.
+        if !sync.parameters().is_empty() {
+            models.push(sync);
+        }
         Ok(())
     }
 

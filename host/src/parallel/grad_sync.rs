@@ -78,6 +78,10 @@ pub struct GradientSync {
     params: Vec<Tensor>,
     /// Their names, by the same index (empty for sharded units).
     names: Vec<String>,
+    /// Parameters that required no gradient when the model was prepared,
+    /// by name: sent from rank 0 like the others, never averaged (left out
+    /// of the buckets, as PyTorch's DDP leaves them out).
+    frozen: Vec<(String, Tensor)>,
     /// Parameters that some process had no gradient for in the last
     /// round, where the options do not allow that.
     unused: Vec<String>,
@@ -135,13 +139,18 @@ impl Collective<'_> {
 impl GradientSync {
     /// Makes every process start from rank 0's `parameters` (broadcast in
     /// buckets), hooks them so that a backward pass that syncs learns when their gradients
-    /// are in, and returns the averaging for them.
+    /// are in, and returns the averaging for them. Parameters that require
+    /// no gradient now are broadcast too, but left out of the buckets: a
+    /// frozen backbone costs nothing per step (unfreezing one later is an
+    /// error at the next sync: prepare the model after unfreezing).
     pub fn new(
         group: &dyn ProcessGroup,
-        mut parameters: Vec<(String, Tensor)>,
+        parameters: Vec<(String, Tensor)>,
         options: DdpOptions,
     ) -> Result<Self, DistError> {
         let id = next_id();
+        let (mut parameters, frozen): (Vec<_>, Vec<_>) =
+            parameters.into_iter().partition(|(_, p)| p.requires_grad());
         // Backward produces the last parameters' gradients first: the
         // first guess at the order, until a backward pass shows the real one.
         parameters.reverse();
@@ -153,6 +162,7 @@ impl GradientSync {
             bucket_of: Vec::new(),
             params: parameters,
             names,
+            frozen,
             unused: Vec::new(),
             rebuilt: false,
             reduction: Reduction::AllReduce(options),
@@ -192,6 +202,7 @@ impl GradientSync {
             buckets,
             params,
             names: Vec::new(),
+            frozen: Vec::new(),
             unused: Vec::new(),
             rebuilt: false,
             reduction: Reduction::ReduceScatter(units),
@@ -251,7 +262,32 @@ impl GradientSync {
                 }
             });
         }
-        Ok(())
+        tch::no_grad(|| {
+            (self.frozen.iter()).try_for_each(|(_, p)| group.broadcast(&mut p.detach(), root))
+        })
+    }
+
+    /// The parameters left out of the averaging: they required no gradient
+    /// when the model was prepared.
+    pub fn frozen(&self) -> impl Iterator<Item = &Tensor> {
+        self.frozen.iter().map(|(_, p)| p)
+    }
+
+    /// Refuses a parameter that was frozen when the model was prepared and
+    /// now has a gradient: it would not be averaged.
+    fn check_still_frozen(&self, group: &dyn ProcessGroup) -> Result<(), DistError> {
+        match self.frozen.iter().find(|(_, p)| p.grad().defined()) {
+            None => Ok(()),
+            Some((name, _)) => Err(DistError::Mismatch {
+                op: "gradient sync",
+                rank: group.process_index(),
+                message: format!(
+                    "parameter `{name}` required no gradient when the model was prepared, so \
+                     DDP does not average it, and it has one now: prepare the model after \
+                     unfreezing it (as with PyTorch's DDP)"
+                ),
+            }),
+        }
     }
 
     /// Puts the gradient hook on every parameter.
@@ -552,6 +588,7 @@ impl<'s, 'g> Round<'s, 'g> {
             }
         }
         for (model, arrived) in self.models.iter_mut().zip(&self.arrived) {
+            model.check_still_frozen(group)?;
             model.stats.syncs += u64::from(!self.shadow);
             if let Some(state) = &mut model.power_sgd {
                 state.end_round();

@@ -267,3 +267,79 @@ fn power_sgd_gives_pytorchs_gradients_step_by_step() {
     assert_ne!(l2("rank1"), l2("rank3_batched"));
     assert_ne!(l2("rank1"), l2("fp16_cold"));
 }
+
+/// A frozen layer and a trained one, each rank from its own random
+/// weights: after `prepare` both hold rank 0's; two synchronising steps
+/// send only the trained layer's gradients (and one flag each); then the
+/// frozen layer is unfrozen, and the next backward pass is refused naming it.
+#[test]
+fn child_frozen() {
+    if std::env::var(CHILD).as_deref() != Ok("frozen") {
+        return; // only under mpirun
+    }
+    use tch::nn::{self, Module};
+    let mut acc = Accelerator::builder()
+        .cpu(true)
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let r = acc.process_index();
+    tch::manual_seed(10 + r as i64);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let backbone = nn::linear(vs.root() / "backbone", 4, 8, Default::default());
+    let head = nn::linear(vs.root() / "head", 8, 2, Default::default());
+    for (name, t) in vs.variables() {
+        if name.starts_with("backbone") {
+            let _ = t.shallow_clone().set_requires_grad(false);
+        }
+    }
+    let vs = acc.prepare(vs).unwrap();
+    let vars = vs.variables();
+    let weights = |name: &str| Vec::<f32>::try_from(&vars[name].reshape([-1])).unwrap();
+    let prepared = (weights("backbone.weight"), weights("head.weight"));
+    let x = Tensor::ones([3, 4], (Kind::Float, Device::Cpu)) * (r as f64 + 1.0);
+    let loss = || head.forward(&backbone.forward(&x).tanh()).sum(Kind::Float);
+    for _ in 0..2 {
+        acc.backward(&loss()).unwrap();
+    }
+    let bytes = acc.gradient_sync_stats().bytes;
+    let _ = vars["backbone.weight"]
+        .shallow_clone()
+        .set_requires_grad(true);
+    let error = acc.backward(&loss()).unwrap_err();
+    let mut chain = error.to_string();
+    let mut source = std::error::Error::source(&error);
+    while let Some(e) = source {
+        chain += &format!(": {e}");
+        source = e.source();
+    }
+    write_result(
+        r,
+        &serde_json::json!({
+            "backbone": prepared.0, "head": prepared.1, "bytes": bytes,
+            "error": chain,
+            "backbone_grad": vars["backbone.bias"].grad().defined(),
+        }),
+    );
+}
+
+/// Parameters that require no gradient when the model is prepared are
+/// broadcast from rank 0 and left out of the buckets, as PyTorch's DDP
+/// leaves them out: a frozen backbone costs nothing per step.
+#[test]
+fn frozen_parameters_are_broadcast_once_and_never_averaged() {
+    let dir = scratch("frozen");
+    mpirun_ok(2, "ddp_kwargs::child_frozen", "frozen", &dir);
+    let ranks = results(&dir, 2);
+    for rank in &ranks {
+        assert_eq!(rank["backbone"], ranks[0]["backbone"]);
+        assert_eq!(rank["head"], ranks[0]["head"]);
+        // 2 syncs of the head's 8·2 + 2 values and 2 flags, in f32.
+        assert_eq!(rank["bytes"], 2 * (16 + 2 + 2) * 4, "{rank}");
+        assert_eq!(rank["backbone_grad"], false);
+        let error = rank["error"].as_str().unwrap();
+        for needle in ["`backbone.weight`", "prepare the model after unfreezing"] {
+            assert!(error.contains(needle), "{needle} in {error}");
+        }
+    }
+}
