@@ -102,9 +102,7 @@ fn child_process_helpers() {
     if std::env::var(CHILD).as_deref() != Ok("helpers") {
         return; // only under mpirun
     }
-    let mut acc = Accelerator::builder()
-        .cpu(true)
-        .timeout(Duration::from_secs(60))
+    let mut acc = common::child_builder()
         .dataloader_config(hearth::accelerator::DataLoaderConfiguration {
             dispatch_batches: true,
             ..Default::default()
@@ -706,9 +704,7 @@ fn child_save_on_each_node() {
     let node = if rank < 2 { "a" } else { "b" };
     std::env::set_var("HEARTH_NODE_NAME", node);
     let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
-    let mut acc = Accelerator::builder()
-        .cpu(true)
-        .timeout(Duration::from_secs(60))
+    let mut acc = common::child_builder()
         .project_config(hearth::accelerator::ProjectConfiguration {
             project_dir: out.join(format!("node_{node}")),
             automatic_checkpoint_naming: true,
@@ -747,11 +743,7 @@ fn child_loader_resume() {
     // The save and the resume write into sibling folders; the checkpoint
     // lies beside them.
     let checkpoint = out.parent().unwrap().join("checkpoint");
-    let mut acc = Accelerator::builder()
-        .cpu(true)
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap();
+    let mut acc = common::child_builder().build().unwrap();
     let ids: Vec<Tensor> = (0..13).map(|i| Tensor::from(i as i64)).collect();
     let loader = acc
         .prepare(hearth::data::DataLoader::new(ids, 2).shuffle(5))
@@ -1015,9 +1007,7 @@ fn child_buffers() {
     };
     let parts: Vec<&str> = mode.split(':').collect();
     let (path, broadcast_buffers) = (parts[1], parts[2] == "true");
-    let mut acc = Accelerator::builder()
-        .cpu(true)
-        .timeout(Duration::from_secs(60))
+    let mut acc = common::child_builder()
         .ddp(hearth::parallel::DdpOptions {
             broadcast_buffers,
             ..Default::default()
@@ -1175,11 +1165,7 @@ fn child_evaluation_mode() {
         return; // only under mpirun
     }
     use hearth::models::{Gpt, GptConfig, Model};
-    let mut acc = Accelerator::builder()
-        .cpu(true)
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap();
+    let mut acc = common::child_builder().build().unwrap();
     let r = acc.process_index();
     let config = GptConfig {
         vocab_size: 11,
@@ -1256,11 +1242,7 @@ fn child_nested_collectives() {
         return; // only under mpirun
     }
     use std::collections::BTreeMap;
-    let acc = Accelerator::builder()
-        .cpu(true)
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap();
+    let acc = common::child_builder().build().unwrap();
     let r = acc.process_index() as f64;
     // (logits, {"labels": [a, b]}) with rank-dependent values and, for the
     // labels, rank-dependent lengths.

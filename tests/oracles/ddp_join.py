@@ -18,6 +18,8 @@ import torch.multiprocessing as mp
 from accelerate.data_loader import prepare_data_loader
 from torch.distributed.algorithms.join import Join
 
+from ddp_sgd import sgd_steps
+
 BATCHES = [3, 5]
 
 
@@ -54,16 +56,8 @@ def worker(rank, port, tmp):
             p.copy_((torch.arange(p.numel(), dtype=torch.float32) * 0.9 + k).sin().view_as(p) * 0.3)
     model = torch.nn.parallel.DistributedDataParallel(net)
     seen = {"even": batches(rank, True), "uneven": batches(rank, False)}
-    grads = []
     with Join([model], enable=True, throw_on_early_termination=False):
-        for step in range(BATCHES[rank]):
-            x, y = batch(rank, step)
-            model.zero_grad(set_to_none=True)
-            ((model(x) - y) ** 2).mean().backward()
-            grads.append({n: p.grad.flatten().tolist() for n, p in net.named_parameters()})
-            with torch.no_grad():
-                for p in net.parameters():
-                    p -= 0.1 * p.grad
+        grads = sgd_steps(model, net, (batch(rank, step) for step in range(BATCHES[rank])))
     weights = {n: p.flatten().tolist() for n, p in net.named_parameters()}
     with open(os.path.join(tmp, f"{rank}.json"), "w") as f:
         json.dump({"grads": grads, "weights": weights, "batches": seen}, f)

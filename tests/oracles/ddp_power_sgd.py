@@ -16,6 +16,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
 
+from ddp_sgd import sgd_steps
+
 STEPS = 6
 MODES = {
     # rank 1 (Gram-Schmidt), warm start and error feedback.
@@ -70,15 +72,7 @@ def worker(rank, mode, init, out):
     # threads wait inside callbacks for the P all-reduce).
     model = torch.nn.parallel.DistributedDataParallel(net)
     DistributedDataParallelKwargs(**settings).register_comm_hook(model)
-    grads = []
-    for step in range(STEPS):
-        x, y = batch(rank, step)
-        model.zero_grad(set_to_none=True)
-        ((model(x) - y) ** 2).mean().backward()
-        grads.append({n: p.grad.flatten().tolist() for n, p in net.named_parameters()})
-        with torch.no_grad():
-            for p in net.parameters():
-                p -= 0.1 * p.grad
+    grads = sgd_steps(model, net, (batch(rank, step) for step in range(STEPS)))
     with open(out, "w") as f:
         json.dump(grads, f)
     dist.destroy_process_group()

@@ -116,16 +116,15 @@ pub(super) fn prepare_model_as<M: Model + 'static>(
     acc: &mut Accelerator,
     evaluation: bool,
 ) -> Result<PreparedModel<M>, PrepareError> {
-    let device = placement(acc, &model);
+    let count = model.num_parameters();
+    let (device, place, precision) = (
+        placement(acc, &model),
+        acc.device_placement,
+        acc.mixed_precision(),
+    );
+    let wrap = move |model: M| PreparedModel::new(model, count, device, place, precision);
     if evaluation {
-        let count = model.num_parameters();
-        let prepared = PreparedModel::new(
-            model,
-            count,
-            device,
-            acc.device_placement,
-            acc.mixed_precision(),
-        );
+        let prepared = wrap(model);
         let buffers = prepared.inner().named_buffers();
         let buffer_names = buffers.iter().map(|(n, _)| n.clone()).collect();
         let state = prepared
@@ -137,7 +136,6 @@ pub(super) fn prepare_model_as<M: Model + 'static>(
         return Ok(prepared);
     }
     let shard_first = acc.shards_before_placing();
-    let count = model.num_parameters();
     let register = |acc: &mut Accelerator, model: &M| {
         let parameters = model.named_parameters();
         let handles = parameters
@@ -149,24 +147,9 @@ pub(super) fn prepare_model_as<M: Model + 'static>(
     };
     let (mut prepared, (parameters, sharding)) = if shard_first {
         let registered = register(acc, &model)?;
-        (
-            PreparedModel::new(
-                model,
-                count,
-                device,
-                acc.device_placement,
-                acc.mixed_precision(),
-            ),
-            registered,
-        )
+        (wrap(model), registered)
     } else {
-        let prepared = PreparedModel::new(
-            model,
-            count,
-            device,
-            acc.device_placement,
-            acc.mixed_precision(),
-        );
+        let prepared = wrap(model);
         let registered = register(acc, prepared.inner())?;
         (prepared, registered)
     };

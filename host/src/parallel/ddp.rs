@@ -307,6 +307,15 @@ pub(super) fn start<'g>(
     Ok((collective, kind, sent))
 }
 
+/// `reduced` (values, then `flags` per-parameter counts of processes, as
+/// the 16-bit paths sum them) with the counts divided into shares of the
+/// `world`, as [`write_means`] reads them.
+pub(super) fn counts_to_shares(reduced: Tensor, flags: i64, world: f64) -> Tensor {
+    let len = reduced.size()[0];
+    let _ = reduced.narrow(0, len - flags, flags).g_div_scalar_(world);
+    reduced
+}
+
 /// With the default bucket size, the first bucket holds at most this many
 /// MiB, so that its all-reduce starts early in backward (DDP's
 /// `_DEFAULT_FIRST_BUCKET_BYTES`, used when `bucket_cap_mb` is left unset).

@@ -121,13 +121,11 @@ impl Collective<'_> {
     ) -> Result<Tensor, DistError> {
         match (self, power_sgd) {
             (Self::One(pending), _) => pending.wait(),
-            (Self::Counted { pending, flags }, _) => {
-                let reduced = pending.wait()?;
-                let len = reduced.size()[0];
-                let world = group.num_processes() as f64;
-                let _ = reduced.narrow(0, len - flags, flags).g_div_scalar_(world);
-                Ok(reduced)
-            }
+            (Self::Counted { pending, flags }, _) => Ok(ddp::counts_to_shares(
+                pending.wait()?,
+                flags,
+                group.num_processes() as f64,
+            )),
             (Self::PowerSgd(in_flight), Some(state)) => {
                 tch::no_grad(|| state.finish(group, in_flight))
             }

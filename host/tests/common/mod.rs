@@ -69,6 +69,14 @@ impl AsRef<std::ffi::OsStr> for Scratch {
     }
 }
 
+/// The accelerator builder of an MPI child: the CPU, and a 60 s collective
+/// timeout so that a child whose peers died fails instead of hanging.
+pub fn child_builder() -> hearth::accelerator::AcceleratorBuilder {
+    hearth::accelerator::Accelerator::builder()
+        .cpu(true)
+        .timeout(std::time::Duration::from_secs(60))
+}
+
 /// The variable that tells a test binary started by [`mpirun`] which child
 /// mode to run.
 pub const CHILD: &str = "HEARTH_MPI_CHILD";

@@ -4,9 +4,7 @@
 //! the same model under mpirun.
 
 use super::common::{self, mpirun_ok, results, scratch, write_result, CHILD};
-use hearth::accelerator::Accelerator;
 use hearth::parallel::{CommHook, CommWrapper, DdpOptions, PowerSgdOptions};
-use std::time::Duration;
 use tch::{Device, Kind, Tensor};
 
 /// A linear layer the loss uses and one it does not, on each of 2 ranks
@@ -21,9 +19,7 @@ fn child_unused_parameters() {
         return; // only under mpirun
     };
     use tch::nn::{self, Module};
-    let mut acc = Accelerator::builder()
-        .cpu(true)
-        .timeout(Duration::from_secs(60))
+    let mut acc = common::child_builder()
         .ddp(hearth::parallel::DdpOptions {
             find_unused_parameters: mode == "find",
             static_graph: mode == "static",
@@ -152,9 +148,7 @@ fn child_power_sgd() {
         return; // only under mpirun
     };
     use tch::nn::{self, Module};
-    let mut acc = Accelerator::builder()
-        .cpu(true)
-        .timeout(Duration::from_secs(60))
+    let mut acc = common::child_builder()
         .ddp(power_sgd_mode(&mode))
         .build()
         .unwrap();
@@ -278,11 +272,7 @@ fn child_frozen() {
         return; // only under mpirun
     }
     use tch::nn::{self, Module};
-    let mut acc = Accelerator::builder()
-        .cpu(true)
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap();
+    let mut acc = common::child_builder().build().unwrap();
     let r = acc.process_index();
     tch::manual_seed(10 + r as i64);
     let vs = nn::VarStore::new(Device::Cpu);

@@ -3,9 +3,7 @@
 //! (`tests/oracles/ddp_join.py`).
 
 use super::common::{self, mpirun_ok, results, scratch, write_result, CHILD};
-use hearth::accelerator::Accelerator;
 use hearth::data::DataLoader;
-use std::time::Duration;
 use tch::{Device, Kind, Tensor};
 
 /// The oracle's parameters, in PyTorch's order.
@@ -34,11 +32,7 @@ fn child_join() {
         return; // only under mpirun
     }
     use tch::nn::{self, Module};
-    let mut acc = Accelerator::builder()
-        .cpu(true)
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap();
+    let mut acc = common::child_builder().build().unwrap();
     let rank = acc.process_index();
     let vs = nn::VarStore::new(Device::Cpu);
     let l1 = nn::linear(vs.root() / "l1", 5, 4, Default::default());
@@ -185,9 +179,7 @@ fn child_join_sharded() {
     use hearth::models::VarStoreModel;
     use hearth::parallel::{FsdpPlugin, ShardingStrategy};
     use tch::nn;
-    let mut acc = Accelerator::builder()
-        .cpu(true)
-        .timeout(Duration::from_secs(60))
+    let mut acc = common::child_builder()
         .fsdp(FsdpPlugin {
             sharding_strategy: Some(ShardingStrategy::parse("SHARD_GRAD_OP").unwrap()),
             auto_wrap_policy: Some("transformer-based".into()),
