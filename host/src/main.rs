@@ -1,5 +1,6 @@
 //! The `hearth` binary: all logic lives in the library's `cli` module.
 
-fn main() -> std::process::ExitCode {
-    hearth::cli::main()
+fn main() {
+    let code = hearth::cli::main();
+    hearth::cli::exit(code)
 }
