@@ -118,6 +118,7 @@ $(EXAMPLES)/js-tracker/js-tracker.wasm: $(JS_EXAMPLE)/tracker.js $(JS_EXAMPLE)/w
 # machine go to BENCHMARKS.md. ROUNDS=N for more rounds (3).
 bench: build
 	cargo build --release --example save_state
+	cargo build --example bare_tch_gpt
 	$(PY) examples/bench/table.py $(or $(ROUNDS),3)
 
 # What a GPU machine with torch but no Rust needs, in .gpu/: there run

@@ -3,10 +3,12 @@
 Each side starts a process that builds the peer benchmark's GPT, takes one
 AdamW step on one batch, writes model.safetensors and exits:
 `hearth run examples/bench-gpt.toml --steps 1` against this file's `peer`
-mode (Accelerator(cpu=True), prepare, backward, step, save_model). Reports
-the median wall time and the median peak RSS (the child's ru_maxrss, from
-wait4) of ROUNDS alternating runs, and their ratios. A benchmark, not a
-test: nothing is asserted.
+mode (Accelerator(cpu=True), prepare, backward, step, save_model), and
+against the same job in plain tch (`bare_tch_gpt`, host/examples: the floor
+a Rust program linking libtorch starts from). Reports the median wall time
+and the median peak RSS (the child's ru_maxrss, from wait4) of ROUNDS
+alternating runs, and their ratios. A benchmark, not a test: nothing is
+asserted.
 
 Linux carries a process's peak RSS across exec (exec_mmap keeps the old
 image's high-water mark), so a child forked from a parent that has torch
@@ -25,6 +27,7 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HEARTH = pathlib.Path(os.environ.get("HEARTH_BIN", ROOT / "target" / "debug" / "hearth"))
+BARE = ROOT / "target" / "debug" / "examples" / "bare_tch_gpt"
 
 
 def timed(cmd) -> tuple[float, int]:
@@ -46,6 +49,10 @@ def hearth_cmd(out: pathlib.Path) -> list:
 
 def peer_cmd(out: pathlib.Path) -> list:
     return [sys.executable, __file__, "peer", out]
+
+
+def bare_cmd(out: pathlib.Path) -> list:
+    return [BARE, out]
 
 
 def peer(out: str) -> None:
@@ -73,11 +80,14 @@ def peer(out: str) -> None:
 
 
 def measure(rounds: int) -> dict:
-    """{"hearth"|"peer": {"wall": [s...], "rss": [bytes...]}}."""
-    runs = {"hearth": {"wall": [], "rss": []}, "peer": {"wall": [], "rss": []}}
+    """{"hearth"|"peer"|"bare": {"wall": [s...], "rss": [bytes...]}}."""
+    if not BARE.exists():
+        raise SystemExit(f"{BARE} is missing: cargo build --example bare_tch_gpt (make bench does)")
+    sides = (("hearth", hearth_cmd), ("peer", peer_cmd), ("bare", bare_cmd))
+    runs = {side: {"wall": [], "rss": []} for side, _ in sides}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(rounds):
-            for side, cmd in (("hearth", hearth_cmd), ("peer", peer_cmd)):
+            for side, cmd in sides:
                 out = pathlib.Path(tmp) / f"{side}-{i}"
                 wall, rss = timed(cmd(out))
                 saved = list(out.rglob("model.safetensors"))
@@ -95,12 +105,12 @@ def main() -> None:
     if "--json" in sys.argv:
         print(json.dumps(runs))
         return
-    h, p = runs["hearth"], runs["peer"]
-    wall = (statistics.median(h["wall"]), statistics.median(p["wall"]))
-    rss = (statistics.median(h["rss"]) / 2**20, statistics.median(p["rss"]) / 2**20)
+    med = statistics.median
     print(f"start -> 1 AdamW step -> model.safetensors -> exit, median of {rounds}:")
-    print(f"  wall: hearth {wall[0]:.2f} s, accelerate {wall[1]:.2f} s, ratio {wall[0] / wall[1]:.2f}x")
-    print(f"  peak RSS: hearth {rss[0]:.0f} MiB, accelerate {rss[1]:.0f} MiB, ratio {rss[0] / rss[1]:.2f}x")
+    for key, unit, scale in (("wall", "s", 1), ("rss", "MiB", 2**20)):
+        h, p, b = (med(runs[side][key]) / scale for side in ("hearth", "peer", "bare"))
+        print(f"  {key}: hearth {h:.2f} {unit}, accelerate {p:.2f} {unit} ({h / p:.2f}x), "
+              f"bare tch {b:.2f} {unit} ({h / b:.2f}x)")
 
 
 if __name__ == "__main__":
