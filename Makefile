@@ -7,15 +7,28 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 VENV := .venv
 PY := $(VENV)/bin/python
+# What `make run` needs (torch) and, for the tests and benchmarks, the rest.
+RUN_REQS := tests/requirements-run.txt
 REQS := tests/requirements.txt
-PY_STAMP := $(VENV)/.installed-$(shell sha256sum $(REQS) | cut -c1-16)
-APT_PACKAGES := libopenmpi-dev openmpi-bin libclang-dev chromium
+PY_STAMP := $(VENV)/.installed-run-$(shell cat $(RUN_REQS) | sha256sum | cut -c1-16)
+PY_TEST_STAMP := $(VENV)/.installed-test-$(shell cat $(RUN_REQS) $(REQS) | sha256sum | cut -c1-16)
+# Open MPI (the CPU collectives) and libclang (the mpi crate's bindings);
+# the tests also want Chromium (renders `hearth report`) and npm (builds the
+# JavaScript example tracker). A newcomer's `make run` installs only what it
+# uses: Chromium and Debian's npm are ~400 packages.
+APT_PACKAGES := libopenmpi-dev openmpi-bin libclang-dev
+NEED_NPM :=
+# The Python packages `build` installs while it compiles.
+PY_GOAL := python-env
+test setup: APT_PACKAGES += chromium
+test setup: NEED_NPM := 1
+test setup bench bench-plugins bench-checkpoint bench-fsdp gpu-bundle soak: PY_GOAL := python-test-env
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 HEARTH := target/debug/hearth
 # Plugin crates are unit-tested natively (their .wasm is built for wasm32-wasip2).
 HOST_TARGET = $(shell rustc -vV | sed -n 's/host: //p')
 
-.PHONY: run test setup system-packages wasm-target python-env build plugins example-plugins bench bench-plugins bench-checkpoint bench-fsdp gpu-bundle lint soak fuzz
+.PHONY: run test setup system-packages wasm-target python-env python-test-env build plugins example-plugins bench bench-plugins bench-checkpoint bench-fsdp gpu-bundle lint soak fuzz
 
 run: build
 	$(HEARTH) run examples/sort-digits.toml
@@ -26,31 +39,38 @@ test: build example-plugins
 	cd guest-sdk && cargo test --quiet --target $(HOST_TARGET)
 	$(PY) -m pytest tests -q
 
-setup: system-packages wasm-target python-env
+setup: system-packages wasm-target python-test-env
 
-# Open MPI (the CPU collectives), libclang (for the mpi crate's bindings),
-# and Node.js/npm if absent (to build the JavaScript example tracker).
+# APT_PACKAGES, and Node.js/npm if the tests need them and npm is absent.
 system-packages:
 	@missing=$$(for p in $(APT_PACKAGES); do \
 		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done; \
-		command -v npm >/dev/null || echo nodejs npm); \
+		[ -z "$(NEED_NPM)" ] || command -v npm >/dev/null || echo nodejs npm); \
 	if [ -n "$$missing" ]; then \
 		echo "setup: installing" $$missing; \
-		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
 wasm-target:
 	@rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
 
-# The venv with torch (whose libtorch hearth links) and the test oracles;
-# .venv/libtorch points at the wheel's torch/ folder (see .cargo/config.toml).
+# The venv with torch, whose libtorch hearth links; .venv/libtorch points
+# at the wheel's torch/ folder (see .cargo/config.toml).
 python-env: $(PY_STAMP)
-$(PY_STAMP): $(REQS)
-	@echo "setup: installing Python packages into $(VENV)"
+$(PY_STAMP): $(RUN_REQS)
+	@echo "setup: installing torch into $(VENV)"
 	[ -x $(PY) ] || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -r $(REQS)
+	$(PY) -m pip install -q --disable-pip-version-check -r $(RUN_REQS)
 	ln -sfn "$$($(PY) -c 'import os, torch; print(os.path.dirname(torch.__file__))')" $(VENV)/libtorch
-	rm -f $(VENV)/.installed-*
+	rm -f $(VENV)/.installed-run-*
+	touch $@
+
+# ... and the test oracles, the peer benchmarks and componentize-py.
+python-test-env: $(PY_TEST_STAMP)
+$(PY_TEST_STAMP): $(PY_STAMP) $(REQS)
+	@echo "setup: installing the tests' Python packages into $(VENV)"
+	$(PY) -m pip install -q --disable-pip-version-check -r $(REQS)
+	rm -f $(VENV)/.installed-test-*
 	touch $@
 
 # On a fresh machine torch's download (minutes, mostly network) overlaps the
@@ -60,7 +80,7 @@ $(PY_STAMP): $(REQS)
 PIP_LOG := target/python-env.log
 build: system-packages wasm-target
 	@mkdir -p target
-	@$(MAKE) --no-print-directory python-env > $(PIP_LOG) 2>&1 & pip=$$!; \
+	@$(MAKE) --no-print-directory $(PY_GOAL) > $(PIP_LOG) 2>&1 & pip=$$!; \
 	$(MAKE) --no-print-directory plugins || { kill $$pip; exit 1; }; \
 	[ -e $(VENV)/libtorch ] || cargo build --workspace --keep-going --quiet 2>/dev/null || true; \
 	wait $$pip || { cat $(PIP_LOG); echo "setup: installing the Python packages failed"; exit 1; }
@@ -93,9 +113,9 @@ plugins: wasm-target
 # componentize-py (from the venv), JavaScript with componentize-js (npm).
 EXAMPLES := target/example-plugins
 JS_EXAMPLE := examples/trackers/js
-example-plugins: python-env $(EXAMPLES)/python-tracker/python-tracker.wasm $(EXAMPLES)/js-tracker/js-tracker.wasm
+example-plugins: python-test-env $(EXAMPLES)/python-tracker/python-tracker.wasm $(EXAMPLES)/js-tracker/js-tracker.wasm
 
-$(EXAMPLES)/python-tracker/python-tracker.wasm: examples/trackers/python/app.py examples/trackers/python/plugin.toml wit/plugin.wit $(PY_STAMP)
+$(EXAMPLES)/python-tracker/python-tracker.wasm: examples/trackers/python/app.py examples/trackers/python/plugin.toml wit/plugin.wit $(PY_TEST_STAMP)
 	mkdir -p $(@D)
 	cd examples/trackers/python && ../../../$(VENV)/bin/componentize-py -d ../../../wit -w tracker-plugin componentize app -o ../../../$@
 	cp examples/trackers/python/plugin.toml $(@D)/
@@ -124,7 +144,7 @@ bench: build
 # What a GPU machine with torch but no Rust needs, in .gpu/: there run
 # tests/gpu/checklist.sh OUT (shared/GPU-CHECKLIST.md; the GPU benchmark is
 # its `bench` step, examples/bench/gpu_gpt_vs_accelerate.py).
-gpu-bundle: python-env
+gpu-bundle: python-test-env
 	tests/gpu/bundle.sh
 
 # Sharded data parallel: SHARD_GRAD_OP vs NO_SHARD vs PyTorch FSDP (gloo) on
