@@ -54,6 +54,13 @@ fn child_collectives() {
         Err(e) => panic!("{e}"),
     };
     let mean = acc.reduce(&x, ReduceOp::Mean).unwrap();
+    // 0.1 and 0.2: a mean divided in float32 misses float64's by ~1e-8.
+    let mean_f64 = acc
+        .reduce(
+            &Tensor::from_slice(&[0.1f64 * (r + 1) as f64]),
+            ReduceOp::Mean,
+        )
+        .unwrap();
     let max = acc.reduce(&x, ReduceOp::Max).unwrap();
     let min = acc.reduce(&x.to_kind(Kind::Int64), ReduceOp::Min).unwrap();
     let gathered = acc.gather(&x).unwrap();
@@ -88,6 +95,7 @@ fn child_collectives() {
         "backend": acc.process_group().backend(),
         "sum": values(&sum), "mean": values(&mean), "max": values(&max), "min": values(&min),
         "min_kind": format!("{:?}", min.kind()),
+        "mean_f64": f64::try_from(&mean_f64).unwrap(), "mean_f64_kind": format!("{:?}", mean_f64.kind()),
         "gather": values(&gathered), "scalars": values(&scalars),
         "unequal_shape": unequal.size(), "unequal": values(&unequal), "mismatch": mismatch,
         "broadcast": values(&broadcast), "objects": objects, "word": word,
@@ -669,6 +677,12 @@ fn collectives_across_two_ranks_give_the_worked_out_values() {
         assert_eq!(got["max"], serde_json::json!([3.0, 4.0]));
         assert_eq!(got["min"], serde_json::json!([1.0, 2.0]));
         assert_eq!(got["min_kind"], "Int64");
+        assert_eq!(got["mean_f64_kind"], "Double");
+        let mean_f64 = got["mean_f64"].as_f64().unwrap();
+        assert!(
+            (mean_f64 - (0.1 + 0.2) / 2.0).abs() < 1e-15,
+            "float64 mean {mean_f64} was divided in lower precision"
+        );
         assert_eq!(got["broadcast"], serde_json::json!([1.0, 2.0]));
         assert_eq!(got["objects"], serde_json::json!([0, 1]));
         assert_eq!(got["scalars"], serde_json::json!([0.0, 10.0]));

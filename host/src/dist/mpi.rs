@@ -243,11 +243,17 @@ impl MpiGroup {
         }
         let flat = cpu.view([-1]);
         let world = self.size as f64;
-        // Each kind comes back as itself, the mean divided after the sum.
+        // Each kind comes back as itself, the mean divided after the sum:
+        // float64 in float64, the others in float32.
+        let wide = if kind == Kind::Double {
+            Kind::Double
+        } else {
+            Kind::Float
+        };
         let back = move |reduced: Tensor| {
             let reduced = reduced.view(shape.as_slice());
             if op == ReduceOp::Mean {
-                (reduced.to_kind(Kind::Float) / world).to_kind(kind)
+                (reduced.to_kind(wide) / world).to_kind(kind)
             } else {
                 reduced.to_kind(kind)
             }
