@@ -167,6 +167,27 @@ def test_a_bad_wrap_policy_stops_the_run_before_the_first_step_naming_it(hearth,
     assert not (tmp_path / "runs" / "fsdp" / "model.safetensors").exists()
 
 
+@pytest.mark.parametrize("raised", [False, True])
+def test_a_wrap_policys_output_budget_is_what_plugin_limits_raises(hearth, tmp_path, fixture_wasm, raised):
+    """The policy prints 1500 lines in one call; its manifest allows 1000
+    a call unless the run config's [plugin-limits.bad-policy] raises it."""
+    make_plugin(tmp_path / "policies", "bad-policy", fixture_wasm("bad-policy"), kind="wrap-policy")
+    table = fsdp_table("bad-policy", 'policy-options = { misbehave = "chatter" }')
+    if raised:
+        table += "\n[plugin-limits.bad-policy]\nlog-lines-per-call = 2000\n"
+    config = write_config(tmp_path, job(table))
+    out = hearth("run", config, "--plugin-dir", tmp_path / "policies", "--output-dir", tmp_path / "runs")
+    assert out.returncode == 0, out.stderr
+    logged = out.stdout + out.stderr
+    assert "fixture wrap policy line 1000" in logged, logged[-2000:]
+    if raised:
+        assert "fixture wrap policy line 1500" in logged and "dropped" not in logged, logged[-2000:]
+    else:
+        assert "fixture wrap policy line 1001" not in logged, logged[-2000:]
+        assert "[plugin bad-policy] dropped 500 line(s)" in logged, logged[-2000:]
+        assert "[plugin-limits.bad-policy]" in logged, logged[-2000:]
+
+
 @pytest.mark.parametrize(
     "line, key, says",
     [

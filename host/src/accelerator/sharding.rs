@@ -31,7 +31,8 @@ pub enum ShardingError {
 }
 
 /// The module paths the configured policy wraps in `tree` (the root not
-/// listed), from the plugin named by `settings` on `search`.
+/// listed), from the plugin named by `settings` on `search`, under its
+/// manifest's limits as `settings.policy_limits` raises them.
 pub fn policy_units(
     tree: &ModuleTree,
     settings: &FsdpSettings,
@@ -39,7 +40,11 @@ pub fn policy_units(
 ) -> Result<Vec<String>, ShardingError> {
     let registry = Registry::discover(search)?;
     let found = registry.find(&settings.auto_wrap_policy)?;
-    let policy = load_wrap_policy(&found.manifest)?;
+    let mut manifest = found.manifest.clone();
+    if let Some(raised) = &settings.policy_limits {
+        manifest.limits = manifest.limits.overridden(raised);
+    }
+    let policy = load_wrap_policy(&manifest)?;
     let mut units = policy.units(&settings.policy_options.to_string(), tree)?;
     units.retain(|p| !p.is_empty());
     Ok(units)

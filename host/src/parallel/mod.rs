@@ -18,7 +18,7 @@ mod unitwise;
 pub use ddp::{BufferBroadcast, CommHook, CommWrapper, DdpOptions, FIRST_BUCKET_MB};
 pub use fsdp::{
     policy_name, BackwardPrefetch, FsdpError, FsdpPlugin, FsdpSettings, MixedPrecisionPolicy,
-    PolicyDtype, ShardingStrategy, StateDictType, FIELDS as FSDP_FIELDS, USE_FSDP_ENV,
+    PolicyDtype, ShardingStrategy, StateDictType, FIELDS as FSDP_FIELDS, NO_WRAP, USE_FSDP_ENV,
 };
 pub(crate) use grad_sync::Round;
 pub use grad_sync::{GradientSync, SyncStats};

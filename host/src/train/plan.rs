@@ -92,7 +92,9 @@ pub fn plan(
     let settings: Option<FsdpSettings> = match &config.fsdp {
         Some(section) => {
             let invalid = |key: &str, message: String| config.invalid(key, message);
-            Some(section.resolve(&invalid).map_err(TrainError::Config)?)
+            let mut settings = section.resolve(&invalid).map_err(TrainError::Config)?;
+            settings.policy_limits = config.policy_limits(Some(&settings.auto_wrap_policy));
+            Some(settings)
         }
         None => None,
     };

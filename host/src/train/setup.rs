@@ -95,7 +95,8 @@ fn distributed(
     }
     if let Some(section) = &config.fsdp {
         let invalid = |key: &str, message: String| config.invalid(key, message);
-        let plugin = section.with_env(&invalid).map_err(TrainError::Config)?;
+        let mut plugin = section.with_env(&invalid).map_err(TrainError::Config)?;
+        plugin.policy_limits = config.policy_limits(plugin.auto_wrap_policy.as_deref());
         builder = builder.fsdp(plugin);
     }
     Ok(builder)

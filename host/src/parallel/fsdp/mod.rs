@@ -8,4 +8,4 @@ mod plugin;
 pub use kinds::{
     BackwardPrefetch, MixedPrecisionPolicy, PolicyDtype, ShardingStrategy, StateDictType,
 };
-pub use plugin::{policy_name, FsdpError, FsdpPlugin, FsdpSettings, FIELDS, USE_FSDP_ENV};
+pub use plugin::{policy_name, FsdpError, FsdpPlugin, FsdpSettings, FIELDS, NO_WRAP, USE_FSDP_ENV};

@@ -67,6 +67,9 @@ pub struct FsdpPlugin {
     /// policy (hearth's own; Accelerate's policies take only the two
     /// fields above, which are added to it).
     pub policy_options: Option<serde_json::Map<String, serde_json::Value>>,
+    /// The limits raised for the wrap-policy plugin, over its manifest's (a
+    /// run config's `[plugin-limits.<the policy's name>]`).
+    pub policy_limits: Option<crate::plugins::LimitOverrides>,
 }
 
 /// Every field: its `[fsdp]` key and its environment variable.
@@ -159,6 +162,9 @@ pub struct FsdpSettings {
     /// FSDP's mixed precision (float32 throughout casts nothing, but like
     /// any policy it shards a world of one, as FSDP does).
     pub mixed_precision_policy: Option<MixedPrecisionPolicy>,
+    /// The limits raised for the wrap-policy plugin, over its manifest's.
+    #[serde(skip)]
+    pub policy_limits: Option<crate::plugins::LimitOverrides>,
 }
 
 fn parse_bool(value: &str) -> Result<bool, String> {
@@ -177,12 +183,15 @@ fn parse_list(value: &str) -> Vec<String> {
         .collect()
 }
 
+/// The wrap policy FSDP uses when none is named: the whole model one unit.
+pub const NO_WRAP: &str = "no-wrap";
+
 /// The built-in policy a name means (Accelerate's spellings accepted).
 pub fn policy_name(name: &str) -> String {
     match name.trim().to_ascii_uppercase().replace('-', "_").as_str() {
         "TRANSFORMER_BASED_WRAP" | "TRANSFORMER_BASED" => "transformer-based".into(),
         "SIZE_BASED_WRAP" | "SIZE_BASED" => "size-based".into(),
-        "NO_WRAP" => "no-wrap".into(),
+        "NO_WRAP" => NO_WRAP.into(),
         _ => name.trim().to_string(),
     }
 }
@@ -329,7 +338,8 @@ impl FsdpPlugin {
             use_orig_params,
             activation_checkpointing,
             cpu_ram_efficient_loading,
-            policy_options
+            policy_options,
+            policy_limits
         )
     }
 
@@ -397,7 +407,7 @@ impl FsdpPlugin {
         let policy = self
             .auto_wrap_policy
             .clone()
-            .unwrap_or_else(|| "no-wrap".into());
+            .unwrap_or_else(|| NO_WRAP.into());
         let mut options = self.policy_options.clone().unwrap_or_default();
         if let Some(names) = &self.transformer_cls_names_to_wrap {
             options.insert("transformer_cls_names_to_wrap".into(), names.clone().into());
@@ -422,6 +432,7 @@ impl FsdpPlugin {
             limit_all_gathers: self.limit_all_gathers.unwrap_or(true),
             cpu_ram_efficient_loading,
             mixed_precision_policy,
+            policy_limits: self.policy_limits.clone(),
         })
     }
 }

@@ -136,16 +136,22 @@ impl TrainConfig {
         plugin_names("trackers", "tracker", trackers, &invalid)?;
         let hooks = self.checkpoint_hooks.iter().map(|h| h.name.as_str());
         plugin_names("checkpoint-hooks", "checkpoint hook", hooks, &invalid)?;
+        let policy = match &self.fsdp {
+            Some(f) => Some(f.resolve(&invalid)?.auto_wrap_policy),
+            None => None,
+        };
         let used: Vec<&str> = (self.trackers.iter().map(|t| t.name.as_str()))
             .chain(self.checkpoint_hooks.iter().map(|h| h.name.as_str()))
             .chain(self.scheduler.iter().map(|s| s.name.as_str()))
+            .chain(policy.as_deref())
             .collect();
         for (name, o) in &self.plugin_limits {
             if !used.contains(&name.as_str()) {
                 return Err(invalid(
                     &format!("plugin-limits.{name}"),
                     format!(
-                        "names no tracker, checkpoint hook or scheduler of this run (they are: {})",
+                        "names no tracker, checkpoint hook, scheduler or wrap policy of this run \
+                         (they are: {})",
                         used.join(", ")
                     ),
                 ));
@@ -174,6 +180,13 @@ impl TrainConfig {
             manifest.limits = manifest.limits.overridden(o);
         }
         manifest
+    }
+
+    /// What `[plugin-limits.<name>]` raises for the wrap policy `policy`
+    /// (FSDP's default, `no-wrap`, when `None`).
+    pub fn policy_limits(&self, policy: Option<&str>) -> Option<crate::plugins::LimitOverrides> {
+        let name = policy.unwrap_or(crate::parallel::NO_WRAP);
+        self.plugin_limits.get(name).cloned()
     }
 
     /// The config as flat tracker entries (`optimizer.lr = 0.002`), the run's

@@ -1,8 +1,10 @@
 //! A wrap policy that misbehaves as its options say (`{"misbehave": …}`
 //! anywhere in the options JSON): `trap` panics, `hang` never returns,
-//! `err` returns an error, `missing` names a module the model lacks, and
-//! anything else wraps every `Block`. Shows that a wrap policy fails
-//! closed, naming the plugin, before training starts.
+//! `err` returns an error, `missing` names a module the model lacks,
+//! `chatter` prints 1500 numbered lines and then behaves, and anything
+//! else wraps every `Block`. Shows that a wrap policy fails closed, naming
+//! the plugin, before training starts, and that its output budget is the
+//! run config's `[plugin-limits]`.
 use hearth_guest::{export_wrap_policy, Module, WrapPolicy};
 
 struct BadPolicy;
@@ -21,6 +23,11 @@ impl WrapPolicy for BadPolicy {
         }
         if wants("err") {
             return Err("fixture wrap policy refuses this model".into());
+        }
+        if wants("chatter") {
+            for line in 1..=1500 {
+                println!("fixture wrap policy line {line}");
+            }
         }
         if wants("missing") {
             return Ok(vec!["blocks.99".into()]);
