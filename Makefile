@@ -135,11 +135,12 @@ $(EXAMPLES)/js-tracker/js-tracker.wasm: $(JS_EXAMPLE)/tracker.js $(JS_EXAMPLE)/w
 # Every measure of hearth against its peer in one run, one table (not a
 # test): tiny GPT tokens/s on 1 and 2 processes, a whole tiny process's time
 # and memory, plugin cost, save_state vs dd, async save. The table and the
-# machine go to BENCHMARKS.md. ROUNDS=N for more rounds (3).
+# machine go to BENCHMARKS.md. ROUNDS=N rounds (7: on the 2-core VM, 3
+# rounds of the GPT rows once gave 1.02x where 7 gave 1.17x).
 bench: build
 	cargo build --release --example save_state
 	cargo build --example bare_tch_gpt
-	$(PY) examples/bench/table.py $(or $(ROUNDS),3)
+	$(PY) examples/bench/table.py $(or $(ROUNDS),7)
 
 # What a GPU machine with torch but no Rust needs, in .gpu/: there run
 # tests/gpu/checklist.sh OUT (shared/GPU-CHECKLIST.md; the GPU benchmark is

@@ -8,7 +8,7 @@ torchrun with gloo), a whole tiny process's wall time and peak RSS
 (the same run without plugins), save_state of 3 GB fsync'd (Accelerate, and
 the disk's own fsync'd write speed by dd) and the async save's time to
 commit (the blocking save), a process's first and one after another. A benchmark, not a test: nothing is asserted.
-Usage: python table.py [ROUNDS]   (ROUNDS of each, 3 by default; the
+Usage: python table.py [ROUNDS]   (ROUNDS of each, 7 by default; the
 plugin row takes PLUGIN_ROUNDS and the checkpoint rows CHECKPOINT_ROUNDS)
 """
 import datetime
@@ -111,7 +111,7 @@ def markdown(table: list[dict]) -> str:
 
 
 def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 7
     table = markdown(rows(rounds))
     print()
     print(table)
