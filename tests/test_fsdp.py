@@ -188,6 +188,14 @@ def test_a_wrap_policys_output_budget_is_what_plugin_limits_raises(hearth, tmp_p
         assert "[plugin-limits.bad-policy]" in logged, logged[-2000:]
 
 
+def test_plugin_limits_for_a_misspelt_wrap_policy_names_the_section_and_the_policy(hearth, tmp_path):
+    table = fsdp_table("bad-policy") + "\n[plugin-limits.bad-polcy]\nlog-lines-per-call = 2000\n"
+    out = hearth("run", write_config(tmp_path, job(table)))
+    assert out.returncode == 2, out.stderr
+    assert "`plugin-limits.bad-polcy`" in out.stderr and "wrap policy" in out.stderr, out.stderr
+    assert "(they are: bad-policy)" in out.stderr, out.stderr
+
+
 @pytest.mark.parametrize(
     "line, key, says",
     [
