@@ -40,10 +40,7 @@ pub fn policy_units(
 ) -> Result<Vec<String>, ShardingError> {
     let registry = Registry::discover(search)?;
     let found = registry.find(&settings.auto_wrap_policy)?;
-    let mut manifest = found.manifest.clone();
-    if let Some(raised) = &settings.policy_limits {
-        manifest.limits = manifest.limits.overridden(raised);
-    }
+    let manifest = found.manifest.with_limits(settings.policy_limits.as_ref());
     let policy = load_wrap_policy(&manifest)?;
     let mut units = policy.units(&settings.policy_options.to_string(), tree)?;
     units.retain(|p| !p.is_empty());

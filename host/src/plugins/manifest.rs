@@ -247,6 +247,16 @@ pub struct Manifest {
 }
 
 impl Manifest {
+    /// This manifest with its limits raised (or lowered) as a run config's
+    /// `[plugin-limits.<name>]` asks, when it does.
+    pub fn with_limits(&self, raised: Option<&LimitOverrides>) -> Manifest {
+        let mut manifest = self.clone();
+        if let Some(o) = raised {
+            manifest.limits = manifest.limits.overridden(o);
+        }
+        manifest
+    }
+
     /// Reads and checks `dir/plugin.toml`.
     pub fn read(dir: &Path) -> Result<Self, PluginError> {
         let path = dir.join("plugin.toml");

@@ -175,11 +175,7 @@ impl TrainConfig {
 
     /// `manifest` with the limits `[plugin-limits.<its name>]` sets.
     pub fn plugin_manifest(&self, manifest: &crate::plugins::Manifest) -> crate::plugins::Manifest {
-        let mut manifest = manifest.clone();
-        if let Some(o) = self.plugin_limits.get(&manifest.name) {
-            manifest.limits = manifest.limits.overridden(o);
-        }
-        manifest
+        manifest.with_limits(self.plugin_limits.get(&manifest.name))
     }
 
     /// What `[plugin-limits.<name>]` raises for the wrap policy `policy`
