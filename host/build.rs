@@ -41,6 +41,8 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/shim.cpp");
     println!("cargo:rerun-if-changed=csrc/guarded.h");
     println!("cargo:rerun-if-changed=csrc/profiler.cpp");
+    println!("cargo:rerun-if-changed=csrc/gelu.cpp");
+    println!("cargo:rerun-if-changed=csrc/gelu_avx2.cpp");
     cc::Build::new()
         .cpp(true)
         .pic(true)
@@ -50,7 +52,29 @@ fn main() {
         .define("_GLIBCXX_USE_CXX11_ABI", abi.as_str())
         .file("csrc/shim.cpp")
         .file("csrc/profiler.cpp")
+        .file("csrc/gelu.cpp")
         .compile("hearth_shim");
+    // After the shim, which calls them: the linker reads libraries in order.
+    if env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("x86_64") {
+        build_avx2_kernels(&root);
+    }
+}
+
+/// hearth's own CPU kernels (`csrc/gelu_avx2.cpp`), compiled for AVX2 and
+/// FMA in a library of their own, optimised whatever the profile, and
+/// called only on CPUs that have both.
+fn build_avx2_kernels(torch: &std::path::Path) {
+    cc::Build::new()
+        .cpp(true)
+        .pic(true)
+        .warnings(false)
+        .std("c++17")
+        .opt_level(2)
+        .flag("-mavx2")
+        .flag("-mfma")
+        .include(torch.join("include"))
+        .file("csrc/gelu_avx2.cpp")
+        .compile("hearth_avx2_kernels");
 }
 
 /// libtorch's version from its headers (`TORCH_VERSION_MAJOR` and the

@@ -83,7 +83,8 @@ impl Unit for Block {
         .transpose(1, 2)
         .reshape([b, t, d]);
         let x = x + self.proj.forward(&a);
-        let h = self.fc.forward(&self.ln2.forward(&x)).gelu("none");
+        // The exact GELU, keeping its derivative for the backward pass.
+        let h = crate::ops::gelu(&self.fc.forward(&self.ln2.forward(&x)));
         &x + self.out.forward(&h)
     }
 }

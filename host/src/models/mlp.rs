@@ -54,7 +54,7 @@ impl Unit for Layer {
     fn forward_t(&self, xs: &Tensor, _train: bool) -> Tensor {
         let ys = self.linear.forward(xs);
         if self.gelu {
-            ys.gelu("none")
+            crate::ops::gelu(&ys)
         } else {
             ys
         }

@@ -122,6 +122,12 @@ extern "C" {
     ) -> *mut c_char;
 }
 
+// host/csrc/gelu.cpp: the exact GELU that keeps its derivative for backward.
+extern "C" {
+    pub fn hearth_gelu(x: *mut C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
+    pub fn hearth_gelu_fused_available() -> bool;
+}
+
 // host/csrc/profiler.cpp: libtorch's Kineto profiler and record_function spans.
 extern "C" {
     pub fn hearth_profiler_prepare(

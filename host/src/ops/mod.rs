@@ -1,12 +1,14 @@
 //! Typed Rust bindings to libtorch pieces that tch does not expose (the C++
 //! shim in `host/csrc/shim.cpp`): fused optimizer steps, foreach norms, the
-//! gradient scaler's kernels, autocast on any device and generator states.
+//! gradient scaler's kernels, autocast on any device and generator states,
+//! and hearth's own fused kernels.
 
 mod amp;
 pub mod cuda;
 pub mod cuda_graph;
 mod ffi;
 mod foreach;
+mod fused;
 mod jit;
 pub mod profiler;
 mod rng;
@@ -16,6 +18,7 @@ pub use foreach::{
     clear_grads, foreach_mul_, foreach_norm, fused_adam, fused_sgd, on_grad_accumulated, set_grad,
     AdamHyper, SgdHyper,
 };
+pub use fused::{gelu, gelu_is_fused};
 pub use jit::{JitStructure, ScriptModule};
 pub use rng::{
     deterministic_algorithms, empty_device_cache, randn_seeded, randperm, rng_state, set_rng_state,
