@@ -147,6 +147,9 @@ fn child_power_sgd() {
     else {
         return; // only under mpirun
     };
+    // One thread, as the oracle's processes: MKL's sums may round otherwise
+    // with another thread count (they did on an AMD EPYC host).
+    tch::set_num_threads(1);
     use tch::nn::{self, Module};
     let mut acc = common::child_builder()
         .ddp(power_sgd_mode(&mode))
