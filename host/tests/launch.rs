@@ -307,6 +307,30 @@ fn env_says_in_words_who_started_the_process() {
     assert!(!said.contains("None"), "{said}");
 }
 
+/// `hearth env` says whether hearth's fused GELU runs on this CPU (AVX2
+/// and FMA, as Rust's own feature detection finds them), in words and in
+/// JSON, with the CPU's model.
+#[test]
+fn env_says_whether_the_fused_gelu_runs_here() {
+    #[cfg(target_arch = "x86_64")]
+    let expected =
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+    #[cfg(not(target_arch = "x86_64"))]
+    let expected = false;
+    let out = hearth(&["env", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["cpu"]["fused_gelu"], expected, "{v}");
+    assert!(!v["cpu"]["model"].as_str().unwrap().is_empty(), "{v}");
+    let said = text(&hearth(&["env"]).output().unwrap());
+    let words = if expected {
+        "fused GELU: on"
+    } else {
+        "fused GELU: off"
+    };
+    assert!(said.contains(words), "{said}");
+}
+
 /// Issue 18, item 6: `hearth launch` gives every rank of a job the same
 /// random job token for the rendezvous store, a new one per job, or the
 /// one set in `HEARTH_JOB_TOKEN` (the same on every machine of a job).

@@ -42,6 +42,8 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
         Ok(()) => "available".to_string(),
         Err(e) => e.to_string(),
     };
+    let cpu = cpu_model();
+    let fused_gelu = crate::ops::gelu_is_fused();
     let report = serde_json::json!({
         "hearth": env!("CARGO_PKG_VERSION"),
         "tch": "0.24.0",
@@ -64,6 +66,7 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
         "nccl": nccl,
         "mpi_library": mpi_library,
         "launch": launch,
+        "cpu": {"model": cpu, "fused_gelu": fused_gelu},
     });
     if args.json {
         println!("{report}");
@@ -89,6 +92,14 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
             cudnn_version.as_deref().unwrap_or("absent")
         );
     }
+    println!(
+        "CPU: {cpu}; hearth's fused GELU: {}",
+        if fused_gelu {
+            "on (AVX2 and FMA)"
+        } else {
+            "off (no AVX2 and FMA here: libtorch's GELU)"
+        }
+    );
     println!("backends: {} (NCCL: {nccl})", backends.join(", "));
     println!("MPI library: {mpi_library}");
     println!(
@@ -110,6 +121,20 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
             .unwrap_or_default()
     );
     Ok(())
+}
+
+/// The CPU's model name as Linux reports it (`/proc/cpuinfo`), or
+/// `unknown`.
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .and_then(|rest| rest.split_once(':'))
+                .map(|(_, name)| name.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
 }
 
 /// `available`, or why NCCL cannot be used by this build on this machine.
