@@ -10,6 +10,17 @@ use std::{fmt, str::FromStr};
 
 use pep440_rs::Version;
 
+/// The value of `key` in one of Linux's `key: value` files under `/proc`
+/// (`/proc/meminfo`, `/proc/cpuinfo`; the first match), trimmed; `None`
+/// where the file or the key is missing.
+pub(crate) fn proc_field(file: &str, key: &str) -> Option<String> {
+    let text = std::fs::read_to_string(file).ok()?;
+    text.lines().find_map(|line| {
+        let (k, v) = line.split_once(':')?;
+        (k.trim() == key).then(|| v.trim().to_string())
+    })
+}
+
 /// Whether CUDA can be used: the NVIDIA driver, libtorch_cuda and a GPU
 /// (`accelerate.utils.is_cuda_available`).
 pub fn is_cuda_available() -> bool {

@@ -179,13 +179,8 @@ pub fn get_max_memory(max_memory: Option<&MaxMemory>, notes: &mut Notes) -> MaxM
 
 /// `MemAvailable` of `/proc/meminfo` (what psutil reports as available).
 fn available_host_memory() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|text| {
-            text.lines()
-                .find_map(|l| l.strip_prefix("MemAvailable:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
+    crate::environment::proc_field("/proc/meminfo", "MemAvailable")
+        .and_then(|v| v.trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kib| kib * 1024)
 }
 

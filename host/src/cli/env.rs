@@ -126,14 +126,7 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
 /// The CPU's model name as Linux reports it (`/proc/cpuinfo`), or
 /// `unknown`.
 fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find_map(|l| l.strip_prefix("model name"))
-                .and_then(|rest| rest.split_once(':'))
-                .map(|(_, name)| name.trim().to_string())
-        })
+    crate::environment::proc_field("/proc/cpuinfo", "model name")
         .unwrap_or_else(|| "unknown".into())
 }
 
