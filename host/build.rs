@@ -43,6 +43,10 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/profiler.cpp");
     println!("cargo:rerun-if-changed=csrc/gelu.cpp");
     println!("cargo:rerun-if-changed=csrc/gelu_avx2.cpp");
+    println!("cargo:rerun-if-changed=csrc/attention.cpp");
+    println!("cargo:rerun-if-changed=csrc/attention_avx2.cpp");
+    println!("cargo:rerun-if-changed=csrc/avx2_exp.h");
+    println!("cargo:rerun-if-changed=csrc/avx2_kernels.h");
     cc::Build::new()
         .cpp(true)
         .pic(true)
@@ -53,14 +57,24 @@ fn main() {
         .file("csrc/shim.cpp")
         .file("csrc/profiler.cpp")
         .file("csrc/gelu.cpp")
+        .file("csrc/attention.cpp")
+        // at::parallel_for is a header template whose `#pragma omp
+        // parallel` is libtorch's intra-op pool (AT_PARALLEL_OPENMP):
+        // compiled without OpenMP, gelu.cpp's and attention.cpp's loops run
+        // on the calling thread alone while the pool's others spin.
+        .flag("-fopenmp")
         .compile("hearth_shim");
+    // The OpenMP runtime libtorch itself loads (torch/lib/libgomp.so.1),
+    // not the compiler's: one pool of threads for both.
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    println!("cargo:rustc-link-lib=dylib:+verbatim=libgomp.so.1");
     // After the shim, which calls them: the linker reads libraries in order.
     if env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("x86_64") {
         build_avx2_kernels(&root);
     }
 }
 
-/// hearth's own CPU kernels (`csrc/gelu_avx2.cpp`), compiled for AVX2 and
+/// hearth's own CPU kernels (`csrc/*_avx2.cpp`), compiled for AVX2 and
 /// FMA in a library of their own, optimised whatever the profile, and
 /// called only on CPUs that have both.
 fn build_avx2_kernels(torch: &std::path::Path) {
@@ -74,6 +88,7 @@ fn build_avx2_kernels(torch: &std::path::Path) {
         .flag("-mfma")
         .include(torch.join("include"))
         .file("csrc/gelu_avx2.cpp")
+        .file("csrc/attention_avx2.cpp")
         .compile("hearth_avx2_kernels");
 }
 

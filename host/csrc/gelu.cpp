@@ -5,6 +5,7 @@
 // (no AVX2/FMA, other dtypes or devices, no gradient wanted) it is
 // libtorch's own gelu.
 
+#include "avx2_kernels.h"
 #include "guarded.h"
 
 #include <ATen/Parallel.h>
@@ -21,15 +22,6 @@ extern "C" void hearth_gelu_and_derivative_avx2(const float *x, float *y, float 
 #endif
 
 namespace {
-
-bool fused_kernel_runs_here() {
-#if defined(__x86_64__)
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-#else
-  return false;
-#endif
-}
 
 struct GeluSavingDerivative : torch::autograd::Function<GeluSavingDerivative> {
   static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &input) {
@@ -69,7 +61,7 @@ extern "C" {
 // else libtorch's at::gelu.
 char *hearth_gelu(at::Tensor *x, at::Tensor **out) {
   return hearth_abi::guarded([&] {
-    const bool fused = fused_kernel_runs_here() && x->device().is_cpu() &&
+    const bool fused = hearth_avx2::kernels_run_here() && x->device().is_cpu() &&
                        x->scalar_type() == at::kFloat && x->requires_grad() &&
                        torch::autograd::GradMode::is_enabled();
     *out = new at::Tensor(fused ? GeluSavingDerivative::apply(*x) : at::gelu(*x));
@@ -77,6 +69,6 @@ char *hearth_gelu(at::Tensor *x, at::Tensor **out) {
 }
 
 // Whether hearth_gelu can take its fused path on this CPU.
-bool hearth_gelu_fused_available() { return fused_kernel_runs_here(); }
+bool hearth_gelu_fused_available() { return hearth_avx2::kernels_run_here(); }
 
 }  // extern "C"

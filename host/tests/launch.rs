@@ -307,11 +307,11 @@ fn env_says_in_words_who_started_the_process() {
     assert!(!said.contains("None"), "{said}");
 }
 
-/// `hearth env` says whether hearth's fused GELU runs on this CPU (AVX2
-/// and FMA, as Rust's own feature detection finds them), in words and in
-/// JSON, with the CPU's model.
+/// `hearth env` says whether hearth's fused GELU and attention run on this
+/// CPU (AVX2 and FMA, as Rust's own feature detection finds them), in
+/// words and in JSON, with the CPU's model.
 #[test]
-fn env_says_whether_the_fused_gelu_runs_here() {
+fn env_says_whether_the_fused_kernels_run_here() {
     #[cfg(target_arch = "x86_64")]
     let expected =
         std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
@@ -321,12 +321,13 @@ fn env_says_whether_the_fused_gelu_runs_here() {
     assert!(out.status.success(), "{}", text(&out));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["cpu"]["fused_gelu"], expected, "{v}");
+    assert_eq!(v["cpu"]["fused_attention"], expected, "{v}");
     assert!(!v["cpu"]["model"].as_str().unwrap().is_empty(), "{v}");
     let said = text(&hearth(&["env"]).output().unwrap());
     let words = if expected {
-        "fused GELU: on"
+        "fused GELU and attention: on"
     } else {
-        "fused GELU: off"
+        "fused GELU and attention: off"
     };
     assert!(said.contains(words), "{said}");
 }

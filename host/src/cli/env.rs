@@ -43,6 +43,8 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
         Err(e) => e.to_string(),
     };
     let cpu = cpu_model();
+    // One CPU check decides both (attention also wants float32, a head size
+    // that is a multiple of 8 and at most 512 positions).
     let fused_gelu = crate::ops::gelu_is_fused();
     let report = serde_json::json!({
         "hearth": env!("CARGO_PKG_VERSION"),
@@ -66,7 +68,7 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
         "nccl": nccl,
         "mpi_library": mpi_library,
         "launch": launch,
-        "cpu": {"model": cpu, "fused_gelu": fused_gelu},
+        "cpu": {"model": cpu, "fused_gelu": fused_gelu, "fused_attention": fused_gelu},
     });
     if args.json {
         println!("{report}");
@@ -93,11 +95,11 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
         );
     }
     println!(
-        "CPU: {cpu}; hearth's fused GELU: {}",
+        "CPU: {cpu}; hearth's fused GELU and attention: {}",
         if fused_gelu {
             "on (AVX2 and FMA)"
         } else {
-            "off (no AVX2 and FMA here: libtorch's GELU)"
+            "off (no AVX2 and FMA here: libtorch's GELU and attention)"
         }
     );
     println!("backends: {} (NCCL: {nccl})", backends.join(", "));

@@ -55,33 +55,12 @@ impl Unit for Block {
         vec![&self.path]
     }
     fn forward_t(&self, x: &Tensor, _train: bool) -> Tensor {
-        let (b, t, d) = x.size3().expect("a block takes [batch, time, d_model]");
-        // q, k and v are views of the qkv projection, split along its
-        // features ([b, t, 3d] -> 3 x [b, h, t, d/h]): their gradients come
-        // back through one `cat`, where the peer's permute of a
-        // [b, t, 3, h, d/h] view and its unbind (three `select`s would be
-        // worse: each fills a zero tensor of all three) copy twice.
+        // Attention straight from the packed qkv projection: no split into
+        // heads, no transpose back, one gradient for all three (hearth's
+        // kernels on a CPU; libtorch's scaled_dot_product_attention
+        // elsewhere).
         let qkv = self.qkv.forward(&self.ln1.forward(x));
-        let heads = |part: &Tensor| {
-            part.view([b, t, self.heads, d / self.heads])
-                .transpose(1, 2)
-        };
-        let (q, k, v) = match &qkv.split(d, -1)[..] {
-            [q, k, v] => (heads(q), heads(k), heads(v)),
-            _ => unreachable!("qkv has 3 * d features"),
-        };
-        let a = Tensor::scaled_dot_product_attention(
-            &q,
-            &k,
-            &v,
-            None::<Tensor>,
-            0.0,
-            true,
-            None,
-            false,
-        )
-        .transpose(1, 2)
-        .reshape([b, t, d]);
+        let a = crate::ops::self_attention(&qkv, self.heads, true);
         let x = x + self.proj.forward(&a);
         // The exact GELU, keeping its derivative for the backward pass.
         let h = crate::ops::gelu(&self.fc.forward(&self.ln2.forward(&x)));

@@ -128,6 +128,17 @@ extern "C" {
     pub fn hearth_gelu_fused_available() -> bool;
 }
 
+// host/csrc/attention.cpp: self-attention from a packed qkv projection.
+extern "C" {
+    pub fn hearth_self_attention(
+        qkv: *mut C_tensor,
+        heads: i64,
+        causal: bool,
+        out: *mut *mut C_tensor,
+    ) -> *mut c_char;
+    pub fn hearth_self_attention_fused(qkv: *mut C_tensor, heads: i64) -> bool;
+}
+
 // host/csrc/profiler.cpp: libtorch's Kineto profiler and record_function spans.
 extern "C" {
     pub fn hearth_profiler_prepare(

@@ -18,7 +18,7 @@ pub use foreach::{
     clear_grads, foreach_mul_, foreach_norm, fused_adam, fused_sgd, on_grad_accumulated, set_grad,
     AdamHyper, SgdHyper,
 };
-pub use fused::{gelu, gelu_is_fused};
+pub use fused::{gelu, gelu_is_fused, self_attention, self_attention_is_fused};
 pub use jit::{JitStructure, ScriptModule};
 pub use rng::{
     deterministic_algorithms, empty_device_cache, randn_seeded, randperm, rng_state, set_rng_state,
