@@ -1,6 +1,6 @@
 //! The whole-process row of `make bench` done with tch alone, as a floor for
-//! hearth's figures: the bench GPT (hearth's `Gpt`, the same tch ops as the
-//! peer's model), one AdamW step on one batch of 16 × 128 random tokens
+//! hearth's figures: the bench GPT (hearth's `Gpt`: the peer's ops, but for
+//! hearth's fused GELU and attention on a CPU with AVX2), one AdamW step on one batch of 16 × 128 random tokens
 //! (written out with tch ops, as PyTorch's non-fused AdamW does it),
 //! `model.safetensors` written with tch, and a plain return from `main`.
 //! No accelerator, config, plugins or trackers.
