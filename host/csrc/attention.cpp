@@ -80,12 +80,7 @@ struct FusedSelfAttention : torch::autograd::Function<FusedSelfAttention> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
                                                  torch::autograd::variable_list grads) {
-    if (torch::autograd::GradMode::is_enabled()) {
-      // create_graph=True: the kernels' gradient has no history.
-      throw std::runtime_error(
-          "hearth's fused attention is differentiable once: a backward pass with create_graph "
-          "needs libtorch's scaled_dot_product_attention");
-    }
+    hearth_avx2::refuse_create_graph("attention", "libtorch's scaled_dot_product_attention");
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &qkv = saved[0], &lse = saved[1];
     const Dims g = dims(qkv, ctx->saved_data["heads"].toInt());

@@ -15,7 +15,6 @@
 #include <ATen/ops/mul.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <stdexcept>
 
 #if defined(__x86_64__)
 extern "C" void hearth_gelu_and_derivative_avx2(const float *x, float *y, float *d, int64_t n);
@@ -41,13 +40,8 @@ struct GeluSavingDerivative : torch::autograd::Function<GeluSavingDerivative> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
                                                  torch::autograd::variable_list grads) {
-    if (torch::autograd::GradMode::is_enabled()) {
-      // create_graph=True: the saved derivative has no history, so a second
-      // derivative through it would silently be zero.
-      throw std::runtime_error(
-          "hearth's fused GELU is differentiable once: a backward pass with create_graph "
-          "needs libtorch's gelu (hearth::ops::gelu falls back to it without AVX2)");
-    }
+    hearth_avx2::refuse_create_graph(
+        "GELU", "libtorch's gelu (hearth::ops::gelu falls back to it without AVX2)");
     return {at::mul(grads[0], ctx->get_saved_variables()[0])};
   }
 };
