@@ -1251,6 +1251,56 @@ fn get_tracker_logs_to_that_tracker_alone_and_names_the_ones_there_are() {
     assert!(!csv.contains("only_jsonl") && csv.contains("both"), "{csv}");
 }
 
+/// The tracker thread takes what was logged in batches, a second apart
+/// (`accelerator/trackers.rs`): a value logged while it waits goes with
+/// the next batch, and the end of training delivers what is left at once.
+#[test]
+fn trackers_take_logged_values_in_batches_and_the_end_delivers_the_rest() {
+    use hearth::plugins::{load_tracker, Manifest, Value as Logged};
+    use std::time::{Duration, Instant};
+    let work = common::scratch("tracker-batches");
+    let dir = common::repo_root().join("target/plugins/jsonl");
+    let manifest =
+        Manifest::read(&dir).expect("built-in plugins are installed: run `make plugins`");
+    let mut acc = Accelerator::builder().cpu(true).build().unwrap();
+    acc.init_trackers(
+        "p",
+        "r",
+        vec![load_tracker(&manifest, &work).unwrap()],
+        Vec::new(),
+    );
+    let file = work.join("metrics.jsonl");
+    let steps_in_file = || -> Vec<u64> {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        text.lines()
+            .map(|l| {
+                serde_json::from_str::<Value>(l).unwrap()["step"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect()
+    };
+    acc.log(vec![("a".into(), Logged::Float(1.0))], 1);
+    let waiting = Instant::now();
+    while steps_in_file().is_empty() {
+        assert!(
+            waiting.elapsed() < Duration::from_secs(30),
+            "step 1 never arrived"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The thread delivered step 1 and now lets values gather for a second.
+    let delivered = Instant::now();
+    acc.log(vec![("a".into(), Logged::Float(2.0))], 2);
+    std::thread::sleep(Duration::from_millis(200));
+    let seen = steps_in_file();
+    if delivered.elapsed() < Duration::from_millis(800) {
+        assert_eq!(seen, [1], "step 2 waits for the next batch");
+    }
+    acc.end_training().unwrap();
+    assert_eq!(steps_in_file(), [1, 2]);
+}
+
 /// A place in a world of 4 processes on 2 machines, without collectives.
 struct Place {
     rank: usize,
