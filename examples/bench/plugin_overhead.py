@@ -2,8 +2,13 @@
 tiny GPT (examples/bench-gpt.toml) logging every step, without plugins and
 with a scheduler plugin (`linear`, called every step) plus three tracker
 plugins (jsonl, tensorboard, mlflow, fed every step), alternately, ROUNDS
-times each. Prints tokens/s of both, their ratio and the overhead per step.
-Then runs the per-call micro-benchmark (host/examples/plugin_calls.rs).
+times each. Prints tokens/s of both, their ratio and the overhead per step,
+and what the plugged runs' own accounts say the plugins took (`plugin_calls`
+of summary.json: the scheduler's wall time on the training loop and the
+trackers' CPU time on their thread, instantiations included) as a share of
+the run's steps: end to end, a few per cent of noise between runs of the
+same binary hides a cost of a fraction of one. Then runs the per-call
+micro-benchmark (host/examples/plugin_calls.rs).
 A benchmark, not a test: nothing is asserted.
 Usage: make bench-plugins  (or: python plugin_overhead.py [ROUNDS])
 """
@@ -36,34 +41,51 @@ name = "mlflow"
 TOKENS_PER_STEP = 16 * 128
 
 
-def tokens_per_sec(folder: pathlib.Path, config_text: str) -> float:
+def summary(folder: pathlib.Path, config_text: str) -> dict:
+    """The summary.json of one run of CONFIG_TEXT in FOLDER."""
     folder.mkdir(parents=True)
     (folder / "job.toml").write_text(config_text)
     subprocess.run([HEARTH, "run", "job.toml", "--cpu", "--quiet", "--steps", str(STEPS)], cwd=folder, check=True,
                    capture_output=True)
-    return json.loads((folder / "runs" / "bench-gpt" / "summary.json").read_text())["tokens_per_sec"]
+    return json.loads((folder / "runs" / "bench-gpt" / "summary.json").read_text())
 
 
-def measure(rounds: int) -> tuple[list, list]:
-    """tokens/s without plugins and with them, ROUNDS alternating runs each."""
-    bare, plugged = [], []
+def accounted(run: dict) -> float:
+    """The share of a run's STEPS that its plugin calls took, by its own
+    account: a scheduler's wall time (the training loop waits for it), a
+    tracker's CPU time (its thread runs beside training), and every
+    instantiation's wall time."""
+    step = TOKENS_PER_STEP / run["tokens_per_sec"]
+    taken = sum((u["wall_seconds"] if u["kind"] == "scheduler" else u["cpu_seconds"]) + u["instantiate_seconds"]
+                for u in run["plugin_calls"])
+    return taken / (STEPS * step)
+
+
+def measure(rounds: int) -> tuple[list, list, list]:
+    """tokens/s without plugins and with them, ROUNDS alternating runs each,
+    and the plugged runs' accounted share."""
+    bare, plugged, shares = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(rounds):
-            bare.append(tokens_per_sec(pathlib.Path(tmp) / f"bare{i}", BASE))
-            plugged.append(tokens_per_sec(pathlib.Path(tmp) / f"plugged{i}", BASE + PLUGINS))
-            print(f"round {i + 1}: no plugins {bare[-1]:.0f} tokens/s, scheduler + 3 trackers {plugged[-1]:.0f} tokens/s")
-    return bare, plugged
+            bare.append(summary(pathlib.Path(tmp) / f"bare{i}", BASE)["tokens_per_sec"])
+            run = summary(pathlib.Path(tmp) / f"plugged{i}", BASE + PLUGINS)
+            plugged.append(run["tokens_per_sec"])
+            shares.append(accounted(run))
+            print(f"round {i + 1}: no plugins {bare[-1]:.0f} tokens/s, scheduler + 3 trackers {plugged[-1]:.0f} "
+                  f"tokens/s, by their account {shares[-1] * 100:.2f} % of the steps")
+    return bare, plugged, shares
 
 
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    bare, plugged = measure(rounds)
+    bare, plugged, shares = measure(rounds)
     b, p = statistics.median(bare), statistics.median(plugged)
     overhead_us = (TOKENS_PER_STEP / p - TOKENS_PER_STEP / b) * 1e6
     print(f"tiny GPT, logging every step, median of {rounds}:")
     print(f"  no plugins                      {b:9.0f} tokens/s ({TOKENS_PER_STEP / b * 1e3:.1f} ms/step)")
     print(f"  linear + jsonl/tensorboard/mlflow {p:7.0f} tokens/s")
     print(f"  ratio with/without = {p / b:.3f}; overhead {overhead_us:+.0f} µs/step (noise included)")
+    print(f"  the plugins' own account: {statistics.median(shares) * 100:.2f} % of the steps")
     print("per call:")
     subprocess.run(["cargo", "run", "--quiet", "--example", "plugin_calls"], cwd=ROOT, check=True)
 

@@ -21,6 +21,7 @@ mod sandbox;
 mod scheduler;
 mod stdio;
 mod tracker;
+mod usage;
 mod wrap_policy;
 
 pub use bindings::{RunInfo, Value};
@@ -34,6 +35,7 @@ pub use manifest::{LimitOverrides, Limits, Manifest, PluginKind};
 pub use registry::{Found, PluginSource, Registry, SearchPath};
 pub use scheduler::{load_scheduler, SchedulerPlugin};
 pub use tracker::{load_tracker, TrackerPlugin};
+pub use usage::{plugin_usage, plugin_usage_since, PluginUsage};
 pub use wrap_policy::{load_wrap_policy, WrapPolicyPlugin};
 
 /// Named values, as the WIT `entries` type.

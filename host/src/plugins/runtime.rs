@@ -12,6 +12,7 @@ use super::inspect::{check_is_component, check_world, report};
 use super::quota::{HasQuotaFs, Quota};
 use super::sandbox::{PluginState, Preopen};
 use super::stdio::OutputBudget;
+use super::usage::Phase;
 use super::{ComponentReport, Manifest, PluginEngine, PluginError, PluginKind};
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -198,15 +199,27 @@ impl Prepared {
         &self,
         call: impl Future<Output = wasmtime::Result<T>>,
     ) -> wasmtime::Result<T> {
+        self.run_timed(Phase::Call, call)
+    }
+
+    /// [`run`](Self::run), counted in the plugin's usage as `phase`.
+    fn run_timed<T>(
+        &self,
+        phase: Phase,
+        call: impl Future<Output = wasmtime::Result<T>>,
+    ) -> wasmtime::Result<T> {
         let limit = self.manifest.limits.call_timeout() + 2 * EPOCH_TICK;
         let _span = crate::profiling::span_named(|| format!("plugin::{}", self.name()));
         let _ticking = PluginEngine::global().ticking();
-        self.runtime.block_on(async {
+        let started = super::usage::start();
+        let result = self.runtime.block_on(async {
             match tokio::time::timeout(limit, call).await {
                 Ok(result) => result,
                 Err(_) => Err(CallTimedOut.into()),
             }
-        })
+        });
+        super::usage::record(&self.manifest.kind.to_string(), self.name(), phase, started);
+        result
     }
 
     /// Instantiates `bindings` in a fresh store under the call deadline.
@@ -233,7 +246,10 @@ impl Prepared {
     ) -> wasmtime::Result<(Store<PluginState>, B)> {
         let mut store = self.store(files)?;
         self.arm(&mut store);
-        let bindings = self.run(instantiate(&mut store, &self.component, &self.linker))?;
+        let bindings = self.run_timed(
+            Phase::Instantiate,
+            instantiate(&mut store, &self.component, &self.linker),
+        )?;
         Ok((store, bindings))
     }
 

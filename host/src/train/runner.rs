@@ -83,6 +83,11 @@ pub struct RunSummary {
     pub cuda_graph: Option<GraphStats>,
     /// This process's Chrome trace, when the run was profiled.
     pub profile: Option<PathBuf>,
+    /// What calls into plugins cost in this process during the run, per
+    /// plugin (a scheduler's wall time is the training loop's; trackers'
+    /// CPU time is their own thread's). A process running several runs at
+    /// once counts all their calls.
+    pub plugin_calls: Vec<crate::plugins::PluginUsage>,
 }
 
 /// Trains the model a config describes, evaluates it, and writes
@@ -93,6 +98,7 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
         .clone()
         .unwrap_or_else(|| config.run.output_dir.clone())
         .join(&config.run.name);
+    let plugins_before = crate::plugins::plugin_usage();
     let mut acc = setup::accelerator(config, options, &run_dir)?;
     let registry = setup::plugin_registry(config, options)?;
     attach_plugins(&mut acc, config, registry.as_ref())?;
@@ -105,7 +111,8 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
         job.log(&acc, values, job.steps)?;
     }
     acc.end_training().map_err(TrainError::State)?;
-    write_results(&acc, config, &run_dir, job, trained, eval)
+    let plugin_calls = crate::plugins::plugin_usage_since(&plugins_before);
+    write_results(&acc, config, &run_dir, job, trained, eval, plugin_calls)
 }
 
 /// Trackers (main process only) and checkpoint hooks from the config.
@@ -582,6 +589,7 @@ fn write_results(
     job: Job,
     trained: Trained,
     eval: Option<Evaluation>,
+    plugin_calls: Vec<crate::plugins::PluginUsage>,
 ) -> Result<RunSummary, TrainError> {
     let saved = acc.save_model(&job.model, run_dir, config.run.max_shard_size())?;
     let model_path = saved
@@ -603,6 +611,7 @@ fn write_results(
         fsdp: acc.fsdp_settings().cloned(),
         cuda_graph: job.graphed.as_ref().map(GraphedStep::stats),
         profile: trained.profile,
+        plugin_calls,
     };
     if acc.is_main_process() {
         std::fs::create_dir_all(run_dir).map_err(io_err(run_dir))?;
