@@ -5,7 +5,10 @@ AdamW step on one batch, writes model.safetensors and exits:
 `hearth run examples/bench-gpt.toml --steps 1` against this file's `peer`
 mode (Accelerator(cpu=True), prepare, backward, step, save_model), and
 against the same job in plain tch (`bare_tch_gpt`, host/examples: the floor
-a Rust program linking libtorch starts from). Reports the median wall time
+a Rust program linking libtorch starts from), and against `hearth --version`,
+which does nothing but is loaded: libtorch's load alone (the dynamic linker
+and libtorch's static initialisers, which register its operators), the part
+of each figure no program linking libtorch can shed. Reports the median wall time
 and the median peak RSS (the child's ru_maxrss, from wait4) of ROUNDS
 alternating runs, and their ratios. A benchmark, not a test: nothing is
 asserted.
@@ -55,6 +58,10 @@ def bare_cmd(out: pathlib.Path) -> list:
     return [BARE, out]
 
 
+def load_cmd(out: pathlib.Path) -> list:
+    return [HEARTH, "--version"]
+
+
 def peer(out: str) -> None:
     """The peer's process: the bench GPT, one AdamW step, save_model."""
     sys.path.insert(0, str(ROOT / "tests" / "oracles"))
@@ -80,10 +87,10 @@ def peer(out: str) -> None:
 
 
 def measure(rounds: int) -> dict:
-    """{"hearth"|"peer"|"bare": {"wall": [s...], "rss": [bytes...]}}."""
+    """{"hearth"|"peer"|"bare"|"load": {"wall": [s...], "rss": [bytes...]}}."""
     if not BARE.exists():
         raise SystemExit(f"{BARE} is missing: cargo build --example bare_tch_gpt (make bench does)")
-    sides = (("hearth", hearth_cmd), ("peer", peer_cmd), ("bare", bare_cmd))
+    sides = (("hearth", hearth_cmd), ("peer", peer_cmd), ("bare", bare_cmd), ("load", load_cmd))
     runs = {side: {"wall": [], "rss": []} for side, _ in sides}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(rounds):
@@ -91,7 +98,7 @@ def measure(rounds: int) -> dict:
                 out = pathlib.Path(tmp) / f"{side}-{i}"
                 wall, rss = timed(cmd(out))
                 saved = list(out.rglob("model.safetensors"))
-                if not saved:
+                if not saved and side != "load":
                     raise SystemExit(f"{side} wrote no model.safetensors under {out}")
                 runs[side]["wall"].append(wall)
                 runs[side]["rss"].append(rss)
@@ -108,9 +115,9 @@ def main() -> None:
     med = statistics.median
     print(f"start -> 1 AdamW step -> model.safetensors -> exit, median of {rounds}:")
     for key, unit, scale in (("wall", "s", 1), ("rss", "MiB", 2**20)):
-        h, p, b = (med(runs[side][key]) / scale for side in ("hearth", "peer", "bare"))
+        h, p, b, l = (med(runs[side][key]) / scale for side in ("hearth", "peer", "bare", "load"))
         print(f"  {key}: hearth {h:.2f} {unit}, accelerate {p:.2f} {unit} ({h / p:.2f}x), "
-              f"bare tch {b:.2f} {unit} ({h / b:.2f}x)")
+              f"bare tch {b:.2f} {unit} ({h / b:.2f}x); libtorch's load alone {l:.2f} {unit} ({l / p:.2f}x)")
 
 
 if __name__ == "__main__":
