@@ -42,6 +42,13 @@ def test_linear_schedule_matches_pytorch_step_for_step(hearth, tmp_path):
     logged = [l["lr"] for l in lines if "lr" in l]
     assert len(logged) == STEPS
     assert logged == pytest.approx(pytorch_rates(), rel=1e-12, abs=1e-18)
+    # summary.json accounts for every call: the schedule's rate each step,
+    # the tracker's log each step (with its start and finish).
+    calls = {u["name"]: u for u in json.loads((tmp_path / "runs/short/summary.json").read_text())["plugin_calls"]}
+    assert (calls["linear"]["kind"], calls["jsonl"]["kind"]) == ("scheduler", "tracker")
+    for used in calls.values():
+        assert used["calls"] >= STEPS and used["instantiations"] >= 1, used
+        assert 0 < used["cpu_seconds"] <= used["wall_seconds"] + 1e-3, used
 
 
 @pytest.mark.parametrize(
