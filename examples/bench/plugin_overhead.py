@@ -67,10 +67,16 @@ def measure(rounds: int) -> tuple[list, list, list]:
     bare, plugged, shares = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(rounds):
-            bare.append(summary(pathlib.Path(tmp) / f"bare{i}", BASE)["tokens_per_sec"])
+            # Every other round the plugged run goes first: a machine that
+            # slows within a round then weighs on both sides alike.
+            first_plugged = i % 2 == 1
+            if not first_plugged:
+                bare.append(summary(pathlib.Path(tmp) / f"bare{i}", BASE)["tokens_per_sec"])
             run = summary(pathlib.Path(tmp) / f"plugged{i}", BASE + PLUGINS)
             plugged.append(run["tokens_per_sec"])
             shares.append(accounted(run))
+            if first_plugged:
+                bare.append(summary(pathlib.Path(tmp) / f"bare{i}", BASE)["tokens_per_sec"])
             print(f"round {i + 1}: no plugins {bare[-1]:.0f} tokens/s, scheduler + 3 trackers {plugged[-1]:.0f} "
                   f"tokens/s, by their account {shares[-1] * 100:.2f} % of the steps")
     return bare, plugged, shares
