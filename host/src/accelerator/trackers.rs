@@ -26,7 +26,7 @@ const QUEUE: usize = 4096;
 const FINISH_GRACE: Duration = Duration::from_secs(30);
 
 /// How long the tracker thread lets logged values gather between batches.
-pub(crate) const BATCH_INTERVAL: Duration = Duration::from_secs(1);
+const BATCH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Values logged at a step, for every tracker or the one of that index.
 type Logged = (Option<usize>, u64, Entries);

@@ -68,14 +68,21 @@ impl PluginKind {
     }
 }
 
-impl std::fmt::Display for PluginKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
+impl PluginKind {
+    /// The kind as manifests spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
             Self::Tracker => "tracker",
             Self::Scheduler => "scheduler",
             Self::CheckpointHook => "checkpoint-hook",
             Self::WrapPolicy => "wrap-policy",
-        })
+        }
+    }
+}
+
+impl std::fmt::Display for PluginKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

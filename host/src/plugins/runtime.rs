@@ -218,7 +218,7 @@ impl Prepared {
                 Err(_) => Err(CallTimedOut.into()),
             }
         });
-        super::usage::record(&self.manifest.kind.to_string(), self.name(), phase, started);
+        super::usage::record(self.manifest.kind.as_str(), self.name(), phase, started);
         result
     }
 
