@@ -231,14 +231,12 @@ def test_a_torchscript_path_that_is_not_a_module_is_a_clear_error(hearth, tmp_pa
 def test_the_rust_example_learns(tmp_path):
     """examples/custom_loop.rs, as `cargo test` built it, fits its curve."""
     import re
-    import subprocess
 
-    from conftest import ROOT
+    from conftest import ROOT, run_command
 
     binary = ROOT / "target" / "debug" / "examples" / "custom_loop"
     assert binary.exists(), f"{binary} is missing: run `make test` (cargo test builds the examples)"
-    out = subprocess.run([str(binary)], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                         env={"PATH": "/usr/bin:/bin", "HEARTH_USE_CPU": "1"})
+    out = run_command([binary], cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "HEARTH_USE_CPU": "1"})
     assert out.returncode == 0, out.stderr
     mse = [float(m) for m in re.findall(r"mse ([0-9.]+)", out.stdout)]
     lrs = [float(m) for m in re.findall(r"lr ([0-9.e+-]+)", out.stdout)]

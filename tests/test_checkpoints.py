@@ -6,14 +6,13 @@ import json
 import os
 import random
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
-from conftest import run_hearth, write_config
+from conftest import run_hearth, start, write_config
 
 JOB = """
 [run]
@@ -97,10 +96,10 @@ def test_kill_9_at_random_moments_never_damages_the_newest_checkpoint(hearth_bin
     while saves < 50 or kills < 10:
         args = [str(hearth_bin), "run", str(config), "-q"] + (["--resume"] if resumed else [])
         before = newest(ckpts)
-        proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        time.sleep(rng.uniform(0.4, 2.0))
-        proc.send_signal(signal.SIGKILL)
-        _, err = proc.communicate()
+        with start(args, cwd=tmp_path, env=env) as job:
+            time.sleep(rng.uniform(0.4, 2.0))
+            job.proc.send_signal(signal.SIGKILL)
+            err = job.finish().stderr
         kills += 1
         latest = newest(ckpts)
         if latest is None:

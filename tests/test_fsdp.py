@@ -6,7 +6,6 @@ import json
 import os
 import pathlib
 import signal
-import subprocess
 import sys
 import time
 
@@ -14,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import ROOT, make_plugin, mpirun, write_config
+from conftest import ROOT, make_plugin, mpirun, run_command, start, write_config
 
 sys.path.insert(0, str(ROOT / "tests" / "oracles"))
 import peer_gpt  # noqa: E402
@@ -60,10 +59,8 @@ def plan(hearth, tmp_path, fsdp: str, n: int = 1, name="job.toml"):
 
 def accelerate_units(spec: dict) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FSDP_")}
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "oracles" / "fsdp_wrap_units.py"), json.dumps({**SIZES, **spec})],
-        capture_output=True, text=True, check=True, env=env,
-    )
+    out = run_command([sys.executable, ROOT / "tests" / "oracles" / "fsdp_wrap_units.py", json.dumps({**SIZES, **spec})], env=env)
+    assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
 
@@ -442,14 +439,11 @@ def test_a_process_killed_during_a_sharded_save_leaves_the_previous_checkpoint_l
     checkpoints = tmp_path / "out" / "fsdp" / "checkpoints"
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    job_ = subprocess.Popen(
-        ["mpirun", "--oversubscribe", "-n", "4", str(hearth_bin), "run", str(config), "--quiet", "--output-dir", str(tmp_path / "out")],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
     caught = None
-    try:
+    with start(["mpirun", "--oversubscribe", "--tag-output", "-n", "4", hearth_bin, "run", config, "--quiet", "--output-dir", tmp_path / "out"],
+               cwd=tmp_path, env=env) as job_:
         deadline = time.monotonic() + 300
-        while caught is None and job_.poll() is None and time.monotonic() < deadline:
+        while caught is None and job_.proc.poll() is None and time.monotonic() < deadline:
             staging = [p for p in checkpoints.glob(".checkpoint_*.tmp-*") if p.is_dir()] if checkpoints.exists() else []
             if not staging or not (checkpoints / "checkpoint_0").exists():
                 time.sleep(0.001)
@@ -470,12 +464,8 @@ def test_a_process_killed_during_a_sharded_save_leaves_the_previous_checkpoint_l
         assert not (checkpoints / name).exists(), "the others must wait for rank 3's shards"
         for pid in processes_of_rank(3):
             os.kill(pid, signal.SIGKILL)
-        job_.wait(timeout=120)
-    finally:
-        if job_.poll() is None:
-            job_.kill()
-            job_.wait()
-    assert job_.returncode != 0
+        ended = job_.finish()
+    assert ended.returncode != 0
     assert not (checkpoints / name).exists()
     visible = sorted(checkpoints.glob("checkpoint_*"))
     assert visible, "an earlier checkpoint was committed"

@@ -9,14 +9,13 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
 import time
 
 import numpy
 import pytest
 from PIL import Image
 
-from conftest import ROOT, run_hearth, write_config
+from conftest import ROOT, run_command, run_hearth, start, write_config
 
 CHART_SIZE = (960, 440)
 RUN_COLOUR = (31, 119, 180)  # the first run's colour (Tableau blue)
@@ -161,13 +160,14 @@ def test_chromium_renders_the_charts(hearth, two_runs, tmp_path):
     out = hearth("report", *two_runs, "-o", tmp_path / "r")
     assert out.returncode == 0, out.stderr
     shot = tmp_path / "shot.png"
-    subprocess.run(
+    drawn = run_command(
         [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          f"--user-data-dir={tmp_path / 'profile'}", "--hide-scrollbars", "--window-size=1100,2600",
          f"--screenshot={shot}", (tmp_path / "r" / "report.html").as_uri()],
-        check=True, capture_output=True, timeout=120,
+        timeout=120,
     )
+    assert drawn.returncode == 0, drawn.stderr
     with Image.open(shot) as image:
         rgb = image.convert("RGB")
     width, height = rgb.size
@@ -190,18 +190,15 @@ def test_watch_follows_a_run_until_it_finishes(hearth_bin, tmp_path):
         f.write(json.dumps({"step": 10, "time": 1.0, "loss": 2.0}) + "\n")
     out = tmp_path / "watched"
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    proc = subprocess.Popen(
-        [str(hearth_bin), "report", str(run), "-o", str(out), "--watch", "--interval", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )
-    try:
+    # Two waits of up to 60 s for the page, then the end of the watch.
+    with start([hearth_bin, "report", run, "-o", out, "--watch", "--interval", "1"], env=env, timeout=180) as watch:
         def wait_for(check, what):
             deadline = time.time() + 60
             while time.time() < deadline:
                 page = out / "report.html"
                 if page.exists() and check(page.read_text()):
                     return page.read_text()
-                assert proc.poll() is None or what == "finished", proc.communicate()
+                assert watch.proc.poll() is None or what == "finished", watch.finish()
                 time.sleep(0.2)
             pytest.fail(f"the report never showed {what}")
 
@@ -211,11 +208,10 @@ def test_watch_follows_a_run_until_it_finishes(hearth_bin, tmp_path):
             f.write(json.dumps({"step": 20, "time": 2.0, "loss": 1.5, "eval/accuracy": 0.25}) + "\n")
         wait_for(lambda t: 'data-metric="eval/accuracy"' in t, "the new metric")
         (run / "summary.json").write_text(json.dumps({"final_loss": 1.5, "device": "cpu"}))
-        assert proc.wait(timeout=30) == 0, proc.stderr.read()
+        ended = watch.finish()
+        assert ended.returncode == 0, ended.stderr
         final = (out / "report.html").read_text()
         assert 'http-equiv="refresh"' not in final and "finished" in final
-    finally:
-        proc.kill()
 
 
 def test_a_resumed_run_keeps_each_step_once(hearth, tmp_path):
@@ -260,10 +256,7 @@ def test_the_progress_bar_shows_step_loss_throughput_and_eta(hearth_bin, tmp_pat
     # `script` gives hearth a terminal, as a user's shell does.
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     env["COLUMNS"] = "160"
-    out = subprocess.run(
-        ["script", "-qec", f"{hearth_bin} run {config}", "/dev/null"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
-    )
+    out = run_command(["script", "-qec", f"{hearth_bin} run {config}", "/dev/null"], cwd=tmp_path, env=env, timeout=300)
     assert out.returncode == 0, out.stdout
     screen = out.stdout
     for word in ["/40", "ETA", "loss", "tok/s"]:

@@ -5,7 +5,7 @@
 //! inside their folder.
 
 mod common;
-use common::scratch;
+use common::{scratch, Limited};
 
 use hearth::accelerator::{Accelerator, ProjectConfiguration};
 use hearth::checkpoint::{load_safetensors, verify_complete, MANIFEST_NAME};
@@ -30,12 +30,17 @@ fn bad_hook(work: &Path, behaviour: &str, limits: &str) -> CheckpointHookPlugin 
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     let wasm = BUILT.get_or_init(|| {
         let root = common::repo_root();
-        let status = std::process::Command::new("cargo")
+        // A build from nothing takes longer than a test's usual limit.
+        let built = std::process::Command::new("cargo")
             .args(["build", "--release", "--quiet", "-p", "fixture-bad-hook"])
             .current_dir(root.join("tests/plugins"))
-            .status()
+            .run_for(common::limit().max(std::time::Duration::from_secs(900)))
             .unwrap();
-        assert!(status.success(), "building tests/plugins/bad-hook failed");
+        assert!(
+            built.status.success(),
+            "building tests/plugins/bad-hook failed:\n{}",
+            String::from_utf8_lossy(&built.stderr)
+        );
         root.join("target/test-plugins-build/wasm32-wasip2/release/fixture_bad_hook.wasm")
     });
     let dir = work.join("plugins").join(format!("bad-hook-{behaviour}"));

@@ -6,7 +6,7 @@
 mod common;
 use common::scratch;
 
-use common::{oracle, python, repo_root};
+use common::{oracle, python, repo_root, Limited};
 use hearth::checkpoint::{
     load_checkpoint_in_model, load_safetensors, parse_size, save_model, save_safetensors,
     CheckpointError,
@@ -73,7 +73,7 @@ fn shards_like_huggingface_and_both_sides_load_each_other() {
     let check = std::process::Command::new(python())
         .arg(repo_root().join("tests/oracles/model_files.py"))
         .args(["check", dir.to_str().unwrap()])
-        .output()
+        .run()
         .unwrap();
     assert!(
         check.status.success() && String::from_utf8_lossy(&check.stdout).contains("agree"),

@@ -4,7 +4,7 @@
 //! parent checks it against the values of the distributed issue.
 
 mod common;
-use common::{mpirun, mpirun_ok, results, scratch, write_result, CHILD, OUT};
+use common::{mpirun, mpirun_ok, results, scratch, write_result, Limited, CHILD, OUT};
 /// DistributedDataParallelKwargs checked against PyTorch's DDP.
 #[path = "mpi/ddp_kwargs.rs"]
 mod ddp_kwargs;
@@ -483,18 +483,20 @@ fn bf16_compression_halves_the_bytes_and_stays_close() {
     assert!(differs, "bf16 rounding changed something");
 }
 
-/// `hearth run` in `n` ranks under mpirun.
+/// `hearth run` in `n` ranks under mpirun; a rank's lines come as
+/// `[rank r] …` ([`common::ranked`]).
 fn hearth_run(n: usize, config: &std::path::Path, args: &[&str]) -> Output {
-    Command::new("mpirun")
-        .args(["--oversubscribe", "-n", &n.to_string()])
+    let run = Command::new("mpirun")
+        .args(["--oversubscribe", "--tag-output", "-n", &n.to_string()])
         .arg(env!("CARGO_BIN_EXE_hearth"))
         .arg("run")
         .arg(config)
         .args(args)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .output()
-        .expect("mpirun runs")
+        .run()
+        .expect("mpirun runs");
+    common::ranked(run)
 }
 
 /// A short `hearth run` job for two ranks.
@@ -811,7 +813,7 @@ fn accelerate_oracle(n: usize, out: &std::path::Path) {
         .env("OMP_NUM_THREADS", "1")
         // torchrun's agent leaves its log folder in TMPDIR: keep it in ours.
         .env("TMPDIR", out)
-        .output()
+        .run()
         .expect("the project's Python (.venv) runs; run `make setup`");
     assert!(
         run.status.success(),
@@ -1004,6 +1006,71 @@ fn a_rank_that_hangs_makes_the_others_time_out_and_the_job_stop() {
         started.elapsed() < Duration::from_secs(50),
         "the hung rank does not hold the job for its 60 s"
     );
+}
+
+/// One rank of a job that never ends (mode `stuck`): each rank says it
+/// started; rank 1 then says it is ready and sleeps for good, so mpirun
+/// waits forever.
+#[test]
+fn child_stuck() {
+    if std::env::var(CHILD).as_deref() != Ok("stuck") {
+        return; // only under mpirun
+    }
+    let rank = std::env::var("OMPI_COMM_WORLD_RANK").unwrap();
+    eprintln!("rank {rank} started");
+    if rank == "1" {
+        let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
+        std::fs::write(out.join("ready"), "").unwrap();
+        loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+    }
+}
+
+/// No test can hang: a job that does not end within its limit is killed,
+/// all its processes, and fails its test with a message naming the test,
+/// the command, and the last lines of each rank's output.
+#[test]
+fn a_job_that_never_ends_fails_its_test_in_time_and_leaves_nothing_behind() {
+    let dir = scratch("stuck");
+    let job = common::start(&mut common::mpirun_command(2, "child_stuck", "stuck", &dir)).unwrap();
+    let tag = job.tag().to_owned();
+    // The clock starts once rank 1 has written its line, however slow
+    // mpirun is to start the ranks.
+    let started = Instant::now();
+    while !dir.join("ready").exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "rank 1 never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let started = Instant::now();
+    let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        job.finish(Duration::from_secs(5))
+    }));
+    let message = *failed
+        .expect_err("the job never ends")
+        .downcast::<String>()
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "killed {:?} after its limit",
+        started.elapsed()
+    );
+    let first = message.lines().next().unwrap();
+    assert!(
+        first.starts_with(
+            "a_job_that_never_ends_fails_its_test_in_time_and_leaves_nothing_behind: `mpirun "
+        ) && first.ends_with("did not finish within 5s; its processes were killed"),
+        "{message}"
+    );
+    assert!(
+        message.contains("--- rank 1, stderr ---\nrank 1 started\n"),
+        "{message}"
+    );
+    let left = common::tagged(&tag);
+    assert!(left.is_empty(), "left behind: {left:?}");
 }
 
 /// One rank of a DDP run of a TorchScript model with BatchNorm; the mode is
