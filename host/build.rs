@@ -45,8 +45,10 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/gelu_avx2.cpp");
     println!("cargo:rerun-if-changed=csrc/attention.cpp");
     println!("cargo:rerun-if-changed=csrc/attention_avx2.cpp");
+    println!("cargo:rerun-if-changed=csrc/exp_avx2.cpp");
     println!("cargo:rerun-if-changed=csrc/avx2_exp.h");
     println!("cargo:rerun-if-changed=csrc/avx2_kernels.h");
+    println!("cargo:rerun-if-changed=csrc/kernel_paths.h");
     cc::Build::new()
         .cpp(true)
         .pic(true)
@@ -89,6 +91,7 @@ fn build_avx2_kernels(torch: &std::path::Path) {
         .include(torch.join("include"))
         .file("csrc/gelu_avx2.cpp")
         .file("csrc/attention_avx2.cpp")
+        .file("csrc/exp_avx2.cpp")
         .compile("hearth_avx2_kernels");
 }
 

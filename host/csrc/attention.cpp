@@ -24,11 +24,12 @@
 #if defined(__x86_64__)
 extern "C" void hearth_attention_forward_avx2(const float *qkv, float *out, float *lse, int64_t B,
                                               int64_t T, int64_t H, int64_t D, bool causal,
-                                              int64_t begin, int64_t end);
+                                              int64_t begin, int64_t end, int32_t mutation);
 extern "C" void hearth_attention_backward_avx2(const float *qkv, const float *lse,
                                                const float *dout, float *dqkv,
                                                int64_t B, int64_t T, int64_t H, int64_t D,
-                                               bool causal, int64_t begin, int64_t end);
+                                               bool causal, int64_t begin, int64_t end,
+                                               int32_t mutation);
 #endif
 
 namespace {
@@ -53,14 +54,15 @@ Dims dims(const at::Tensor &qkv, int64_t heads) {
   return {qkv.size(0), qkv.size(1), heads, d / heads};
 }
 
-bool fused_path_takes(const at::Tensor &qkv, const Dims &g) {
-  return hearth_avx2::kernels_run_here() && qkv.device().is_cpu() && qkv.scalar_type() == at::kFloat &&
-         g.D % 8 == 0 && g.T >= 1 && g.T <= kMaxFusedLength && g.B >= 1;
+// Whether the AVX2 kernels take qkv, when `kernels` asks for them.
+bool fused_path_takes(const at::Tensor &qkv, const Dims &g, int32_t kernels) {
+  return qkv.device().is_cpu() && qkv.scalar_type() == at::kFloat && g.D % 8 == 0 && g.T >= 1 &&
+         g.T <= kMaxFusedLength && g.B >= 1 && hearth_avx2::avx2_asked(kernels);
 }
 
 struct FusedSelfAttention : torch::autograd::Function<FusedSelfAttention> {
   static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &packed,
-                            int64_t heads, bool causal) {
+                            int64_t heads, bool causal, int64_t mutation) {
     const Dims g = dims(packed, heads);
     const at::Tensor qkv = packed.contiguous();
     at::Tensor out = at::empty({g.B, g.T, g.H * g.D}, qkv.options());
@@ -69,12 +71,14 @@ struct FusedSelfAttention : torch::autograd::Function<FusedSelfAttention> {
     const float *x = qkv.const_data_ptr<float>();
     float *o = out.mutable_data_ptr<float>(), *l = lse.mutable_data_ptr<float>();
     at::parallel_for(0, g.B * g.H, 1, [&](int64_t begin, int64_t end) {
-      hearth_attention_forward_avx2(x, o, l, g.B, g.T, g.H, g.D, causal, begin, end);
+      hearth_attention_forward_avx2(x, o, l, g.B, g.T, g.H, g.D, causal, begin, end,
+                                    int32_t(mutation));
     });
 #endif
     ctx->save_for_backward({qkv, lse});
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["causal"] = causal;
+    ctx->saved_data["mutation"] = mutation;
     return out;
   }
 
@@ -85,6 +89,7 @@ struct FusedSelfAttention : torch::autograd::Function<FusedSelfAttention> {
     const at::Tensor &qkv = saved[0], &lse = saved[1];
     const Dims g = dims(qkv, ctx->saved_data["heads"].toInt());
     const bool causal = ctx->saved_data["causal"].toBool();
+    const auto mutation = int32_t(ctx->saved_data["mutation"].toInt());
     const at::Tensor dout = grads[0].contiguous();
     at::Tensor dqkv = at::empty_like(qkv);
 #if defined(__x86_64__)
@@ -92,10 +97,11 @@ struct FusedSelfAttention : torch::autograd::Function<FusedSelfAttention> {
                 *dO = dout.const_data_ptr<float>();
     float *dx = dqkv.mutable_data_ptr<float>();
     at::parallel_for(0, g.B * g.H, 1, [&](int64_t begin, int64_t end) {
-      hearth_attention_backward_avx2(x, l, dO, dx, g.B, g.T, g.H, g.D, causal, begin, end);
+      hearth_attention_backward_avx2(x, l, dO, dx, g.B, g.T, g.H, g.D, causal, begin, end,
+                                     mutation);
     });
 #endif
-    return {dqkv, at::Tensor(), at::Tensor()};
+    return {dqkv, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -115,20 +121,25 @@ at::Tensor libtorch_attention(const at::Tensor &qkv, const Dims &g, bool causal)
 extern "C" {
 
 // out = multi-head attention of the packed projection qkv [B, T, 3*H*D]
-// (q | k | v) with `heads` heads, causal or not: [B, T, H*D].
-char *hearth_self_attention(at::Tensor *qkv, int64_t heads, bool causal, at::Tensor **out) {
+// (q | k | v) with `heads` heads, causal or not: [B, T, H*D]; `kernels` is
+// hearth_kernels' path and mutation.
+char *hearth_self_attention(at::Tensor *qkv, int64_t heads, bool causal, int32_t kernels,
+                            at::Tensor **out) {
   return hearth_abi::guarded([&] {
     const Dims g = dims(*qkv, heads);
-    *out = new at::Tensor(fused_path_takes(*qkv, g)
-                              ? FusedSelfAttention::apply(*qkv, heads, causal)
-                              : libtorch_attention(*qkv, g, causal));
+    *out = new at::Tensor(
+        fused_path_takes(*qkv, g, kernels)
+            ? FusedSelfAttention::apply(*qkv, heads, causal,
+                                        int64_t(hearth_kernels::mutation_of(kernels)))
+            : libtorch_attention(*qkv, g, causal));
   });
 }
 
-// Whether hearth_self_attention runs hearth's kernels for qkv with `heads`.
-bool hearth_self_attention_fused(at::Tensor *qkv, int64_t heads) {
+// Whether hearth_self_attention runs hearth's kernels for qkv with `heads`
+// under `kernels`.
+bool hearth_self_attention_fused(at::Tensor *qkv, int64_t heads, int32_t kernels) {
   try {
-    return fused_path_takes(*qkv, dims(*qkv, heads));
+    return fused_path_takes(*qkv, dims(*qkv, heads), kernels);
   } catch (...) {
     return false;
   }

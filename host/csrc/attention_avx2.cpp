@@ -122,6 +122,7 @@ inline __m256 lanes_below(int64_t j0, int64_t len) {
 // width (width >= round_up8(len)). Returns the sum and sets *lse to the
 // row's log-sum-exp; the caller divides the row's output by the sum (D
 // values rather than len).
+template <int M>
 float exp_row(float *row, int64_t len, int64_t width, float *lse) {
   const __m256 minus_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   __m256 vmax = minus_inf;
@@ -134,7 +135,7 @@ float exp_row(float *row, int64_t len, int64_t width, float *lse) {
   __m256 vsum = _mm256_setzero_ps();
   for (int64_t j = 0; j < len; j += 8) {
     const __m256 e = _mm256_and_ps(
-        hearth_avx2::exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(row + j), vm)),
+        hearth_avx2::exp_nonpositive8<M>(_mm256_sub_ps(_mm256_loadu_ps(row + j), vm)),
         lanes_below(j, len));
     _mm256_storeu_ps(row + j, e);
     vsum = _mm256_add_ps(vsum, e);
@@ -154,10 +155,11 @@ inline void scale_row(float *x, int64_t n, float a) {
 
 // Row i of P from row i of S in place, given its log-sum-exp: exp(S - lse)
 // over the first len entries, zero from there to width.
+template <int M>
 void probabilities_row(float *row, int64_t len, int64_t width, float lse) {
   const __m256 vl = _mm256_set1_ps(lse);
   for (int64_t j = 0; j < len; j += 8) {
-    const __m256 e = hearth_avx2::exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(row + j), vl));
+    const __m256 e = hearth_avx2::exp_nonpositive8<M>(_mm256_sub_ps(_mm256_loadu_ps(row + j), vl));
     _mm256_storeu_ps(row + j, _mm256_and_ps(e, lanes_below(j, len)));
   }
   const int64_t done = round_up8(len);
@@ -236,14 +238,11 @@ struct Shape {
   int64_t width(int64_t i1) const { return causal ? std::min(padded(), round_up8(i1)) : padded(); }
 };
 
-}  // namespace
-
-extern "C" {
-
 // Forward pass for heads [begin, end) of the B*H (batch-major), writing
 // their columns of out and their rows of lse.
-void hearth_attention_forward_avx2(const float *qkv, float *out, float *lse, int64_t B, int64_t T,
-                                   int64_t H, int64_t D, bool causal, int64_t begin, int64_t end) {
+template <int M>
+void forward(const float *qkv, float *out, float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
+             bool causal, int64_t begin, int64_t end) {
   const Shape g{B, T, H, D, causal};
   const int64_t Tp = g.padded(), ld = g.ld(), d = g.d();
   const float scale = 1.0f / std::sqrt(float(D));
@@ -261,7 +260,7 @@ void hearth_attention_forward_avx2(const float *qkv, float *out, float *lse, int
       float *si = s.data() + i0 * Tp;
       tile_rows<false>(rows, D, q + i0 * ld, ld, kt.data(), Tp, si, Tp, width, scale);
       float sums[kRows];
-      for (int64_t r = 0; r < rows; ++r) sums[r] = exp_row(si + r * Tp, g.len(i0 + r), width, &l[i0 + r]);
+      for (int64_t r = 0; r < rows; ++r) sums[r] = exp_row<M>(si + r * Tp, g.len(i0 + r), width, &l[i0 + r]);
       const int64_t keys = causal ? i0 + rows : T;
       tile_rows<false>(rows, keys, si, Tp, v, ld, o + i0 * d, d, D, 1.0f);
       for (int64_t r = 0; r < rows; ++r) scale_row(o + (i0 + r) * d, D, 1.0f / sums[r]);
@@ -271,9 +270,9 @@ void hearth_attention_forward_avx2(const float *qkv, float *out, float *lse, int
 
 // Backward pass for heads [begin, end): their columns of dqkv (q, k and v
 // parts) from qkv, the forward's lse, and dout.
-void hearth_attention_backward_avx2(const float *qkv, const float *lse,
-                                    const float *dout, float *dqkv, int64_t B, int64_t T, int64_t H,
-                                    int64_t D, bool causal, int64_t begin, int64_t end) {
+template <int M>
+void backward(const float *qkv, const float *lse, const float *dout, float *dqkv, int64_t B,
+              int64_t T, int64_t H, int64_t D, bool causal, int64_t begin, int64_t end) {
   const Shape g{B, T, H, D, causal};
   const int64_t Tp = g.padded(), ld = g.ld(), d = g.d();
   const float scale = 1.0f / std::sqrt(float(D));
@@ -301,7 +300,7 @@ void hearth_attention_backward_avx2(const float *qkv, const float *lse,
       tile_rows<false>(rows, D, dO + i0 * d, d, vt.data(), Tp, dsi, Tp, width, 1.0f);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = i0 + r;
-        probabilities_row(pi + r * Tp, g.len(i), width, l[i]);
+        probabilities_row<M>(pi + r * Tp, g.len(i), width, l[i]);
         // rowsum(dO o O) is sum_j P_ij dP_ij; taken from the same P and dP
         // as dS, the row of dS sums to zero as it should (a single key gets
         // exactly zero), where dO . O rounds apart from them.
@@ -323,6 +322,37 @@ void hearth_attention_backward_avx2(const float *qkv, const float *lse,
                       dv + j0 * ld, ld, D, 1.0f);
     }
   }
+}
+
+}  // namespace
+
+// The kernels for heads [begin, end); `mutation` is hearth_kernels::kExact
+// but in the tests' mutation checks.
+extern "C" {
+
+void hearth_attention_forward_avx2(const float *qkv, float *out, float *lse, int64_t B, int64_t T,
+                                   int64_t H, int64_t D, bool causal, int64_t begin, int64_t end,
+                                   int32_t mutation) {
+  using namespace hearth_kernels;
+  if (mutation == kExpOff) return forward<kExpOff>(qkv, out, lse, B, T, H, D, causal, begin, end);
+  forward<kExact>(qkv, out, lse, B, T, H, D, causal, begin, end);
+  if (mutation == kResultOff)
+    for (int64_t bh = begin; bh < end; ++bh)
+      hearth_avx2::move_4_ulps(out + (bh / H) * T * H * D + (bh % H) * D, T, D, H * D);
+}
+
+void hearth_attention_backward_avx2(const float *qkv, const float *lse, const float *dout,
+                                    float *dqkv, int64_t B, int64_t T, int64_t H, int64_t D,
+                                    bool causal, int64_t begin, int64_t end, int32_t mutation) {
+  using namespace hearth_kernels;
+  if (mutation == kExpOff)
+    return backward<kExpOff>(qkv, lse, dout, dqkv, B, T, H, D, causal, begin, end);
+  backward<kExact>(qkv, lse, dout, dqkv, B, T, H, D, causal, begin, end);
+  if (mutation == kResultOff)
+    for (int64_t bh = begin; bh < end; ++bh)
+      for (int64_t part = 0; part < 3; ++part)
+        hearth_avx2::move_4_ulps(dqkv + (bh / H) * T * 3 * H * D + part * H * D + (bh % H) * D, T,
+                                 D, 3 * H * D);
 }
 
 }  // extern "C"

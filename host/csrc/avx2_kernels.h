@@ -1,9 +1,11 @@
 // What the autograd functions over hearth's own AVX2/FMA kernels (the
 // hearth_avx2_kernels library: gelu_avx2.cpp, attention_avx2.cpp) share:
-// whether the kernels may run on this CPU, checked before every call, and
-// the refusal of a second derivative. Included by gelu.cpp and
-// attention.cpp, never by the kernels themselves.
+// whether the path hearth::ops chose may run on this CPU, checked before
+// every call, and the refusal of a second derivative. Included by gelu.cpp
+// and attention.cpp, never by the kernels themselves.
 #pragma once
+
+#include "kernel_paths.h"
 
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -12,13 +14,24 @@
 
 namespace hearth_avx2 {
 
-inline bool kernels_run_here() {
+inline bool cpu_has_avx2_fma() {
 #if defined(__x86_64__)
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return yes;
 #else
   return false;
 #endif
+}
+
+// Whether `code` (hearth_kernels' path and mutation) asks for the AVX2
+// kernels; an error where this CPU cannot run them (hearth::ops refuses
+// that choice before it gets here, so this is the last guard against an
+// illegal instruction).
+inline bool avx2_asked(int32_t code) {
+  if (hearth_kernels::path_of(code) != hearth_kernels::kAvx2) return false;
+  if (!cpu_has_avx2_fma())
+    throw std::runtime_error("hearth's AVX2 kernels were asked for on a CPU without AVX2 and FMA");
+  return true;
 }
 
 // Called first in a fused function's backward: with create_graph=True the

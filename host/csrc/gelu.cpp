@@ -17,13 +17,15 @@
 
 
 #if defined(__x86_64__)
-extern "C" void hearth_gelu_and_derivative_avx2(const float *x, float *y, float *d, int64_t n);
+extern "C" void hearth_gelu_and_derivative_avx2(const float *x, float *y, float *d, int64_t n,
+                                                int32_t mutation);
 #endif
 
 namespace {
 
 struct GeluSavingDerivative : torch::autograd::Function<GeluSavingDerivative> {
-  static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &input) {
+  static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &input,
+                            int64_t mutation) {
     const at::Tensor x = input.contiguous();
     at::Tensor y = at::empty_like(x), d = at::empty_like(x);
 #if defined(__x86_64__)
@@ -31,7 +33,8 @@ struct GeluSavingDerivative : torch::autograd::Function<GeluSavingDerivative> {
     float *yp = y.mutable_data_ptr<float>(), *dp = d.mutable_data_ptr<float>();
     // libtorch's grain for elementwise kernels.
     at::parallel_for(0, x.numel(), 32768, [&](int64_t begin, int64_t end) {
-      hearth_gelu_and_derivative_avx2(xp + begin, yp + begin, dp + begin, end - begin);
+      hearth_gelu_and_derivative_avx2(xp + begin, yp + begin, dp + begin, end - begin,
+                                      int32_t(mutation));
     });
 #endif
     ctx->save_for_backward({d});
@@ -42,7 +45,7 @@ struct GeluSavingDerivative : torch::autograd::Function<GeluSavingDerivative> {
                                                  torch::autograd::variable_list grads) {
     hearth_avx2::refuse_create_graph(
         "GELU", "libtorch's gelu (hearth::ops::gelu falls back to it without AVX2)");
-    return {at::mul(grads[0], ctx->get_saved_variables()[0])};
+    return {at::mul(grads[0], ctx->get_saved_variables()[0]), at::Tensor()};
   }
 };
 
@@ -51,18 +54,21 @@ struct GeluSavingDerivative : torch::autograd::Function<GeluSavingDerivative> {
 extern "C" {
 
 // out = GELU(x), exact (erf) form. A float32 CPU tensor that needs a
-// gradient, on a CPU with AVX2 and FMA, takes the fused path above; anything
-// else libtorch's at::gelu.
-char *hearth_gelu(at::Tensor *x, at::Tensor **out) {
+// gradient takes the fused path above when `kernels` (hearth_kernels'
+// path and mutation) asks for the AVX2 kernels; anything else libtorch's
+// at::gelu.
+char *hearth_gelu(at::Tensor *x, int32_t kernels, at::Tensor **out) {
   return hearth_abi::guarded([&] {
-    const bool fused = hearth_avx2::kernels_run_here() && x->device().is_cpu() &&
-                       x->scalar_type() == at::kFloat && x->requires_grad() &&
-                       torch::autograd::GradMode::is_enabled();
-    *out = new at::Tensor(fused ? GeluSavingDerivative::apply(*x) : at::gelu(*x));
+    const bool fused = x->device().is_cpu() && x->scalar_type() == at::kFloat &&
+                       x->requires_grad() && torch::autograd::GradMode::is_enabled() &&
+                       hearth_avx2::avx2_asked(kernels);
+    *out = new at::Tensor(fused ? GeluSavingDerivative::apply(
+                                      *x, int64_t(hearth_kernels::mutation_of(kernels)))
+                                : at::gelu(*x));
   });
 }
 
-// Whether hearth_gelu can take its fused path on this CPU.
-bool hearth_gelu_fused_available() { return hearth_avx2::kernels_run_here(); }
+// Whether this CPU can run hearth's AVX2 kernels (AVX2 and FMA).
+bool hearth_cpu_has_avx2_fma() { return hearth_avx2::cpu_has_avx2_fma(); }
 
 }  // extern "C"

@@ -30,6 +30,7 @@
 
 namespace {
 
+template <int M>
 inline void gelu8(const float *x, float *y, float *d) {
   const __m256 neg_zero = _mm256_set1_ps(-0.f);
   const __m256 one = _mm256_set1_ps(1.0f);
@@ -43,7 +44,7 @@ inline void gelu8(const float *x, float *y, float *d) {
   r = _mm256_fmadd_ps(r, t, _mm256_set1_ps(1.421413741f));
   r = _mm256_fmadd_ps(r, t, _mm256_set1_ps(-0.284496736f));
   r = _mm256_fmadd_ps(r, t, _mm256_set1_ps(0.254829592f));
-  const __m256 e = hearth_avx2::exp_nonpositive8(_mm256_mul_ps(_mm256_mul_ps(xs, xs), _mm256_set1_ps(-0.5f)));
+  const __m256 e = hearth_avx2::exp_nonpositive8<M>(_mm256_mul_ps(_mm256_mul_ps(xs, xs), _mm256_set1_ps(-0.5f)));
   const __m256 erf = _mm256_xor_ps(sign, _mm256_fnmadd_ps(_mm256_mul_ps(e, t), r, one));
   const __m256 one_plus_erf = _mm256_add_ps(one, erf);
   _mm256_storeu_ps(y, _mm256_mul_ps(_mm256_mul_ps(xs, half), one_plus_erf));
@@ -51,19 +52,32 @@ inline void gelu8(const float *x, float *y, float *d) {
   _mm256_storeu_ps(d, _mm256_fmadd_ps(xs, pdf, _mm256_mul_ps(half, one_plus_erf)));
 }
 
-}  // namespace
-
-// y[i] = gelu(x[i]) and d[i] = gelu'(x[i]) for i < n.
-extern "C" void hearth_gelu_and_derivative_avx2(const float *x, float *y, float *d, int64_t n) {
+template <int M>
+void gelu_and_derivative(const float *x, float *y, float *d, int64_t n) {
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) gelu8(x + i, y + i, d + i);
+  for (; i + 8 <= n; i += 8) gelu8<M>(x + i, y + i, d + i);
   if (i < n) {
     // The tail goes through the same vector code, as libtorch's does.
     alignas(32) float xt[8] = {}, yt[8], dt[8];
     const size_t rest = size_t(n - i) * sizeof(float);
     std::memcpy(xt, x + i, rest);
-    gelu8(xt, yt, dt);
+    gelu8<M>(xt, yt, dt);
     std::memcpy(y + i, yt, rest);
     std::memcpy(d + i, dt, rest);
+  }
+}
+
+}  // namespace
+
+// y[i] = gelu(x[i]) and d[i] = gelu'(x[i]) for i < n; `mutation` is
+// hearth_kernels::kExact but in the tests' mutation checks.
+extern "C" void hearth_gelu_and_derivative_avx2(const float *x, float *y, float *d, int64_t n,
+                                                int32_t mutation) {
+  using namespace hearth_kernels;
+  if (mutation == kExpOff) return gelu_and_derivative<kExpOff>(x, y, d, n);
+  gelu_and_derivative<kExact>(x, y, d, n);
+  if (mutation == kResultOff) {
+    hearth_avx2::move_4_ulps(y, 1, n, n);
+    hearth_avx2::move_4_ulps(d, 1, n, n);
   }
 }

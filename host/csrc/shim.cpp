@@ -10,6 +10,7 @@
 #include "guarded.h"
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
+#include <ATen/Version.h>
 #include <ATen/DeviceAccelerator.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Generator.h>
@@ -29,6 +30,7 @@
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/serialization/import.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -271,6 +273,19 @@ char *hearth_use_deterministic_algorithms(int on) {
   return guarded([&] { at::globalContext().setDeterministicAlgorithms(on != 0, false); });
 }
 int hearth_deterministic_algorithms() { return at::globalContext().deterministicAlgorithms() ? 1 : 0; }
+
+// libtorch's CPU level ("DEFAULT", "AVX2", "AVX512", ...: what this CPU has,
+// lowered by ATEN_CPU_CAPABILITY) into buf, NUL-terminated and cut to len;
+// returns its full length.
+size_t hearth_cpu_capability(char *buf, size_t len) {
+  const std::string level = at::get_cpu_capability();
+  if (len > 0) {
+    const size_t n = std::min(len - 1, level.size());
+    std::memcpy(buf, level.data(), n);
+    buf[n] = '\0';
+  }
+  return level.size();
+}
 
 }  // extern "C"
 

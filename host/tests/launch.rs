@@ -3,6 +3,7 @@
 //! failed rank that stops the job, named, with nothing left behind.
 
 mod common;
+use common::Limited;
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -65,7 +66,7 @@ fn every_launcher_gives_the_same_ranks() {
     let want = vec![(0, 3, 0, 3), (1, 3, 1, 3), (2, 3, 2, 3)];
     // hearth launch, CPU: through mpirun.
     let out = hearth(&["launch", "-n", "3", "--cpu", "--", HEARTH, "env", "--json"])
-        .output()
+        .run()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
     let launched = places(&out.stdout);
@@ -83,7 +84,7 @@ fn every_launcher_gives_the_same_ranks() {
         "env",
         "--json",
     ])
-    .output()
+    .run()
     .unwrap();
     assert!(out.status.success(), "{}", text(&out));
     let spawned = places(&out.stdout);
@@ -94,7 +95,7 @@ fn every_launcher_gives_the_same_ranks() {
         .args(["--oversubscribe", "-n", "3", HEARTH, "env", "--json"])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .output()
+        .run()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(ranks_only(&places(&out.stdout)), want);
@@ -121,7 +122,7 @@ fn every_launcher_gives_the_same_ranks() {
                 .env(vars[1], r.to_string())
                 .env(vars[2], r.to_string())
                 .env(vars[3], "3")
-                .output()
+                .run()
                 .unwrap();
             assert!(out.status.success(), "{}", text(&out));
             by_hand.extend(places(&out.stdout));
@@ -151,7 +152,7 @@ fn failing_job(mode: &str, rank_var: &str) {
         "-c",
         &script,
     ])
-    .output()
+    .run()
     .unwrap();
     let all = text(&out);
     assert_eq!(out.status.code(), Some(3), "{all}");
@@ -168,10 +169,7 @@ fn failing_job(mode: &str, rank_var: &str) {
         "stopped promptly"
     );
     std::thread::sleep(Duration::from_millis(300));
-    let left = Command::new("pgrep")
-        .args(["-f", &marker])
-        .output()
-        .unwrap();
+    let left = Command::new("pgrep").args(["-f", &marker]).run().unwrap();
     assert!(
         left.stdout.is_empty(),
         "left behind: {}",
@@ -194,13 +192,9 @@ fn launch_trains_a_config_on_two_cpu_processes() {
     let dir = common::scratch("launch-run");
     let config = dir.join("hearth.toml");
     // `hearth config` writes the default job; shortened here.
-    let out = hearth(&["config", config.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = hearth(&["config", config.to_str().unwrap()]).run().unwrap();
     assert!(out.status.success(), "{}", text(&out));
-    let again = hearth(&["config", config.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let again = hearth(&["config", config.to_str().unwrap()]).run().unwrap();
     assert_eq!(again.status.code(), Some(2), "an existing file is kept");
     assert!(text(&again).contains("--force"));
     // After `--`, flags for `hearth run` (the default job is shortened).
@@ -217,7 +211,7 @@ fn launch_trains_a_config_on_two_cpu_processes() {
         "--output-dir",
         dir.to_str().unwrap(),
     ])
-    .output()
+    .run()
     .unwrap();
     let all = text(&out);
     assert!(out.status.success(), "{all}");
@@ -239,7 +233,7 @@ fn a_bad_config_is_refused_once_before_any_process_starts() {
         (bad, "run.steps"),
     ] {
         let out = hearth(&["launch", "-n", "2", "--cpu", config.to_str().unwrap()])
-            .output()
+            .run()
             .unwrap();
         let all = text(&out);
         assert_eq!(out.status.code(), Some(2), "{all}");
@@ -260,7 +254,7 @@ fn a_bad_config_is_refused_once_before_any_process_starts() {
         "--",
         "true",
     ])
-    .output()
+    .run()
     .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(
@@ -275,7 +269,7 @@ fn a_line_a_process_writes_in_pieces_arrives_whole_under_mpirun() {
     // Two writes 0.3 s apart: mpirun tags each piece separately.
     let script = "printf 'first half, '; sleep 0.3; printf 'second half\\n'; printf 'err ' >&2; sleep 0.3; echo 'line' >&2";
     let out = hearth(&["launch", "-n", "2", "--cpu", "--", "sh", "-c", script])
-        .output()
+        .run()
         .unwrap();
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),
@@ -297,7 +291,7 @@ fn a_line_a_process_writes_in_pieces_arrives_whole_under_mpirun() {
 /// printed Rust's `None` once).
 #[test]
 fn env_says_in_words_who_started_the_process() {
-    let out = hearth(&["env"]).output().unwrap();
+    let out = hearth(&["env"]).run().unwrap();
     let said = text(&out);
     assert!(out.status.success(), "{said}");
     assert!(
@@ -307,29 +301,66 @@ fn env_says_in_words_who_started_the_process() {
     assert!(!said.contains("None"), "{said}");
 }
 
-/// `hearth env` says whether hearth's fused GELU and attention run on this
-/// CPU (AVX2 and FMA, as Rust's own feature detection finds them), in
-/// words and in JSON, with the CPU's model.
+/// `hearth env` names the path of hearth's CPU kernels, in words and in
+/// JSON, with the CPU's model and libtorch's level: AVX2 where the CPU has
+/// AVX2 and FMA (as Rust's own feature detection finds them), libtorch's
+/// own operators when `HEARTH_CPU_KERNELS=off` or `ATEN_CPU_CAPABILITY`
+/// pins libtorch below AVX2; a value it cannot honour is shown in `env` and
+/// refused by `hearth run` (exit 2, naming the variable).
 #[test]
-fn env_says_whether_the_fused_kernels_run_here() {
+fn env_names_the_cpu_kernels_path_and_run_refuses_a_bad_one() {
     #[cfg(target_arch = "x86_64")]
-    let expected =
+    let has =
         std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
     #[cfg(not(target_arch = "x86_64"))]
-    let expected = false;
-    let out = hearth(&["env", "--json"]).output().unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["cpu"]["fused_gelu"], expected, "{v}");
-    assert_eq!(v["cpu"]["fused_attention"], expected, "{v}");
+    let has = false;
+    let env_json = |vars: &[(&str, &str)]| -> serde_json::Value {
+        let mut cmd = hearth(&["env", "--json"]);
+        cmd.env_remove("HEARTH_CPU_KERNELS")
+            .env_remove("ATEN_CPU_CAPABILITY");
+        cmd.envs(vars.iter().copied());
+        let out = cmd.run().unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let v = env_json(&[]);
+    assert_eq!(v["cpu"]["kernels"], if has { "avx2" } else { "off" }, "{v}");
+    assert_eq!(v["cpu"]["avx2_fma"], has, "{v}");
     assert!(!v["cpu"]["model"].as_str().unwrap().is_empty(), "{v}");
-    let said = text(&hearth(&["env"]).output().unwrap());
-    let words = if expected {
-        "fused GELU and attention: on"
+    assert!(
+        !v["cpu"]["libtorch_level"].as_str().unwrap().is_empty(),
+        "{v}"
+    );
+    let v = env_json(&[("HEARTH_CPU_KERNELS", "off")]);
+    assert_eq!(v["cpu"]["kernels"], "off", "{v}");
+    assert_eq!(v["cpu"]["kernels_why"], "HEARTH_CPU_KERNELS=off", "{v}");
+    let v = env_json(&[("ATEN_CPU_CAPABILITY", "default")]);
+    assert_eq!(v["cpu"]["libtorch_level"], "DEFAULT", "{v}");
+    assert_eq!(v["cpu"]["kernels"], "off", "{v}");
+    let v = env_json(&[("HEARTH_CPU_KERNELS", "avx512")]);
+    assert_eq!(v["cpu"]["kernels"], "invalid", "{v}");
+
+    let mut cmd = hearth(&["env"]);
+    cmd.env_remove("HEARTH_CPU_KERNELS")
+        .env_remove("ATEN_CPU_CAPABILITY");
+    let said = text(&cmd.run().unwrap());
+    let words = if has {
+        "hearth's CPU kernels: avx2"
     } else {
-        "fused GELU and attention: off"
+        "hearth's CPU kernels: off"
     };
     assert!(said.contains(words), "{said}");
+
+    let run = hearth(&["run", "/nonexistent/config.toml"])
+        .env("HEARTH_CPU_KERNELS", "fastest")
+        .run()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(2), "{}", text(&run));
+    assert!(
+        text(&run).contains("HEARTH_CPU_KERNELS=\"fastest\" is not a kernel path"),
+        "{}",
+        text(&run)
+    );
 }
 
 /// Issue 18, item 6: `hearth launch` gives every rank of a job the same
@@ -353,7 +384,7 @@ fn a_spawned_job_shares_a_random_token_of_its_own() {
             Some(t) => cmd.env("HEARTH_JOB_TOKEN", t),
             None => cmd.env_remove("HEARTH_JOB_TOKEN"),
         };
-        let out = cmd.output().unwrap();
+        let out = cmd.run().unwrap();
         assert!(out.status.success(), "{}", text(&out));
         String::from_utf8_lossy(&out.stdout)
             .lines()
@@ -415,7 +446,7 @@ fn a_killed_rank_restarts_the_job_from_its_newest_checkpoint_to_the_unbroken_wei
     std::fs::write(&config, ELASTIC_JOB).unwrap();
     let (whole, broken) = (dir.join("whole"), dir.join("broken"));
     let run = |out: &std::path::Path, restarts: &str| {
-        hearth(&[
+        common::start(&mut hearth(&[
             "launch",
             "-n",
             "2",
@@ -427,13 +458,10 @@ fn a_killed_rank_restarts_the_job_from_its_newest_checkpoint_to_the_unbroken_wei
             "--quiet",
             "--output-dir",
             out.to_str().unwrap(),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
+        ]))
         .unwrap()
     };
-    let unbroken = run(&whole, "0").wait_with_output().unwrap();
+    let unbroken = run(&whole, "0").finish(common::limit());
     assert!(unbroken.status.success(), "{}", text(&unbroken));
 
     let job = run(&broken, "2");
@@ -449,7 +477,7 @@ fn a_killed_rank_restarts_the_job_from_its_newest_checkpoint_to_the_unbroken_wei
     // A rank (not mpirun): its command line starts with the binary (by
     // whatever path it was started: links resolved or not).
     let rank = format!(r"^\S*hearth run {}", config.display());
-    let pids = Command::new("pgrep").args(["-f", &rank]).output().unwrap();
+    let pids = Command::new("pgrep").args(["-f", &rank]).run().unwrap();
     let pid = String::from_utf8_lossy(&pids.stdout)
         .lines()
         .next()
@@ -457,10 +485,11 @@ fn a_killed_rank_restarts_the_job_from_its_newest_checkpoint_to_the_unbroken_wei
         .to_string();
     assert!(Command::new("kill")
         .args(["-9", &pid])
-        .status()
+        .run()
         .unwrap()
+        .status
         .success());
-    let out = job.wait_with_output().unwrap();
+    let out = job.finish(common::limit());
     let all = text(&out);
     assert!(out.status.success(), "{all}");
     assert!(
@@ -481,7 +510,7 @@ fn a_killed_rank_restarts_the_job_from_its_newest_checkpoint_to_the_unbroken_wei
 /// start, `hearth env` says so, and a CPU run still trains.
 #[test]
 fn libtorch_cuda_is_opened_only_where_a_driver_is() {
-    let out = hearth(&["env", "--json"]).output().unwrap();
+    let out = hearth(&["env", "--json"]).run().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let runtime = v["cuda_runtime"].as_str().unwrap().to_string();
@@ -493,13 +522,13 @@ fn libtorch_cuda_is_opened_only_where_a_driver_is() {
         .args(["-shared", "-fPIC", "-o"])
         .arg(driver.path().join("libcuda.so.1"))
         .arg(&source)
-        .status()
+        .run()
         .unwrap();
-    assert!(built.success());
+    assert!(built.status.success(), "{}", text(&built));
     let with_driver = |args: &[&str]| {
         let mut cmd = hearth(args);
         cmd.env("LD_LIBRARY_PATH", driver.path());
-        cmd.output().unwrap()
+        cmd.run().unwrap()
     };
     let out = with_driver(&["env", "--json"]);
     assert!(out.status.success(), "{}", text(&out));
@@ -598,7 +627,7 @@ fn environment_checks_give_accelerates_answers() {
         );
     }
 
-    let out = hearth(&["env", "--json"]).output().unwrap();
+    let out = hearth(&["env", "--json"]).run().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["torch"], oracle["torch_version"]);
@@ -625,7 +654,7 @@ fn config_launch_writes_what_accelerates_write_basic_config_does_and_keeps_it() 
         "bf16",
         ours.to_str().unwrap(),
     ])
-    .output()
+    .run()
     .unwrap();
     assert!(out.status.success(), "{}", text(&out));
     let read = |p: &std::path::Path| -> serde_json::Value {
@@ -635,7 +664,7 @@ fn config_launch_writes_what_accelerates_write_basic_config_does_and_keeps_it() 
     // Like Accelerate's (which returns False), an existing one is kept.
     std::fs::write(&ours, "{}").unwrap();
     let out = hearth(&["config", "--launch", ours.to_str().unwrap()])
-        .output()
+        .run()
         .unwrap();
     assert!(
         out.status.success() && text(&out).contains("was kept"),
@@ -663,7 +692,7 @@ fn launch_takes_what_its_flags_leave_out_from_the_launch_config() {
         let mut args = vec!["launch", "--config-file", config.to_str().unwrap()];
         args.extend(extra);
         args.extend(["--", "/bin/sh", "-c", show]);
-        let out = hearth(&args).output().unwrap();
+        let out = hearth(&args).run().unwrap();
         assert!(out.status.success(), "{}", text(&out));
         let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
             .lines()
@@ -691,7 +720,7 @@ fn launch_takes_what_its_flags_leave_out_from_the_launch_config() {
         "--",
         "true",
     ])
-    .output()
+    .run()
     .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(

@@ -43,9 +43,7 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
         Err(e) => e.to_string(),
     };
     let cpu = cpu_model();
-    // One CPU check decides both (attention also wants float32, a head size
-    // that is a multiple of 8 and at most 512 positions).
-    let fused_gelu = crate::ops::gelu_is_fused();
+    let kernels = cpu_kernels_report();
     let report = serde_json::json!({
         "hearth": env!("CARGO_PKG_VERSION"),
         "tch": "0.24.0",
@@ -68,7 +66,13 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
         "nccl": nccl,
         "mpi_library": mpi_library,
         "launch": launch,
-        "cpu": {"model": cpu, "fused_gelu": fused_gelu, "fused_attention": fused_gelu},
+        "cpu": {
+            "model": cpu,
+            "libtorch_level": kernels.libtorch_level,
+            "avx2_fma": kernels.avx2_fma,
+            "kernels": kernels.path,
+            "kernels_why": kernels.why,
+        },
     });
     if args.json {
         println!("{report}");
@@ -95,12 +99,8 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
         );
     }
     println!(
-        "CPU: {cpu}; hearth's fused GELU and attention: {}",
-        if fused_gelu {
-            "on (AVX2 and FMA)"
-        } else {
-            "off (no AVX2 and FMA here: libtorch's GELU and attention)"
-        }
+        "CPU: {cpu}; libtorch's CPU level {}; hearth's CPU kernels: {} ({})",
+        kernels.libtorch_level, kernels.path, kernels.why
     );
     println!("backends: {} (NCCL: {nccl})", backends.join(", "));
     println!("MPI library: {mpi_library}");
@@ -142,5 +142,47 @@ fn nccl_status() -> String {
     #[cfg(not(feature = "cuda"))]
     {
         "not built (this hearth was built with `--no-default-features`; rebuild without it)".into()
+    }
+}
+
+/// What `hearth env` says of hearth's CPU kernels.
+struct CpuKernelsReport {
+    /// libtorch's CPU level (`DEFAULT`, `AVX2`, `AVX512`, ...).
+    libtorch_level: String,
+    /// Whether the CPU has AVX2 and FMA.
+    avx2_fma: bool,
+    /// The path in use (`avx2`, `off`), or `invalid`.
+    path: &'static str,
+    /// Why that path.
+    why: String,
+}
+
+fn cpu_kernels_report() -> CpuKernelsReport {
+    use crate::ops::cpu_kernels::{
+        cpu_has_avx2_fma, cpu_kernels, libtorch_cpu_level, CpuKernels, CPU_KERNELS_VAR,
+    };
+    let libtorch_level = libtorch_cpu_level();
+    let avx2_fma = cpu_has_avx2_fma();
+    let requested = std::env::var(CPU_KERNELS_VAR).ok();
+    let (path, why) = match (cpu_kernels(), requested.as_deref()) {
+        (Err(e), _) => ("invalid", e.to_string()),
+        (Ok(k), Some(r)) if !r.trim().eq_ignore_ascii_case("auto") && !r.trim().is_empty() => {
+            (k.as_str(), format!("{CPU_KERNELS_VAR}={r}"))
+        }
+        (Ok(CpuKernels::Avx2), _) => ("avx2", "AVX2 and FMA here".to_string()),
+        (Ok(CpuKernels::Libtorch), _) if !avx2_fma => (
+            "off",
+            "no AVX2 and FMA here: libtorch's GELU and attention".to_string(),
+        ),
+        (Ok(CpuKernels::Libtorch), _) => (
+            "off",
+            format!("libtorch's level is {libtorch_level} (ATEN_CPU_CAPABILITY): libtorch's GELU and attention"),
+        ),
+    };
+    CpuKernelsReport {
+        libtorch_level,
+        avx2_fma,
+        path,
+        why,
     }
 }

@@ -124,8 +124,15 @@ extern "C" {
 
 // host/csrc/gelu.cpp: the exact GELU that keeps its derivative for backward.
 extern "C" {
-    pub fn hearth_gelu(x: *mut C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
-    pub fn hearth_gelu_fused_available() -> bool;
+    pub fn hearth_gelu(x: *mut C_tensor, kernels: i32, out: *mut *mut C_tensor) -> *mut c_char;
+    pub fn hearth_cpu_has_avx2_fma() -> bool;
+    pub fn hearth_cpu_capability(buf: *mut c_char, len: usize) -> usize;
+}
+
+// host/csrc/exp_avx2.cpp: the AVX2 kernels' exp, for its test.
+#[cfg(all(test, target_arch = "x86_64"))]
+extern "C" {
+    pub fn hearth_exp_nonpositive_avx2(x: *const f32, y: *mut f32, n: i64, mutation: i32);
 }
 
 // host/csrc/attention.cpp: self-attention from a packed qkv projection.
@@ -134,9 +141,10 @@ extern "C" {
         qkv: *mut C_tensor,
         heads: i64,
         causal: bool,
+        kernels: i32,
         out: *mut *mut C_tensor,
     ) -> *mut c_char;
-    pub fn hearth_self_attention_fused(qkv: *mut C_tensor, heads: i64) -> bool;
+    pub fn hearth_self_attention_fused(qkv: *mut C_tensor, heads: i64, kernels: i32) -> bool;
 }
 
 // host/csrc/profiler.cpp: libtorch's Kineto profiler and record_function spans.

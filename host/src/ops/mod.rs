@@ -4,6 +4,7 @@
 //! and hearth's own fused kernels.
 
 mod amp;
+pub mod cpu_kernels;
 pub mod cuda;
 pub mod cuda_graph;
 mod ffi;
@@ -14,11 +15,12 @@ pub mod profiler;
 mod rng;
 
 pub use amp::{amp_unscale_, amp_update_scale_, autocast_cache_enabled, AutocastGuard};
+pub use cpu_kernels::{cpu_kernels, CpuKernels, CpuKernelsError};
 pub use foreach::{
     clear_grads, foreach_mul_, foreach_norm, fused_adam, fused_sgd, on_grad_accumulated, set_grad,
     AdamHyper, SgdHyper,
 };
-pub use fused::{gelu, gelu_is_fused, self_attention, self_attention_is_fused};
+pub use fused::{gelu, self_attention, self_attention_is_fused};
 pub use jit::{JitStructure, ScriptModule};
 pub use rng::{
     deterministic_algorithms, empty_device_cache, randn_seeded, randperm, rng_state, set_rng_state,
