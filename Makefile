@@ -22,22 +22,33 @@ NEED_NPM :=
 PY_GOAL := python-env
 test setup: APT_PACKAGES += chromium
 test setup: NEED_NPM := 1
-test setup bench bench-plugins bench-checkpoint bench-fsdp gpu-bundle soak: PY_GOAL := python-test-env
+test setup test-isa bench bench-plugins bench-checkpoint bench-fsdp gpu-bundle soak: PY_GOAL := python-test-env
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 HEARTH := target/debug/hearth
 # Plugin crates are unit-tested natively (their .wasm is built for wasm32-wasip2).
 HOST_TARGET = $(shell rustc -vV | sed -n 's/host: //p')
 
-.PHONY: run test setup system-packages wasm-target python-env python-test-env build plugins example-plugins bench bench-plugins bench-checkpoint bench-fsdp gpu-bundle lint soak fuzz
+.PHONY: run test test-isa cpu-line setup system-packages wasm-target python-env python-test-env build plugins example-plugins bench bench-plugins bench-checkpoint bench-fsdp gpu-bundle lint soak fuzz
 
 run: build
 	$(HEARTH) run examples/sort-digits.toml
 
-test: build example-plugins
+test: cpu-line build example-plugins
 	cargo test --workspace
 	cd plugins && cargo test --quiet --target $(HOST_TARGET)
 	cd guest-sdk && cargo test --quiet --target $(HOST_TARGET)
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q --timeout 1800
+	tests/isa/levels.sh --others
+
+# The machine a test report comes from: its CPU and vector flags, one line.
+cpu-line:
+	@tests/isa/cpu.sh
+
+# The numeric tests again under each CPU level libtorch, oneDNN and MKL can
+# be pinned to here (baseline, AVX2, AVX-512 where present; `make test` runs
+# those below this CPU's own last). LEVELS="baseline avx2" picks some.
+test-isa: cpu-line build
+	tests/isa/levels.sh $(LEVELS)
 
 setup: system-packages wasm-target python-test-env
 

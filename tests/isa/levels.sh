@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# `make test-isa` (part of `make test`): the numeric tests again under each
+# CPU level that libtorch, oneDNN and MKL can be pinned to on this machine:
+# baseline (no AVX), AVX2, and AVX-512 where the CPU has it. A level the CPU
+# lacks is skipped, and said so. The tests are those that compare floats
+# computed by different code (hearth's kernels against float64, hearth
+# against PyTorch, sharded against DDP, hearth against Accelerate): what a
+# CPU's instructions can change. hearth's own kernels follow libtorch's
+# level (HEARTH_CPU_KERNELS unset), so the baseline level runs none of them,
+# while the kernel tests run each path explicitly at every level.
+# Usage: tests/isa/levels.sh [--others] [LEVEL...]   (default: every level;
+# with --others, not the highest level this CPU has, which an unpinned run
+# such as the rest of `make test` already runs)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+PY=.venv/bin/python
+HEARTH=target/debug/hearth
+flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2-) "
+
+# level: ATEN_CPU_CAPABILITY ONEDNN_MAX_CPU_ISA MKL_ENABLE_INSTRUCTIONS
+#        libtorch's level then, and the CPU flags the level needs.
+declare -A PINS=(
+    [baseline]="default SSE41 SSE4_2 DEFAULT sse4_2"
+    [avx2]="avx2 AVX2 AVX2 AVX2 avx2,fma"
+    [avx512]="avx512 AVX512_CORE AVX512 AVX512 avx512f,avx512bw,avx512vl,avx512dq"
+)
+others=0
+if [ "${1:-}" = --others ]; then others=1; shift; fi
+LEVELS=${*:-baseline avx2 avx512}
+lacks() {  # lacks LEVEL: the CPU flags LEVEL needs that this CPU lacks
+    local needs
+    needs=$(echo "${PINS[$1]:?unknown level $1 (baseline, avx2, avx512)}" | cut -d' ' -f5)
+    for f in ${needs//,/ }; do [[ $flags == *" $f "* ]] || echo -n "$f "; done
+}
+native=baseline
+for level in avx2 avx512; do [ -z "$(lacks $level)" ] && native=$level; done
+
+# The numeric tests, one command a line.
+TESTS=(
+    "cargo test -q -p hearth --lib -- ops:: parallel::unitwise parallel::power_sgd optim::"
+    "cargo test -q -p hearth --test pytorch_parity"
+    "cargo test -q -p hearth --test sharding"
+    "cargo test -q -p hearth --test mpi -- ddp_on_two_ranks bf16_compression process_helpers_on_three_ranks_match_accelerate power_sgd_gives_pytorchs join_uneven_inputs"
+    "cargo test -q -p hearth --test fsdp_mixed_precision"
+    "cargo test -q -p hearth --test big_model_loading -- accelerates_logits checkpoints_logits"
+    "$PY -m pytest -q tests/test_accelerator_run.py -k accumulated_batches_of_8"
+)
+
+failed=()
+for level in $LEVELS; do
+    read -r aten onednn mkl expect needs <<<"${PINS[$level]:?unknown level $level (baseline, avx2, avx512)}"
+    missing=$(lacks "$level")
+    if [ -n "$missing" ]; then
+        echo "isa: $level skipped: this CPU lacks ${missing% }"
+        continue
+    fi
+    if [ $others = 1 ] && [ "$level" = "$native" ]; then
+        echo "isa: $level is this CPU's own level, which the unpinned tests ran"
+        continue
+    fi
+    export ATEN_CPU_CAPABILITY=$aten ONEDNN_MAX_CPU_ISA=$onednn MKL_ENABLE_INSTRUCTIONS=$mkl
+    # A pin libtorch ignores would make this level a copy of another.
+    got=$($PY -c 'import torch; print(torch.backends.cpu.get_cpu_capability())')
+    if [ "$got" != "$expect" ]; then
+        echo "isa: $level FAILED: libtorch's level is $got under ATEN_CPU_CAPABILITY=$aten, not $expect"
+        failed+=("$level")
+        continue
+    fi
+    echo "isa: $level (ATEN_CPU_CAPABILITY=$aten ONEDNN_MAX_CPU_ISA=$onednn MKL_ENABLE_INSTRUCTIONS=$mkl): $($HEARTH env | grep '^CPU:')"
+    start=$SECONDS
+    ok=1
+    for test in "${TESTS[@]}"; do
+        t0=$SECONDS
+        if $test; then
+            echo "isa: $level: $test: passed in $((SECONDS - t0)) s"
+        else
+            echo "isa: $level: $test: FAILED after $((SECONDS - t0)) s"
+            ok=0
+        fi
+    done
+    if [ $ok = 1 ]; then
+        echo "isa: $level passed in $((SECONDS - start)) s"
+    else
+        echo "isa: $level FAILED after $((SECONDS - start)) s"
+        failed+=("$level")
+    fi
+done
+unset ATEN_CPU_CAPABILITY ONEDNN_MAX_CPU_ISA MKL_ENABLE_INSTRUCTIONS
+[ ${#failed[@]} = 0 ] || { echo "isa: failed at ${failed[*]}"; exit 1; }
