@@ -232,10 +232,11 @@ def hearth(hearth_bin, tmp_path):
     return run
 
 
-def mpirun(hearth_bin, n, *args, cwd, machines=1):
+def mpirun(hearth_bin, n, *args, cwd, machines=1, timeout=None):
     """`hearth` on `n` processes, spread over `machines` pretend machines
-    (each process told its machine's name by HEARTH_NODE_NAME); a rank's
-    lines come as `[rank r] …` (`ranked`)."""
+    (each process told its machine's name by HEARTH_NODE_NAME), within
+    `timeout` seconds (`limit()` when not given); a rank's lines come as
+    `[rank r] …` (`ranked`)."""
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     command = ["mpirun", "--oversubscribe", "--tag-output"]
@@ -243,7 +244,7 @@ def mpirun(hearth_bin, n, *args, cwd, machines=1):
         if m:
             command.append(":")
         command += ["-n", str(n // machines), "-x", f"HEARTH_NODE_NAME=machine-{m}", str(hearth_bin), *map(str, args)]
-    run = run_command(command, cwd=cwd, env=env)
+    run = run_command(command, cwd=cwd, env=env, timeout=timeout)
     return subprocess.CompletedProcess(run.args, run.returncode, ranked(run.stdout), ranked(run.stderr))
 
 

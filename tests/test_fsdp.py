@@ -576,3 +576,57 @@ def test_a_sharded_torchscript_models_buffers_are_saved_and_resumed(hearth_bin, 
     assert int(saved["bn.num_batches_tracked"]) == 8
     again = load_file(tmp_path / "broken" / "fsdp" / "model.safetensors")
     assert all(torch.equal(saved[k], again[k]) for k in saved), "state differs after a sharded resume"
+
+
+# Issue 38: text a FULL_SHARD job evaluates on.
+TEXT = "the quick brown fox jumps over the lazy dog. " * 200
+
+
+def text_job(tmp_path, fsdp: str, steps: int, extra: str = "") -> str:
+    """The sharding job on `TEXT` (a small GPT, windows of 64 bytes)."""
+    (tmp_path / "corpus.txt").write_text(TEXT)
+    data = 'kind = "text-file"\npath = "corpus.txt"\nseq-len = 64\nbatch-size = 4'
+    text = job(fsdp, steps=steps).replace('kind = "random-tokens"\nvocab-size = 256\nseq-len = 128\nbatch-size = 2', data)
+    return text.replace("d-model = 128\nlayers = 4", "d-model = 32\nlayers = 2") + extra
+
+
+@pytest.mark.parametrize("eval_batch", [500, 5])
+def test_full_shard_on_text_evaluates_and_writes_its_model_on_two_processes(hearth_bin, tmp_path, eval_batch):
+    """FULL_SHARD with text data on 2 processes ends with its evaluation and
+    its model. The 13 validation windows make 1 batch of 500 (rank 1 had
+    none) or 3 of 5 (rank 0 had two): every evaluation forward pass gathers
+    the units, a collective, so the rank with fewer passes went on to the
+    loss's all-reduce and both waited until the collective timeout. Every
+    rank now runs as many passes, the extra ones counting nothing."""
+    table = fsdp_table("transformer-based", 'transformer-cls-names-to-wrap = ["Block"]').replace("SHARD_GRAD_OP", "FULL_SHARD")
+    extra = f"\n[eval]\nbatch-size = {eval_batch}\n\n[distributed]\ntimeout = 30\n"
+    config = write_config(tmp_path, text_job(tmp_path, table, 2, extra))
+    out = mpirun(hearth_bin, 2, "run", config, "--quiet", "--output-dir", tmp_path / "out", cwd=tmp_path, timeout=240)
+    assert out.returncode == 0, out.stderr
+    run = tmp_path / "out" / "fsdp"
+    summary = json.loads((run / "summary.json").read_text())
+    # 9 000 bytes, the last tenth held out: 13 windows of 65 bytes.
+    assert summary["eval"]["kind"] == "validation-loss" and summary["eval"]["tokens"] == 13 * 64, summary["eval"]
+    assert (run / "model.safetensors").exists()
+
+
+def test_a_checkpoint_of_fewer_processes_is_refused_by_every_rank_of_more(hearth_bin, tmp_path):
+    """Resumed on 4 processes, a checkpoint saved by 2 holds no random
+    states for ranks 2 and 3: those ranks used to fail alone while ranks 0
+    and 1 trained on into their first collective and waited until its
+    timeout. Every rank now agrees on a load before it goes on, and each
+    says which rank could not load and why."""
+    table = fsdp_table("transformer-based", 'transformer-cls-names-to-wrap = ["Block"]').replace("SHARD_GRAD_OP", "FULL_SHARD")
+    table += 'state-dict-type = "SHARDED_STATE_DICT"\n'
+    text = job(table, steps=4).replace("log-every = 2\n", "log-every = 2\nsave-every = 2\n")
+    text = text.replace("d-model = 128\nlayers = 4", "d-model = 32\nlayers = 2") + "\n[distributed]\ntimeout = 30\n"
+    config = write_config(tmp_path, text)
+    first = mpirun(hearth_bin, 2, "run", config, "--quiet", "--steps", 2, cwd=tmp_path, timeout=240)
+    assert first.returncode == 0, first.stderr
+    resumed = mpirun(hearth_bin, 4, "run", config, "--quiet", "--resume", cwd=tmp_path, timeout=240)
+    assert resumed.returncode != 0
+    for rank in range(4):
+        said = [line for line in resumed.stderr.splitlines() if line.startswith(f"[rank {rank}] error:")]
+        assert said, f"rank {rank} said nothing:\n{resumed.stderr}"
+    assert "saved by 2 processes, and resuming on more (4) is not supported yet" in resumed.stderr, resumed.stderr
+    assert "rank 2 could not load it" in resumed.stderr, resumed.stderr

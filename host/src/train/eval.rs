@@ -133,7 +133,9 @@ pub(crate) fn score(
             let n = set.prompts.size()[0];
             let (index, count) = (shard.index as i64, shard.count as i64);
             let (start, end) = (index * n / count, (index + 1) * n / count);
-            let correct = exact_match(model, &set, start, end, batch_size, device);
+            // The largest shard's batches: every rank runs as many.
+            let rounds = ((n + count - 1) / count + batch_size - 1) / batch_size;
+            let correct = exact_match(model, &set, start, end, batch_size, rounds, device);
             return Some(Scores {
                 exact_match: true,
                 total: correct as f64,
@@ -145,7 +147,17 @@ pub(crate) fn score(
             return None;
         }
         let (mut total, mut tokens) = (Tensor::zeros([], (Kind::Double, device)), 0i64);
-        for batch in batches.iter().skip(shard.index).step_by(shard.count) {
+        // Batch k goes to rank k % count, and every rank runs as many
+        // forward passes as the rank with the most: a rank past the end
+        // runs one row of the first batch again and counts nothing
+        // (Accelerate's even_batches, whose repeats gather_for_metrics
+        // drops).
+        for round in 0..batches.len().div_ceil(shard.count) {
+            let Some(batch) = batches.get(shard.index + round * shard.count) else {
+                let _ =
+                    model.forward_t(&batches[0].inputs.narrow(0, 0, 1).to_device(device), false);
+                continue;
+            };
             let targets = batch.targets.to_device(device);
             let logits = model.forward_t(&batch.inputs.to_device(device), false);
             let n = targets.numel() as i64;
@@ -161,18 +173,32 @@ pub(crate) fn score(
 }
 
 /// How many of prompts `[start, end)` the model's greedy continuation
-/// answers exactly.
+/// answers exactly, in `rounds` batches of up to `batch_size`: rounds past
+/// this range's own continue one prompt and count nothing, so that every
+/// rank runs the same forward passes (under FULL_SHARD each one is a
+/// collective).
+#[allow(clippy::too_many_arguments)]
 fn exact_match(
     model: &dyn Model,
     set: &GenerationSet,
     start: i64,
     end: i64,
     batch_size: i64,
+    rounds: i64,
     device: Device,
 ) -> i64 {
     let answer_len = set.answers.size()[1];
     let mut correct = Tensor::zeros([], (Kind::Int64, device));
-    for from in (start..end).step_by(batch_size as usize) {
+    for round in 0..rounds {
+        let from = start + round * batch_size;
+        if from >= end {
+            let mut seq = set.prompts.narrow(0, 0, 1).to_device(device);
+            for _ in 0..answer_len {
+                let next = model.forward_t(&seq, false).select(1, -1).argmax(-1, true);
+                seq = Tensor::cat(&[seq, next], 1);
+            }
+            continue;
+        }
         let len = batch_size.min(end - from);
         let mut seq = set.prompts.narrow(0, from, len).to_device(device);
         for _ in 0..answer_len {
@@ -265,6 +291,76 @@ mod tests {
             assert!(
                 (total - whole.total).abs() < 1e-9 * whole.total,
                 "{count} shards"
+            );
+        }
+    }
+
+    /// A model that counts its forward passes.
+    struct Counting<'a>(&'a Gpt, std::cell::Cell<usize>);
+
+    impl Model for Counting<'_> {
+        fn module_tree(&self) -> &crate::models::ModuleTree {
+            self.0.module_tree()
+        }
+        fn units(&self) -> Vec<&dyn crate::models::Unit> {
+            self.0.units()
+        }
+        fn forward_t(&self, tokens: &Tensor, train: bool) -> Tensor {
+            self.1.set(self.1.get() + 1);
+            self.0.forward_t(tokens, train)
+        }
+        fn named_parameters(&self) -> Vec<(String, Tensor)> {
+            self.0.named_parameters()
+        }
+    }
+
+    /// Every shard of a world runs as many forward passes, whether the
+    /// batches or prompts divide among them or not: under FULL_SHARD each
+    /// pass gathers the model's units, a collective, and a rank with one
+    /// pass fewer left the others waiting until the collective timeout.
+    #[test]
+    fn every_shard_runs_as_many_forward_passes() {
+        let passes = |model: &Gpt, run: &dyn Fn(&dyn Model, Shard), count: usize| -> Vec<usize> {
+            (0..count)
+                .map(|index| {
+                    let counting = Counting(model, std::cell::Cell::new(0));
+                    run(&counting, Shard { index, count });
+                    counting.1.get()
+                })
+                .collect()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("text.txt");
+        let bytes: Vec<u8> = (0..3000u32).map(|i| (i * 7919 % 251) as u8).collect();
+        std::fs::write(&path, bytes).unwrap();
+        let text = TextFile::open(&path, 8).unwrap();
+        let model = gpt(&text);
+        let batches = text.validation_batches(5).len();
+        let uneven: Vec<usize> = (2..=7).filter(|count| batches % count != 0).collect();
+        assert!(
+            uneven.len() >= 3,
+            "{batches} batches divide too evenly for the case"
+        );
+        for count in uneven {
+            let run = |m: &dyn Model, shard| {
+                score(m, &text, 3, 0, 5, Device::Cpu, shard);
+            };
+            let seen = passes(&model, &run, count);
+            assert!(
+                seen.iter().all(|&n| n == seen[0]),
+                "{count} shards of {batches} batches: {seen:?}"
+            );
+        }
+        let digits = SortDigits::new(2);
+        let model = gpt(&digits);
+        for (samples, batch, count) in [(3, 7, 4), (201, 7, 2), (1001, 500, 2)] {
+            let run = |m: &dyn Model, shard| {
+                score(m, &digits, 3, samples, batch, Device::Cpu, shard);
+            };
+            let seen = passes(&model, &run, count);
+            assert!(
+                seen.iter().all(|&n| n == seen[0]) && seen[0] > 0,
+                "{samples} prompts in batches of {batch} on {count} shards: {seen:?}"
             );
         }
     }
