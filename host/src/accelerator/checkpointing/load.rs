@@ -45,11 +45,20 @@ impl Accelerator {
                     .ok_or(CheckpointError::NotFound(folder))?
             }
         };
-        let manifest = verify_complete(&dir)?;
-        let trainer: TrainerState = read_json(&dir.join("trainer_state.json"))?;
-        check_counters(&dir, &trainer)?;
-        // Hooks first: they may refuse the checkpoint before anything is restored.
-        let restored = self.run_load_hooks(&dir, &manifest, &trainer)?;
+        // Every process checks and reads what it needs before anything is
+        // restored; each step ends with all processes agreeing that all
+        // succeeded (`agree`), so that a rank that cannot load (a file of
+        // its own missing) stops every rank with its reason instead of
+        // leaving the others waiting in the next collective.
+        let checked = (|| {
+            let manifest = verify_complete(&dir)?;
+            let trainer: TrainerState = read_json(&dir.join("trainer_state.json"))?;
+            check_counters(&dir, &trainer)?;
+            // Hooks first: they may refuse the checkpoint before anything is restored.
+            let restored = self.run_load_hooks(&dir, &manifest, &trainer)?;
+            Ok((trainer, restored))
+        })();
+        let (trainer, restored) = self.agree(&dir, checked)?;
         // FULL_SHARD models are gathered whole to be read into (released
         // unchanged if the load fails).
         let sharded_model = |i: usize| dir.join(model_shards_dir(i)).is_dir();
@@ -57,14 +66,19 @@ impl Accelerator {
             true => None,
             false => Some(self.summon_for(&dir)?),
         };
-        let read = self
-            .registered
-            .pre_hooks
-            .before_load(self.registered.models.len(), &dir)
-            .map_err(|m| state_err(&dir, m))?;
-        let staged = self.stage_checkpoint(&dir, restored, &read)?;
-        let previous = self.previous_state(&dir)?;
-        if let Err(e) = self.apply_refusable(&staged) {
+        let staged = (|| {
+            let read = self
+                .registered
+                .pre_hooks
+                .before_load(self.registered.models.len(), &dir)
+                .map_err(|m| state_err(&dir, m))?;
+            let staged = self.stage_checkpoint(&dir, restored, &read)?;
+            let previous = self.previous_state(&dir)?;
+            Ok((staged, previous))
+        })();
+        let (staged, previous) = self.agree(&dir, staged)?;
+        let applied = self.apply_refusable(&staged);
+        if let Err(e) = self.agree(&dir, applied) {
             self.put_back(previous);
             return Err(e);
         }
@@ -89,6 +103,32 @@ impl Accelerator {
             .set_accumulation_position(trainer.accumulation_position);
         self.project.iteration = trainer.iteration + 1;
         Ok(dir)
+    }
+
+    /// `mine` if every process's step of a load succeeded; else an error
+    /// on every process, the failed rank's own on that rank and, on the
+    /// others, which rank failed and why. A collective when there are
+    /// several processes.
+    fn agree<T>(&self, dir: &Path, mine: Result<T, CheckpointError>) -> Result<T, CheckpointError> {
+        if self.num_processes() < 2 {
+            return mine;
+        }
+        let said = mine.as_ref().map(|_| ()).map_err(|e| format!("{e:#}"));
+        let all = self
+            .gather_object(&said)
+            .map_err(|e| state_err(dir, format!("the processes could not agree: {e}")))?;
+        let value = mine?;
+        match all
+            .iter()
+            .enumerate()
+            .find_map(|(rank, r)| r.as_ref().err().map(|m| (rank, m)))
+        {
+            Some((rank, m)) => Err(state_err(
+                dir,
+                format!("rank {rank} could not load it, so no process did: {m}"),
+            )),
+            None => Ok(value),
+        }
     }
 
     /// Reads and checks every file of the checkpoint in `dir` that a
@@ -185,6 +225,25 @@ impl Accelerator {
             "random_states_{}.safetensors",
             self.process_index()
         ));
+        if !rng_path.exists() {
+            let saved_by = std::fs::read_dir(dir)
+                .map_err(CheckpointError::io(dir))?
+                .filter_map(|e| e.ok())
+                .filter(|e| {
+                    let name = e.file_name();
+                    let name = name.to_string_lossy();
+                    name.starts_with("random_states_") && name.ends_with(".safetensors")
+                })
+                .count();
+            return Err(state_err(
+                dir,
+                format!(
+                    "it holds no {}: it was saved by {saved_by} processes, and resuming on more ({}) is not supported yet; resume on {saved_by} or fewer",
+                    rng_path.file_name().unwrap_or_default().to_string_lossy(),
+                    self.num_processes()
+                ),
+            ));
+        }
         let rng = read_rng(&rng_path)?;
         let mut custom = Vec::new();
         for (i, object) in self.registered.custom.iter().enumerate() {
