@@ -43,7 +43,7 @@ TESTS=(
     "cargo test -q -p hearth --test mpi -- ddp_on_two_ranks bf16_compression process_helpers_on_three_ranks_match_accelerate power_sgd_gives_pytorchs join_uneven_inputs"
     "cargo test -q -p hearth --test fsdp_mixed_precision"
     "cargo test -q -p hearth --test big_model_loading -- accelerates_logits checkpoints_logits"
-    "$PY -m pytest -q tests/test_accelerator_run.py -k accumulated_batches_of_8"
+    "$PY -m pytest -q --timeout 1800 tests/test_accelerator_run.py -k accumulated_batches_of_8"
 )
 
 failed=()
