@@ -241,6 +241,17 @@ mod tests {
         Gpt::new(config, Device::Cpu)
     }
 
+    /// A 3000-byte text file of scrambled bytes in windows of 8, and the
+    /// folder that holds it.
+    fn bytes_file() -> (tempfile::TempDir, TextFile) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("text.txt");
+        let bytes: Vec<u8> = (0..3000u32).map(|i| (i * 7919 % 251) as u8).collect();
+        std::fs::write(&path, bytes).unwrap();
+        let text = TextFile::open(&path, 8).unwrap();
+        (dir, text)
+    }
+
     /// `model` after a few plain gradient steps on `data`.
     fn train(model: Gpt, data: &dyn TokenDataset, steps: usize) -> Gpt {
         let mut rng = ChaCha8Rng::seed_from_u64(1);
@@ -276,11 +287,7 @@ mod tests {
         assert_eq!(summed(5, few), (three.total, 3));
         assert_eq!(few(Shard { index: 0, count: 5 }).count, 0);
 
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("text.txt");
-        let bytes: Vec<u8> = (0..3000u32).map(|i| (i * 7919 % 251) as u8).collect();
-        std::fs::write(&path, bytes).unwrap();
-        let text = TextFile::open(&path, 8).unwrap();
+        let (_dir, text) = bytes_file();
         let model = gpt(&text);
         let loss = |shard| score(&model, &text, 3, 0, 4, Device::Cpu, shard).unwrap();
         let whole = loss(Shard { index: 0, count: 1 });
@@ -329,11 +336,7 @@ mod tests {
                 })
                 .collect()
         };
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("text.txt");
-        let bytes: Vec<u8> = (0..3000u32).map(|i| (i * 7919 % 251) as u8).collect();
-        std::fs::write(&path, bytes).unwrap();
-        let text = TextFile::open(&path, 8).unwrap();
+        let (_dir, text) = bytes_file();
         let model = gpt(&text);
         let batches = text.validation_batches(5).len();
         let uneven: Vec<usize> = (2..=7).filter(|count| batches % count != 0).collect();
