@@ -79,13 +79,12 @@ pub fn main() -> u8 {
     }
     let cli = Cli::parse();
     init_logging();
+    // A HEARTH_CPU_KERNELS that cannot be honoured stops a run before it
+    // starts, rather than at the model's first GELU.
     let trains = matches!(cli.command, Command::Run(_) | Command::Launch(_));
+    let refused = trains.then(crate::ops::cpu_kernels).and_then(Result::err);
     let result = match cli.command {
-        // A HEARTH_CPU_KERNELS that cannot be honoured stops a run before
-        // it starts, rather than at the model's first GELU.
-        _ if trains && crate::ops::cpu_kernels().is_err() => {
-            Err(Failure::bad_input(crate::ops::cpu_kernels().unwrap_err()))
-        }
+        _ if refused.is_some() => Err(Failure::bad_input(refused.expect("checked"))),
         Command::Run(args) => run::execute(args),
         Command::Plugins(args) => plugins::execute(args),
         Command::Checkpoint(args) => checkpoint::execute(args),

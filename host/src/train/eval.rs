@@ -177,7 +177,6 @@ pub(crate) fn score(
 /// this range's own continue one prompt and count nothing, so that every
 /// rank runs the same forward passes (under FULL_SHARD each one is a
 /// collective).
-#[allow(clippy::too_many_arguments)]
 fn exact_match(
     model: &dyn Model,
     set: &GenerationSet,
@@ -190,21 +189,20 @@ fn exact_match(
     let answer_len = set.answers.size()[1];
     let mut correct = Tensor::zeros([], (Kind::Int64, device));
     for round in 0..rounds {
+        // A round past this range continues one prompt and counts nothing.
         let from = start + round * batch_size;
-        if from >= end {
-            let mut seq = set.prompts.narrow(0, 0, 1).to_device(device);
-            for _ in 0..answer_len {
-                let next = model.forward_t(&seq, false).select(1, -1).argmax(-1, true);
-                seq = Tensor::cat(&[seq, next], 1);
-            }
-            continue;
-        }
-        let len = batch_size.min(end - from);
+        let (from, len, counts) = match from < end {
+            true => (from, batch_size.min(end - from), true),
+            false => (0, 1, false),
+        };
         let mut seq = set.prompts.narrow(0, from, len).to_device(device);
         for _ in 0..answer_len {
             let logits = model.forward_t(&seq, false);
             let next = logits.select(1, -1).argmax(-1, true);
             seq = Tensor::cat(&[seq, next], 1);
+        }
+        if !counts {
+            continue;
         }
         let generated = seq.narrow(1, seq.size()[1] - answer_len, answer_len);
         let answers = set.answers.narrow(0, from, len).to_device(device);
