@@ -11,6 +11,9 @@ mod ddp_kwargs;
 /// `join_uneven_inputs` checked against PyTorch's `Join`.
 #[path = "mpi/join.rs"]
 mod join;
+/// A checkpoint of fewer processes loaded on more.
+#[path = "mpi/more_processes.rs"]
+mod more_processes;
 
 use hearth::accelerator::Accelerator;
 use hearth::dist::{DistError, ReduceOp};

@@ -62,8 +62,13 @@ pub(super) fn execute(args: RunArgs) -> Result<(), Failure> {
     if summary.process_index != 0 {
         return Ok(()); // the main process reports
     }
-    println!("final training loss: {:.4}", summary.final_loss);
-    println!("throughput: {:.0} tokens/s", summary.tokens_per_sec);
+    if summary.final_loss.is_nan() {
+        // Resumed at the last step: nothing was left to train.
+        println!("no steps left to train (all {} taken)", summary.steps);
+    } else {
+        println!("final training loss: {:.4}", summary.final_loss);
+        println!("throughput: {:.0} tokens/s", summary.tokens_per_sec);
+    }
     if let Some(eval) = summary.eval {
         println!("{eval}");
     }

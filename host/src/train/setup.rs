@@ -300,23 +300,39 @@ impl crate::accelerator::Checkpointable for DataStream {
         true
     }
     fn load_state_dict(&mut self, state: &[u8]) -> Result<(), String> {
-        if state.len() != 56 {
-            return Err(format!(
-                "the data stream state is 56 bytes, not {}",
-                state.len()
-            ));
-        }
-        let seed: [u8; 32] = state[..32].try_into().expect("32 bytes");
-        let mut rng = ChaCha8Rng::from_seed(seed);
-        rng.set_stream(u64::from_le_bytes(
-            state[32..40].try_into().expect("8 bytes"),
-        ));
-        rng.set_word_pos(u128::from_le_bytes(
-            state[40..].try_into().expect("16 bytes"),
-        ));
+        self.0 = parse_stream(state)?;
+        Ok(())
+    }
+    /// A process added on resume draws from its own stream of the same
+    /// seed, from where process 0 stood: its batches differ from every
+    /// other process's, and the run stays reproducible.
+    fn load_state_dict_of_process_zero(&mut self, state: &[u8]) -> Result<(), String> {
+        let mut rng = parse_stream(state)?;
+        let position = rng.get_word_pos();
+        rng.set_stream(self.0.get_stream());
+        rng.set_word_pos(position);
         self.0 = rng;
         Ok(())
     }
+}
+
+/// A generator from [`DataStream`]'s saved state: seed, stream, position.
+fn parse_stream(state: &[u8]) -> Result<ChaCha8Rng, String> {
+    if state.len() != 56 {
+        return Err(format!(
+            "the data stream state is 56 bytes, not {}",
+            state.len()
+        ));
+    }
+    let seed: [u8; 32] = state[..32].try_into().expect("32 bytes");
+    let mut rng = ChaCha8Rng::from_seed(seed);
+    rng.set_stream(u64::from_le_bytes(
+        state[32..40].try_into().expect("8 bytes"),
+    ));
+    rng.set_word_pos(u128::from_le_bytes(
+        state[40..].try_into().expect("16 bytes"),
+    ));
+    Ok(rng)
 }
 
 pub(super) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
@@ -332,5 +348,45 @@ pub(super) fn eval_entries(e: &Evaluation) -> crate::plugins::Entries {
             vec![("eval/accuracy".into(), Value::Float(accuracy))]
         }
         Evaluation::ValidationLoss { loss, .. } => vec![("eval/loss".into(), Value::Float(loss))],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::accelerator::Checkpointable;
+    use rand::RngCore;
+
+    fn stream(seed: u64, rank: u64) -> ChaCha8Rng {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        rng.set_stream(rank);
+        rng
+    }
+
+    #[test]
+    fn a_process_added_on_resume_draws_its_own_stream_from_process_zeros_position() {
+        let mut zero = stream(5, 0);
+        for _ in 0..37 {
+            zero.next_u32();
+        }
+        let saved = DataStream(zero.clone()).state_dict();
+        let mut own = DataStream(stream(5, 0));
+        own.load_state_dict(&saved).unwrap();
+        assert_eq!(
+            own.0.next_u64(),
+            zero.clone().next_u64(),
+            "its own state, exactly"
+        );
+        let mut added = DataStream(stream(5, 3));
+        added.load_state_dict_of_process_zero(&saved).unwrap();
+        let mut want = stream(5, 3);
+        want.set_word_pos(zero.get_word_pos());
+        assert_eq!(
+            added.0.next_u64(),
+            want.next_u64(),
+            "stream 3 at process 0's position"
+        );
+        assert_ne!(added.0.next_u64(), zero.next_u64());
+        assert!(added.load_state_dict_of_process_zero(&saved[..10]).is_err());
     }
 }

@@ -221,36 +221,37 @@ impl Accelerator {
                 Ok(state)
             })
             .collect::<Result<_, CheckpointError>>()?;
+        let saved_by = saved_processes(dir)?;
         let rng_path = dir.join(format!(
             "random_states_{}.safetensors",
             self.process_index()
         ));
-        if !rng_path.exists() {
-            let saved_by = std::fs::read_dir(dir)
-                .map_err(CheckpointError::io(dir))?
-                .filter_map(|e| e.ok())
-                .filter(|e| {
-                    let name = e.file_name();
-                    let name = name.to_string_lossy();
-                    name.starts_with("random_states_") && name.ends_with(".safetensors")
-                })
-                .count();
-            return Err(state_err(
-                dir,
-                format!(
-                    "it holds no {}: it was saved by {saved_by} processes, and resuming on more ({}) is not supported yet; resume on {saved_by} or fewer",
-                    rng_path.file_name().unwrap_or_default().to_string_lossy(),
-                    self.num_processes()
-                ),
-            ));
-        }
-        let rng = read_rng(&rng_path)?;
+        // A process the checkpoint was not saved by (resuming on more
+        // processes) keeps the generators `set_seed` gave it, as
+        // Accelerate's `load_state` does when its file is absent.
+        let rng = if self.process_index() < saved_by {
+            Some((rng_path.clone(), read_rng(&rng_path)?))
+        } else {
+            tracing::warn!(
+                "{} was saved by {saved_by} processes: process {} has no {} and keeps the generators its seed gave it",
+                dir.display(),
+                self.process_index(),
+                rng_path.file_name().unwrap_or_default().to_string_lossy(),
+            );
+            None
+        };
         let mut custom = Vec::new();
         for (i, object) in self.registered.custom.iter().enumerate() {
             let per_process = lock(object).per_process();
-            let path = dir.join(custom_file(i, per_process, self.process_index()));
+            let new_process = per_process && self.process_index() >= saved_by;
+            let rank = if new_process { 0 } else { self.process_index() };
+            let path = dir.join(custom_file(i, per_process, rank));
             let bytes = std::fs::read(&path).map_err(CheckpointError::io(&path))?;
-            custom.push((path, bytes));
+            custom.push(StagedObject {
+                path,
+                bytes,
+                of_process_zero: new_process,
+            });
         }
         Ok(Staged {
             model_writes,
@@ -258,7 +259,7 @@ impl Accelerator {
             schedulers,
             scaler,
             loaders,
-            rng: (rng_path, rng),
+            rng,
             custom,
         })
     }
@@ -320,14 +321,25 @@ impl Accelerator {
                 .load_state(*steps, bytes)
                 .map_err(|e| state_err(path, format!("the scheduler refused its state: {e}")))?;
         }
-        for (object, (path, bytes)) in self.registered.custom.iter().zip(&staged.custom) {
-            lock(object)
-                .load_state_dict(bytes)
-                .map_err(|m| state_err(path, m))?;
+        for (object, staged) in self.registered.custom.iter().zip(&staged.custom) {
+            let mut object = lock(object);
+            let result = if staged.of_process_zero {
+                object
+                    .load_state_dict_of_process_zero(&staged.bytes)
+                    .map_err(|m| {
+                        format!("process {} was not among the processes that saved the checkpoint, and this object cannot start from process 0's state ({m}); resume on as many processes as saved it, or fewer", self.process_index())
+                    })
+            } else {
+                object.load_state_dict(&staged.bytes)
+            };
+            result.map_err(|m| state_err(&staged.path, m))?;
         }
-        let (path, rng) = &staged.rng;
-        self.set_rng_state(rng)
-            .map_err(|e| state_err(path, format!("cannot restore the generators: {e}")))
+        match &staged.rng {
+            Some((path, rng)) => self
+                .set_rng_state(rng)
+                .map_err(|e| state_err(path, format!("cannot restore the generators: {e}"))),
+            None => Ok(()),
+        }
     }
 
     /// Puts back what [`previous_state`](Self::previous_state) took after a
@@ -409,9 +421,32 @@ struct Staged {
     schedulers: Vec<(PathBuf, u64, Vec<u8>)>,
     scaler: Option<ScalerFile>,
     loaders: Vec<LoaderState>,
-    rng: (PathBuf, RngState),
-    /// Each registered object's file and state.
-    custom: Vec<(PathBuf, Vec<u8>)>,
+    /// The generators' file and state; none for a process the
+    /// checkpoint was not saved by.
+    rng: Option<(PathBuf, RngState)>,
+    custom: Vec<StagedObject>,
+}
+
+/// A registered object's file and state.
+struct StagedObject {
+    path: PathBuf,
+    bytes: Vec<u8>,
+    /// Process 0's state, for a process the checkpoint was not saved by.
+    of_process_zero: bool,
+}
+
+/// How many processes wrote the checkpoint in `dir` (its
+/// `random_states_<rank>` files).
+fn saved_processes(dir: &Path) -> Result<usize, CheckpointError> {
+    Ok(std::fs::read_dir(dir)
+        .map_err(CheckpointError::io(dir))?
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("random_states_") && name.ends_with(".safetensors")
+        })
+        .count())
 }
 
 /// An optimizer's state from a whole save (spread over the shards as

@@ -114,6 +114,14 @@ pub trait Checkpointable: Send {
     fn per_process(&self) -> bool {
         false
     }
+    /// Restores a process the checkpoint holds no state of (it was saved
+    /// by fewer processes) from process 0's `state`. The default refuses,
+    /// and the load fails naming the object: only an object that knows
+    /// how to start a new process's share (a data stream takes its own
+    /// stream at process 0's position) says yes.
+    fn load_state_dict_of_process_zero(&mut self, _state: &[u8]) -> Result<(), String> {
+        Err("it holds a state per process and cannot start a process that was not saved".into())
+    }
 }
 
 /// The file of custom object `i` of process `rank`.
