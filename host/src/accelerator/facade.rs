@@ -486,6 +486,19 @@ impl Accelerator {
         dir: &std::path::Path,
         max_shard_size: u64,
     ) -> Result<Option<crate::checkpoint::SavedModel>, crate::checkpoint::CheckpointError> {
+        self.save_model_named(model, dir, max_shard_size, str::to_string)
+    }
+
+    /// [`save_model`](Self::save_model) with each tensor saved under
+    /// `name(its name in the model)`: a fine-tuned model under the names of
+    /// the pretrained weights it started from.
+    pub fn save_model_named(
+        &self,
+        model: &impl Model,
+        dir: &std::path::Path,
+        max_shard_size: u64,
+        name: impl Fn(&str) -> String,
+    ) -> Result<Option<crate::checkpoint::SavedModel>, crate::checkpoint::CheckpointError> {
         let main = self.is_main_process();
         let tensors = self
             .ddp
@@ -494,6 +507,8 @@ impl Accelerator {
         if !main {
             return Ok(None);
         }
+        let tensors: Vec<(String, Tensor)> =
+            tensors.into_iter().map(|(n, t)| (name(&n), t)).collect();
         crate::checkpoint::save_model(dir, &tensors, max_shard_size).map(Some)
     }
 

@@ -6,6 +6,7 @@
 
 mod describe;
 mod model_files;
+pub mod pretrained;
 mod safetensors_io;
 mod sharded;
 mod state_dir;

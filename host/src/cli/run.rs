@@ -49,6 +49,7 @@ pub(super) fn execute(args: RunArgs) -> Result<(), Failure> {
     };
     let summary = train::run(&config, &options).map_err(|e| match e {
         TrainError::Data(_)
+        | TrainError::Init { .. }
         | TrainError::NoCuda(_)
         | TrainError::CudaGraphRefused { .. }
         | TrainError::Plugin { .. }

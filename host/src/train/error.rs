@@ -80,6 +80,15 @@ pub enum TrainError {
     /// Capturing or replaying the CUDA graph failed.
     #[error(transparent)]
     CudaGraph(#[from] crate::ops::cuda_graph::GraphError),
+    /// `[model] init-from` cannot initialise the model.
+    #[error("config {config}: model.init-from")]
+    Init {
+        /// The config file.
+        config: PathBuf,
+        /// What does not fit.
+        #[source]
+        source: crate::checkpoint::pretrained::InitError,
+    },
     /// The loss became NaN or infinite.
     #[error("training diverged at step {step}: the loss is {loss}; lower optimizer.lr or set optimizer.max-grad-norm")]
     Diverged {

@@ -101,8 +101,18 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
     let plugins_before = crate::plugins::plugin_usage();
     let mut acc = setup::accelerator(config, options, &run_dir)?;
     let registry = setup::plugin_registry(config, options)?;
+    // The data and the model (with its pretrained weights) first: bad
+    // input stops the run before anything is written.
+    let built = Built::new(&mut acc, config)?;
     attach_plugins(&mut acc, config, registry.as_ref())?;
-    let mut job = Job::prepare(&mut acc, config, options, registry.as_ref(), &run_dir)?;
+    let mut job = Job::prepare(
+        &mut acc,
+        built,
+        config,
+        options,
+        registry.as_ref(),
+        &run_dir,
+    )?;
     let trained = job.train(&mut acc, config, options, &run_dir)?;
     let eval = job.evaluate(&acc, config)?;
     if let Some(e) = &eval {
@@ -165,11 +175,32 @@ struct Job {
     graphed: Option<GraphedStep>,
 }
 
+/// The dataset and the model, built and checked before the run writes
+/// anything.
+struct Built {
+    data: Box<dyn TokenDataset>,
+    model: Box<dyn Model>,
+}
+
+impl Built {
+    /// Seeds the generators, opens the data and builds the model, its
+    /// weights from `init-from` when the config names some.
+    fn new(acc: &mut Accelerator, config: &TrainConfig) -> Result<Self, TrainError> {
+        acc.set_seed(config.run.seed, false, false);
+        let data = setup::dataset(config)?;
+        let weights = acc.model_weights();
+        let model = setup::model(config, data.as_ref(), acc.model_init_device(), weights)?;
+        setup::pretrained(config, model.as_ref(), weights, acc)?;
+        Ok(Self { data, model })
+    }
+}
+
 impl Job {
-    /// Builds and prepares the data, model, optimizer and scheduler, and
-    /// with `--resume` loads the newest checkpoint.
+    /// Prepares the data, model, optimizer and scheduler, and with
+    /// `--resume` loads the newest checkpoint.
     fn prepare(
         acc: &mut Accelerator,
+        built: Built,
         config: &TrainConfig,
         options: &RunOptions,
         registry: Option<&Registry>,
@@ -177,14 +208,7 @@ impl Job {
     ) -> Result<Self, TrainError> {
         let steps = options.steps.unwrap_or(config.run.steps);
         let seed = config.run.seed;
-        acc.set_seed(seed, false, false);
-        let data = setup::dataset(config)?;
-        let model = setup::model(
-            config,
-            data.as_ref(),
-            acc.model_init_device(),
-            acc.model_weights(),
-        )?;
+        let Built { data, model } = built;
         let opt = setup::optimizer(config, model.as_ref());
         let schedule = setup::scheduler(config, registry, &opt.lrs(), steps)?;
         let (model, opt) = acc.prepare((model, opt))?;
@@ -591,7 +615,16 @@ fn write_results(
     eval: Option<Evaluation>,
     plugin_calls: Vec<crate::plugins::PluginUsage>,
 ) -> Result<RunSummary, TrainError> {
-    let saved = acc.save_model(&job.model, run_dir, config.run.max_shard_size())?;
+    // Started from pretrained weights: saved under their names, beside
+    // copies of their folder's configuration and tokenizer.
+    let names = config.model.init_names();
+    let saved = acc.save_model_named(&job.model, run_dir, config.run.max_shard_size(), |n| {
+        names.invert(n)
+    })?;
+    if let (Some(from), true) = (&config.model.init_from, acc.is_main_process()) {
+        crate::checkpoint::pretrained::copy_companions(&config.resolve(from), run_dir)
+            .map_err(io_err(run_dir))?;
+    }
     let model_path = saved
         .map(|s| s.index.unwrap_or_else(|| s.files[0].clone()))
         .unwrap_or_else(|| run_dir.join(crate::checkpoint::SAFE_WEIGHTS_NAME));

@@ -169,6 +169,64 @@ pub(super) fn model(
     })
 }
 
+/// Loads `[model] init-from` into `model`: every process checks the
+/// files against the model (so all refuse together), and those whose
+/// weights are materialised read them (under `cpu-ram-efficient-loading`
+/// the others receive rank 0's when the model is prepared).
+pub(super) fn pretrained(
+    config: &TrainConfig,
+    model: &dyn Model,
+    weights: crate::models::Weights,
+    acc: &Accelerator,
+) -> Result<(), TrainError> {
+    let m = &config.model;
+    let Some(from) = &m.init_from else {
+        return Ok(());
+    };
+    let source = config.resolve(from);
+    let tensors = model.named_state();
+    let buffers = model.named_buffers().into_iter().map(|(n, _)| n).collect();
+    let err = |source| TrainError::Init {
+        config: config.source.clone(),
+        source,
+    };
+    let plan = crate::checkpoint::pretrained::plan(
+        &tensors,
+        &buffers,
+        &source,
+        &m.init_names(),
+        m.init_strict.unwrap_or(true),
+    )
+    .map_err(err)?;
+    let report = &plan.report;
+    if !report.absent_buffers.is_empty() {
+        tracing::warn!(
+            "{}: holds no {}; these buffers keep their values",
+            source.display(),
+            report.absent_buffers.join(", ")
+        );
+    }
+    if !report.missing.is_empty() || !report.unexpected.is_empty() {
+        tracing::warn!(
+            "{} (init-strict = false): {} parameters keep their initial values ({}), {} tensors of the weights are not loaded ({})",
+            source.display(),
+            report.missing.len(),
+            report.missing.join(", "),
+            report.unexpected.len(),
+            report.unexpected.join(", ")
+        );
+    }
+    if weights == crate::models::Weights::Initialised {
+        plan.load(&tensors).map_err(err)?;
+    }
+    acc.print(format!(
+        "initialised {} tensors from {}",
+        report.loaded,
+        source.display()
+    ));
+    Ok(())
+}
+
 pub(super) fn optimizer(config: &TrainConfig, model: &dyn Model) -> Box<dyn Optimizer> {
     let o = &config.optimizer;
     let groups = o.param_groups(model.named_parameters());

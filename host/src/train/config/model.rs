@@ -38,6 +38,21 @@ pub struct ModelSection {
     pub context: Option<i64>,
     /// MLP: hidden width (default 4 × d-model).
     pub hidden: Option<i64>,
+    /// Pretrained weights to start from, relative to the config file: a
+    /// `.safetensors` file, a Hugging Face model folder (`model.safetensors`
+    /// or `model.safetensors.index.json`), or a hearth run or checkpoint
+    /// folder.
+    pub init_from: Option<std::path::PathBuf>,
+    /// Put before every name of `init-from`'s tensors (`"m."` for a
+    /// TorchScript wrapper holding the model as its attribute `m`).
+    pub init_key_prefix: Option<String>,
+    /// Name prefixes of `init-from` replaced before `init-key-prefix` is
+    /// put on (`{ "lm_head." = "head." }`; `""` strips); the longest
+    /// matching prefix applies.
+    pub init_rename: Option<std::collections::BTreeMap<String, String>>,
+    /// Refuse weights that miss a parameter or hold a tensor the model
+    /// lacks (default true); wrong shapes are always refused.
+    pub init_strict: Option<bool>,
 }
 
 fn default_d_model() -> i64 {
@@ -61,7 +76,32 @@ impl ModelSection {
         self.hidden.unwrap_or(self.d_model.saturating_mul(4))
     }
 
+    /// How `init-from`'s names become the model's.
+    pub fn init_names(&self) -> crate::checkpoint::pretrained::NameMap {
+        crate::checkpoint::pretrained::NameMap {
+            rename: self
+                .init_rename
+                .iter()
+                .flatten()
+                .map(|(a, b)| (a.clone(), b.clone()))
+                .collect(),
+            prefix: self.init_key_prefix.clone().unwrap_or_default(),
+        }
+    }
+
     pub(super) fn validate(&self, invalid: &Invalid) -> Result<(), ConfigError> {
+        if self.init_from.is_none() {
+            let needs = |set: bool, key: &str| {
+                if set {
+                    Err(invalid(key, "only applies with model.init-from".into()))
+                } else {
+                    Ok(())
+                }
+            };
+            needs(self.init_key_prefix.is_some(), "model.init-key-prefix")?;
+            needs(self.init_rename.is_some(), "model.init-rename")?;
+            needs(self.init_strict.is_some(), "model.init-strict")?;
+        }
         let positive = |key: &str, v: i64| {
             if v < 1 {
                 Err(invalid(key, format!("must be at least 1, got {v}")))
