@@ -42,13 +42,17 @@ def export(m, path: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def validation_loss(m, text: bytes, seq_len: int) -> float:
-    """The mean next-byte cross-entropy over `hearth run`'s held-out
-    windows of a text file (the last tenth, windows of seq_len + 1)."""
-    split = len(text) * 9 // 10
+def held_out_loss(m, ids, seq_len: int) -> float:
+    """The mean next-token cross-entropy over held-out `ids` cut into
+    windows of seq_len + 1, as `hearth run` scores its validation part."""
     window = seq_len + 1
-    starts = range(split, len(text) - window + 1, window)
-    data = torch.tensor([list(text[s:s + window]) for s in starts], dtype=torch.long)
+    count = len(ids) // window
+    data = torch.as_tensor([list(ids[k * window:(k + 1) * window]) for k in range(count)], dtype=torch.long)
     with torch.no_grad():
         logits = m(data[:, :-1])[0]
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), data[:, 1:].reshape(-1)).item()
+
+
+def validation_loss(m, text: bytes, seq_len: int) -> float:
+    """`held_out_loss` of a text file's last tenth (`kind = "text-file"`)."""
+    return held_out_loss(m, text[len(text) * 9 // 10:], seq_len)

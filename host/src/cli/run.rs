@@ -49,6 +49,8 @@ pub(super) fn execute(args: RunArgs) -> Result<(), Failure> {
     };
     let summary = train::run(&config, &options).map_err(|e| match e {
         TrainError::Data(_)
+        | TrainError::Dataset(_)
+        | TrainError::TooFewWindows { .. }
         | TrainError::Init { .. }
         | TrainError::NoCuda(_)
         | TrainError::CudaGraphRefused { .. }

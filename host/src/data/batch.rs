@@ -40,4 +40,17 @@ pub trait TokenDataset {
     fn validation_batches(&self, _batch_size: i64) -> Vec<Batch> {
         Vec::new()
     }
+    /// The training examples as numbered windows, for datasets that can
+    /// be read in order (`sampling = "sequential"`).
+    fn windows(&self) -> Option<&dyn Windows> {
+        None
+    }
+}
+
+/// Training examples numbered `0..count`, read by index.
+pub trait Windows {
+    /// Number of windows.
+    fn count(&self) -> usize;
+    /// The batch of windows `indices`, in that order.
+    fn batch(&self, indices: &[usize]) -> Batch;
 }

@@ -12,8 +12,9 @@ mod random_tokens;
 mod sampler;
 mod sort_digits;
 mod text_file;
+mod tokens;
 
-pub use batch::{Batch, GenerationSet, TokenDataset, IGNORE_INDEX};
+pub use batch::{Batch, GenerationSet, TokenDataset, Windows, IGNORE_INDEX};
 pub use loader::{
     BatchSource, Batches, CloneItem, Collate, DataLoader, Dataset, IterableDataset, LoaderHandle,
     LoaderOptions, LoaderState, MapStyle, Stream,
@@ -22,3 +23,4 @@ pub use random_tokens::RandomTokens;
 pub use sampler::{batches, epoch_order, shard_batches, Shard};
 pub use sort_digits::SortDigits;
 pub use text_file::{TextFile, TextFileError};
+pub use tokens::{DataError, TokenDtype, TokenFile, Tokens, TokensSpec};

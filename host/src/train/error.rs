@@ -14,6 +14,19 @@ pub enum TrainError {
     /// The dataset could not be opened.
     #[error(transparent)]
     Data(#[from] TextFileError),
+    /// A data file is unreadable or holds what the run cannot use.
+    #[error(transparent)]
+    Dataset(#[from] crate::data::DataError),
+    /// Sequential sampling with fewer training windows than one step takes.
+    #[error("config {config}: the training data holds {windows} windows of seq-len + 1 tokens, and one step of batch-size × processes takes {needed}; use more data, a smaller batch or fewer processes")]
+    TooFewWindows {
+        /// The config file.
+        config: PathBuf,
+        /// Windows in the training part.
+        windows: usize,
+        /// Windows one step takes.
+        needed: usize,
+    },
     /// Writing the model failed.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),

@@ -12,6 +12,7 @@ mod profile;
 mod progress;
 mod runner;
 mod setup;
+mod stream;
 
 pub use config::flatten_toml;
 pub use config::{ConfigError, TrainConfig};

@@ -8,15 +8,14 @@ use super::history::{History, HISTORY_NAME};
 use super::loss::lm_loss;
 use super::profile::RunProfile;
 use super::progress::Progress;
-use super::setup::{self, eval_entries, io_err, DataStream};
+use super::setup::{self, eval_entries, io_err};
+use super::stream::DataStream;
 use crate::accelerator::{
     AcceleratedOptimizer, AcceleratedScheduler, Accelerator, MemoryStats, PreparedModel,
 };
 use crate::data::TokenDataset;
 use crate::models::Model;
 use crate::plugins::{Entries, Registry, Value};
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -213,11 +212,22 @@ impl Job {
         let schedule = setup::scheduler(config, registry, &opt.lrs(), steps)?;
         let (model, opt) = acc.prepare((model, opt))?;
         let schedule = schedule.map(|s| acc.prepare(s)).transpose()?;
-        // Different batches on every process, the same ones as before for
-        // a world of one.
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        rng.set_stream(acc.process_index() as u64);
-        let stream = Arc::new(Mutex::new(DataStream(rng)));
+        let sequential = (config.data.sampling() == super::config::Sampling::Sequential)
+            .then(|| config.data.shuffle.unwrap_or(false));
+        let stream = DataStream::new(seed, acc.process_index(), acc.num_processes(), sequential);
+        if let (Some(needed), Some(windows)) = (
+            stream.windows_needed(config.data.batch_size),
+            data.windows(),
+        ) {
+            if windows.count() < needed {
+                return Err(TrainError::TooFewWindows {
+                    config: config.source.clone(),
+                    windows: windows.count(),
+                    needed,
+                });
+            }
+        }
+        let stream = Arc::new(Mutex::new(stream));
         acc.register_for_checkpointing(stream.clone());
         let mut first_step = 1;
         let resume = options.resume
@@ -455,8 +465,10 @@ impl Job {
         let device = acc.device();
         let batch = {
             let _span = crate::profiling::span("hearth::next_batch");
-            self.data
-                .sample_batch(config.data.batch_size, &mut self.stream.lock().unwrap().0)
+            self.stream
+                .lock()
+                .unwrap()
+                .next_batch(self.data.as_ref(), config.data.batch_size)
         };
         let (model, opt, schedule) = (&self.model, &mut self.opt, &mut self.schedule);
         let grad_norm = &mut self.grad_norm;

@@ -7,7 +7,7 @@ use super::error::TrainError;
 use super::eval::Evaluation;
 use super::runner::RunOptions;
 use crate::accelerator::{Accelerator, AcceleratorBuilder, GradientAccumulationPlugin};
-use crate::data::{RandomTokens, SortDigits, TextFile, TokenDataset};
+use crate::data::{RandomTokens, SortDigits, TextFile, TokenDataset, Tokens, TokensSpec};
 use crate::models::{Gpt, GptConfig, Mlp, MlpConfig, Model, TorchScriptModel};
 use crate::ops::{AdamHyper, SgdHyper};
 use crate::optim::{Adam, Optimizer, Sgd};
@@ -15,8 +15,6 @@ use crate::plugins::{
     load_checkpoint_hook, load_scheduler, load_tracker, CheckpointHookPlugin, PluginError,
     Registry, SchedulerPlugin, SearchPath, TrackerPlugin, Value,
 };
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use std::path::Path;
 
 /// The accelerator a config asks for: device, precision, accumulation,
@@ -121,6 +119,19 @@ pub(super) fn dataset(config: &TrainConfig) -> Result<Box<dyn TokenDataset>, Tra
         DataKind::TextFile => {
             let path = config.resolve(d.path.as_deref().expect("validated: text-file has a path"));
             Box::new(TextFile::open(&path, d.seq_len())?)
+        }
+        DataKind::Tokens => {
+            let path = config.resolve(d.path.as_deref().expect("validated: tokens has a path"));
+            let val_path = d.val_path.as_deref().map(|p| config.resolve(p));
+            Box::new(Tokens::open(&TokensSpec {
+                path: &path,
+                val_path: val_path.as_deref(),
+                dtype: d.dtype(),
+                val_fraction: d.val_fraction(),
+                seq_len: d.seq_len(),
+                vocab_size: d.vocab_size(),
+                max_val_windows: config.eval.samples as usize,
+            })?)
         }
     })
 }
@@ -342,57 +353,6 @@ pub(super) fn scheduler(
     .map_err(plugin_err)
 }
 
-/// The training data stream (a seeded ChaCha generator) as a checkpointed
-/// object, so a resumed run draws the batches it would have drawn.
-pub(super) struct DataStream(pub(super) ChaCha8Rng);
-
-impl crate::accelerator::Checkpointable for DataStream {
-    fn state_dict(&self) -> Vec<u8> {
-        let mut bytes = self.0.get_seed().to_vec();
-        bytes.extend(self.0.get_stream().to_le_bytes());
-        bytes.extend(self.0.get_word_pos().to_le_bytes());
-        bytes
-    }
-    /// Every process draws its own batches from its own stream.
-    fn per_process(&self) -> bool {
-        true
-    }
-    fn load_state_dict(&mut self, state: &[u8]) -> Result<(), String> {
-        self.0 = parse_stream(state)?;
-        Ok(())
-    }
-    /// A process added on resume draws from its own stream of the same
-    /// seed, from where process 0 stood: its batches differ from every
-    /// other process's, and the run stays reproducible.
-    fn load_state_dict_of_process_zero(&mut self, state: &[u8]) -> Result<(), String> {
-        let mut rng = parse_stream(state)?;
-        let position = rng.get_word_pos();
-        rng.set_stream(self.0.get_stream());
-        rng.set_word_pos(position);
-        self.0 = rng;
-        Ok(())
-    }
-}
-
-/// A generator from [`DataStream`]'s saved state: seed, stream, position.
-fn parse_stream(state: &[u8]) -> Result<ChaCha8Rng, String> {
-    if state.len() != 56 {
-        return Err(format!(
-            "the data stream state is 56 bytes, not {}",
-            state.len()
-        ));
-    }
-    let seed: [u8; 32] = state[..32].try_into().expect("32 bytes");
-    let mut rng = ChaCha8Rng::from_seed(seed);
-    rng.set_stream(u64::from_le_bytes(
-        state[32..40].try_into().expect("8 bytes"),
-    ));
-    rng.set_word_pos(u128::from_le_bytes(
-        state[40..].try_into().expect("16 bytes"),
-    ));
-    Ok(rng)
-}
-
 pub(super) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
     move |source| TrainError::Io {
         path: path.into(),
@@ -406,45 +366,5 @@ pub(super) fn eval_entries(e: &Evaluation) -> crate::plugins::Entries {
             vec![("eval/accuracy".into(), Value::Float(accuracy))]
         }
         Evaluation::ValidationLoss { loss, .. } => vec![("eval/loss".into(), Value::Float(loss))],
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::accelerator::Checkpointable;
-    use rand::RngCore;
-
-    fn stream(seed: u64, rank: u64) -> ChaCha8Rng {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        rng.set_stream(rank);
-        rng
-    }
-
-    #[test]
-    fn a_process_added_on_resume_draws_its_own_stream_from_process_zeros_position() {
-        let mut zero = stream(5, 0);
-        for _ in 0..37 {
-            zero.next_u32();
-        }
-        let saved = DataStream(zero.clone()).state_dict();
-        let mut own = DataStream(stream(5, 0));
-        own.load_state_dict(&saved).unwrap();
-        assert_eq!(
-            own.0.next_u64(),
-            zero.clone().next_u64(),
-            "its own state, exactly"
-        );
-        let mut added = DataStream(stream(5, 3));
-        added.load_state_dict_of_process_zero(&saved).unwrap();
-        let mut want = stream(5, 3);
-        want.set_word_pos(zero.get_word_pos());
-        assert_eq!(
-            added.0.next_u64(),
-            want.next_u64(),
-            "stream 3 at process 0's position"
-        );
-        assert_ne!(added.0.next_u64(), zero.next_u64());
-        assert!(added.load_state_dict_of_process_zero(&saved[..10]).is_err());
     }
 }

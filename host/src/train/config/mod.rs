@@ -26,7 +26,7 @@ mod scheduler;
 mod trackers;
 
 pub use checkpoint_hooks::CheckpointHookSection;
-pub use data::{DataKind, DataSection};
+pub use data::{BinDtype, DataKind, DataSection, Sampling};
 pub use distributed::DistributedSection;
 pub use error::ConfigError;
 pub use eval::EvalSection;
