@@ -7,6 +7,7 @@
 //! run is reproducible on any device.
 
 mod batch;
+pub mod documents;
 mod loader;
 mod random_tokens;
 mod sampler;

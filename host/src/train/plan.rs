@@ -64,7 +64,7 @@ fn optimizer_bytes(config: &TrainConfig, bytes: u64) -> u64 {
 /// `config`'s model on the CPU, its weights allocated and never written
 /// (a plan reads only names, shapes and dtypes).
 fn unwritten_model(config: &TrainConfig) -> Result<Box<dyn crate::models::Model>, TrainError> {
-    let data = setup::dataset(config)?;
+    let data = setup::dataset(config, None)?;
     tch::no_grad(|| {
         setup::model(
             config,

@@ -186,7 +186,7 @@ impl Built {
     /// weights from `init-from` when the config names some.
     fn new(acc: &mut Accelerator, config: &TrainConfig) -> Result<Self, TrainError> {
         acc.set_seed(config.run.seed, false, false);
-        let data = setup::dataset(config)?;
+        let data = setup::dataset(config, Some(acc))?;
         let weights = acc.model_weights();
         let model = setup::model(config, data.as_ref(), acc.model_init_device(), weights)?;
         setup::pretrained(config, model.as_ref(), weights, acc)?;

@@ -7,6 +7,7 @@ use super::error::TrainError;
 use super::eval::Evaluation;
 use super::runner::RunOptions;
 use crate::accelerator::{Accelerator, AcceleratorBuilder, GradientAccumulationPlugin};
+use crate::data::documents::{self, DocumentFormat, DocumentsSpec, LoadedTokenizer};
 use crate::data::{RandomTokens, SortDigits, TextFile, TokenDataset, Tokens, TokensSpec};
 use crate::models::{Gpt, GptConfig, Mlp, MlpConfig, Model, TorchScriptModel};
 use crate::ops::{AdamHyper, SgdHyper};
@@ -111,29 +112,102 @@ pub(super) fn search_path(config: &TrainConfig, options: &RunOptions) -> SearchP
     SearchPath::standard(&options.plugin_dirs, Some(project))
 }
 
-pub(super) fn dataset(config: &TrainConfig) -> Result<Box<dyn TokenDataset>, TrainError> {
+/// The configured dataset; documents (`jsonl`, `parquet`) are tokenized
+/// into their token cache first, by the first process of each machine of
+/// `acc` while the others wait (by this process without one).
+pub(super) fn dataset(
+    config: &TrainConfig,
+    acc: Option<&Accelerator>,
+) -> Result<Box<dyn TokenDataset>, TrainError> {
     let d = &config.data;
+    let path = || config.resolve(d.path.as_deref().expect("validated: the kind has a path"));
+    let tokens = |path: &Path, val_path: Option<&Path>, vocab_size: i64| {
+        Tokens::open(&TokensSpec {
+            path,
+            val_path,
+            dtype: d.dtype(),
+            val_fraction: d.val_fraction(),
+            seq_len: d.seq_len(),
+            vocab_size,
+            max_val_windows: config.eval.samples as usize,
+        })
+    };
     Ok(match d.kind {
         DataKind::SortDigits => Box::new(SortDigits::new(d.digits())),
         DataKind::RandomTokens => Box::new(RandomTokens::new(d.vocab_size(), d.seq_len())),
-        DataKind::TextFile => {
-            let path = config.resolve(d.path.as_deref().expect("validated: text-file has a path"));
-            Box::new(TextFile::open(&path, d.seq_len())?)
-        }
+        DataKind::TextFile => Box::new(TextFile::open(&path(), d.seq_len())?),
         DataKind::Tokens => {
-            let path = config.resolve(d.path.as_deref().expect("validated: tokens has a path"));
             let val_path = d.val_path.as_deref().map(|p| config.resolve(p));
-            Box::new(Tokens::open(&TokensSpec {
-                path: &path,
-                val_path: val_path.as_deref(),
-                dtype: d.dtype(),
-                val_fraction: d.val_fraction(),
-                seq_len: d.seq_len(),
-                vocab_size: d.vocab_size(),
-                max_val_windows: config.eval.samples as usize,
-            })?)
+            Box::new(tokens(&path(), val_path.as_deref(), d.vocab_size())?)
+        }
+        DataKind::Jsonl | DataKind::Parquet => {
+            let spec = |pattern: &Path| -> Result<DocumentsSpec, TrainError> {
+                Ok(DocumentsSpec {
+                    files: documents::expand(&config.resolve(pattern))?,
+                    format: match d.kind {
+                        DataKind::Jsonl => DocumentFormat::Jsonl,
+                        _ => DocumentFormat::Parquet,
+                    },
+                    text_field: d.text_field().to_string(),
+                    tokenizer: config.resolve(d.tokenizer.as_deref().expect("validated")),
+                    eos_token: d.eos_token.clone(),
+                })
+            };
+            let train = spec(d.path.as_deref().expect("validated"))?;
+            let tokenizer = LoadedTokenizer::open(&train)?;
+            let cache = token_cache(acc, &train, &tokenizer)?;
+            let val_cache = match &d.val_path {
+                Some(p) => Some(token_cache(acc, &spec(p)?, &tokenizer)?),
+                None => None,
+            };
+            let vocab = d.vocab_size.unwrap_or(tokenizer.vocab_size() as i64);
+            Box::new(tokens(&cache, val_cache.as_deref(), vocab)?)
         }
     })
+}
+
+/// The token cache of `spec`, tokenized now by the first process of each
+/// machine when it is absent; every process learns whether that worked.
+fn token_cache(
+    acc: Option<&Accelerator>,
+    spec: &DocumentsSpec,
+    tokenizer: &LoadedTokenizer,
+) -> Result<std::path::PathBuf, TrainError> {
+    let cache = documents::cache_path(spec, tokenizer)?;
+    let tokenizes = acc.is_none_or(Accelerator::is_local_main_process);
+    let mine = if tokenizes && !cache.exists() {
+        let started = std::time::Instant::now();
+        let progress = acc.is_none_or(Accelerator::is_main_process);
+        documents::tokenize_into(spec, tokenizer, &cache, progress).map(|n| {
+            tracing::info!(
+                "tokenized {} file(s) into {n} tokens in {:.1} s: {}",
+                spec.files.len(),
+                started.elapsed().as_secs_f64(),
+                cache.display()
+            )
+        })
+    } else {
+        Ok(())
+    };
+    let Some(acc) = acc else {
+        mine?;
+        return Ok(cache);
+    };
+    let said = mine.as_ref().map(|_| ()).map_err(|e| e.to_string());
+    let all = acc.gather_object(&said)?;
+    mine?;
+    if let Some((rank, message)) = all
+        .iter()
+        .enumerate()
+        .find_map(|(r, s)| s.as_ref().err().map(|m| (r, m)))
+    {
+        return Err(crate::data::DataError::Format {
+            path: spec.files[0].clone(),
+            message: format!("rank {rank} could not tokenize it: {message}"),
+        }
+        .into());
+    }
+    Ok(cache)
 }
 
 /// The configured model on `device`, its weights starting as `weights`

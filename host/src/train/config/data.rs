@@ -17,6 +17,10 @@ pub enum DataKind {
     RandomTokens,
     /// Pre-tokenized ids: a nanoGPT `.bin` or a 1-D `.npy` (`data::Tokens`).
     Tokens,
+    /// JSON Lines documents, tokenized into a token cache.
+    Jsonl,
+    /// Parquet documents, tokenized into a token cache.
+    Parquet,
 }
 
 impl DataKind {
@@ -26,6 +30,8 @@ impl DataKind {
             Self::TextFile => "\"text-file\"",
             Self::RandomTokens => "\"random-tokens\"",
             Self::Tokens => "\"tokens\"",
+            Self::Jsonl => "\"jsonl\"",
+            Self::Parquet => "\"parquet\"",
         }
     }
 }
@@ -82,6 +88,14 @@ pub struct DataSection {
     /// tokens with sequential sampling: a new order of windows each epoch,
     /// from the run's seed (default false: file order).
     pub shuffle: Option<bool>,
+    /// jsonl, parquet: the field or column holding the text (default "text").
+    pub text_field: Option<String>,
+    /// jsonl, parquet: the Hugging Face `tokenizer.json`.
+    pub tokenizer: Option<PathBuf>,
+    /// jsonl, parquet: the token put after each document (default: the
+    /// `eos_token` of `tokenizer_config.json` beside the tokenizer, else a
+    /// well-known one the vocabulary holds).
+    pub eos_token: Option<String>,
 }
 
 fn default_batch_size() -> i64 {
@@ -108,7 +122,11 @@ impl DataSection {
             BinDtype::Uint32 => TokenDtype::U32,
         }
     }
-    /// tokens: the held-out fraction.
+    /// jsonl, parquet: the text field or column.
+    pub fn text_field(&self) -> &str {
+        self.text_field.as_deref().unwrap_or("text")
+    }
+    /// tokens, jsonl, parquet: the held-out fraction.
     pub fn val_fraction(&self) -> f64 {
         self.val_fraction.unwrap_or(0.1)
     }
@@ -128,24 +146,33 @@ impl DataSection {
         };
         positive("data.batch-size", self.batch_size)?;
         // Each optional key and the kinds it applies to.
-        let keys: [(&str, bool, &[DataKind]); 9] = [
+        const IDS: &[DataKind] = &[Tokens, Jsonl, Parquet];
+        const DOCUMENTS: &[DataKind] = &[Jsonl, Parquet];
+        let keys: [(&str, bool, &[DataKind]); 12] = [
             ("digits", self.digits.is_some(), &[SortDigits]),
-            ("path", self.path.is_some(), &[TextFile, Tokens]),
+            (
+                "path",
+                self.path.is_some(),
+                &[TextFile, Tokens, Jsonl, Parquet],
+            ),
             (
                 "seq-len",
                 self.seq_len.is_some(),
-                &[TextFile, RandomTokens, Tokens],
+                &[TextFile, RandomTokens, Tokens, Jsonl, Parquet],
             ),
             (
                 "vocab-size",
                 self.vocab_size.is_some(),
-                &[RandomTokens, Tokens],
+                &[RandomTokens, Tokens, Jsonl, Parquet],
             ),
-            ("val-path", self.val_path.is_some(), &[Tokens]),
-            ("val-fraction", self.val_fraction.is_some(), &[Tokens]),
+            ("val-path", self.val_path.is_some(), IDS),
+            ("val-fraction", self.val_fraction.is_some(), IDS),
             ("dtype", self.dtype.is_some(), &[Tokens]),
-            ("sampling", self.sampling.is_some(), &[Tokens]),
-            ("shuffle", self.shuffle.is_some(), &[Tokens]),
+            ("sampling", self.sampling.is_some(), IDS),
+            ("shuffle", self.shuffle.is_some(), IDS),
+            ("text-field", self.text_field.is_some(), DOCUMENTS),
+            ("tokenizer", self.tokenizer.is_some(), DOCUMENTS),
+            ("eos-token", self.eos_token.is_some(), DOCUMENTS),
         ];
         for (key, set, kinds) in keys {
             if set && !kinds.contains(&self.kind) {
@@ -181,9 +208,13 @@ impl DataSection {
                     return Err(invalid("data.vocab-size", "must be at least 2".into()));
                 }
             }
-            Tokens => {
+            Tokens | Jsonl | Parquet => {
                 required(self.path.is_some(), "data.path")?;
-                required(self.vocab_size.is_some(), "data.vocab-size")?;
+                if self.kind == Tokens {
+                    required(self.vocab_size.is_some(), "data.vocab-size")?;
+                } else {
+                    required(self.tokenizer.is_some(), "data.tokenizer")?;
+                }
                 positive("data.seq-len", self.seq_len())?;
                 positive("data.vocab-size", self.vocab_size())?;
                 if self.val_path.is_some() && self.val_fraction.is_some() {
