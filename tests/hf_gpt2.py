@@ -36,6 +36,35 @@ class Logits(torch.nn.Module):
         return self.m(input_ids)[0]
 
 
+class WithLabels(torch.nn.Module):
+    """`m(input_ids, labels=labels, return_dict=False)` → transformers'
+    tuple `(loss, logits)`, the contract of `output = "loss"`."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, input_ids, labels):
+        return self.m(input_ids, labels=labels, use_cache=False, return_dict=False)
+
+
+class Tuple(torch.nn.Module):
+    """`m(input_ids, return_dict=False)` → the tuple `(logits,)`."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, input_ids):
+        return self.m(input_ids, use_cache=False, return_dict=False)
+
+
+def export_with_labels(m, path: pathlib.Path) -> pathlib.Path:
+    ids = torch.zeros(2, m.config.n_positions, dtype=torch.long)
+    torch.jit.trace(WithLabels(m), (ids, ids)).save(str(path))
+    return path
+
+
 def export(m, path: pathlib.Path) -> pathlib.Path:
     seq = m.config.n_positions
     torch.jit.trace(Logits(m), torch.zeros(2, seq, dtype=torch.long)).save(str(path))

@@ -323,11 +323,20 @@ extern "C" char *hearth_jit_train(void *handle, bool on) {
   return guarded([&] { static_cast<torch::jit::Module *>(handle)->train(on); });
 }
 
-extern "C" char *hearth_jit_forward(void *handle, at::Tensor *input, at::Tensor **out) {
+// forward(inputs[0], ..., inputs[n-1]): a tensor, or the first element of
+// a tuple (transformers' outputs with torchscript=True) when it is one.
+extern "C" char *hearth_jit_forward(void *handle, at::Tensor **inputs, int n, at::Tensor **out) {
   return guarded([&] {
-    auto result = static_cast<torch::jit::Module *>(handle)->forward({*input});
+    std::vector<c10::IValue> args;
+    for (int i = 0; i < n; ++i) args.emplace_back(*inputs[i]);
+    auto result = static_cast<torch::jit::Module *>(handle)->forward(args);
+    if (result.isTuple()) {
+      const auto &elements = result.toTupleRef().elements();
+      if (elements.empty()) throw std::runtime_error("forward returned an empty tuple, not a tensor");
+      result = elements[0];
+    }
     if (!result.isTensor()) {
-      throw std::runtime_error("forward returned " + result.tagKind() + ", not a tensor");
+      throw std::runtime_error("forward returned " + result.tagKind() + ", not a tensor (or a tuple whose first element is one)");
     }
     *out = new at::Tensor(result.toTensor());
   });

@@ -15,10 +15,33 @@ use tch::{Device, TchError, Tensor};
 /// module tree but the host cannot step inside it.
 pub struct TorchScriptModel {
     module: Mutex<(ScriptModule, bool)>,
+    output: ModelOutput,
     params: Vec<(String, Tensor)>,
     buffers: Vec<(String, Tensor)>,
     tree: ModuleTree,
     path: PathBuf,
+}
+
+/// What a TorchScript model's `forward` returns (`[model] output`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModelOutput {
+    /// `forward(input_ids)` → `[batch, time, vocab]` logits; hearth takes
+    /// the next-token loss, ignoring targets of -100.
+    #[default]
+    Logits,
+    /// `forward(input_ids, labels)` → the loss (or a tuple whose first
+    /// element is the loss: transformers' `model(input_ids, labels=labels)`
+    /// with `torchscript=True`). The labels are transformers' causal-LM
+    /// labels: the inputs themselves, -100 where no loss is taken; the
+    /// model shifts them.
+    Loss,
+}
+
+/// The one tensor a loss model's unit receives: `[2, batch, time]`, the
+/// input ids stacked on the labels (a unit passes one tensor along).
+pub fn pack_labels(input_ids: &Tensor, labels: &Tensor) -> Tensor {
+    Tensor::stack(&[input_ids, labels], 0)
 }
 
 /// Why a TorchScript file could not be used.
@@ -76,11 +99,23 @@ impl TorchScriptModel {
         }
         Ok(Self {
             module: Mutex::new((module, true)),
+            output: ModelOutput::Logits,
             params,
             buffers,
             tree,
             path: path.into(),
         })
+    }
+
+    /// The model with `forward` returning `output`.
+    pub fn with_output(mut self, output: ModelOutput) -> Self {
+        self.output = output;
+        self
+    }
+
+    /// What `forward` returns.
+    pub fn output(&self) -> ModelOutput {
+        self.output
     }
 
     /// The file the model was loaded from.
@@ -89,7 +124,8 @@ impl TorchScriptModel {
     }
 
     /// Runs the module's `forward`, switching it to training or evaluation
-    /// mode first when needed.
+    /// mode first when needed: on `tokens`, or for a loss model on the
+    /// input ids and labels [`pack_labels`] stacked.
     pub fn try_forward(&self, tokens: &Tensor, train: bool) -> Result<Tensor, TchError> {
         let mut guard = self.module.lock().unwrap_or_else(|p| p.into_inner());
         let (module, mode) = &mut *guard;
@@ -97,7 +133,10 @@ impl TorchScriptModel {
             module.set_train(train)?;
             *mode = train;
         }
-        module.forward(tokens)
+        match self.output {
+            ModelOutput::Logits => module.forward(&[tokens]),
+            ModelOutput::Loss => module.forward(&[&tokens.get(0), &tokens.get(1)]),
+        }
     }
 }
 
@@ -116,19 +155,36 @@ impl TorchScriptModel {
             .remainder(vocab)
             .view([batch, seq_len]);
         let shape = [batch, seq_len];
-        let out = tch::no_grad(|| self.try_forward(&tokens, false)).map_err(|e| {
+        let (input, needs) = match self.output {
+            ModelOutput::Logits => (tokens, "forward must take [batch, time] token ids"),
+            ModelOutput::Loss => (
+                pack_labels(&tokens, &tokens),
+                "with output = \"loss\", forward must take (input_ids, labels), each [batch, time]",
+            ),
+        };
+        let out = tch::no_grad(|| self.try_forward(&input, false)).map_err(|e| {
             err(format!(
                 "its forward pass fails on a {shape:?} batch of int64 tokens below {vocab} (what the \
-                 data gives): {}; forward must take [batch, time] token ids",
+                 data gives): {}; {needs}",
                 last_line(&e)
             ))
         })?;
         let size = out.size();
+        if self.output == ModelOutput::Loss {
+            if !size.is_empty() || !out.is_floating_point() {
+                return Err(err(format!(
+                    "its forward pass returns {:?} {size:?} for a {shape:?} batch; with output = \"loss\" hearth needs the loss, a floating-point scalar (or a tuple that starts with it)",
+                    out.kind()
+                )));
+            }
+            return Ok(());
+        }
         let fits = size.len() == 3 && size[..2] == shape && size[2] >= vocab;
         if !fits || !out.is_floating_point() {
             return Err(err(format!(
                 "its forward pass returns {:?} {size:?} for a {shape:?} batch of tokens; hearth needs \
-                 [batch, time, vocab] floating-point logits with vocab at least {vocab} (the data's)",
+                 [batch, time, vocab] floating-point logits with vocab at least {vocab} (the data's), \
+                 or set model.output = \"loss\" for a model that returns its loss",
                 out.kind()
             )));
         }

@@ -117,7 +117,8 @@ extern "C" {
     pub fn hearth_jit_train(module: *mut std::ffi::c_void, on: bool) -> *mut c_char;
     pub fn hearth_jit_forward(
         module: *mut std::ffi::c_void,
-        input: *mut C_tensor,
+        inputs: *const *mut C_tensor,
+        n: std::ffi::c_int,
         out: *mut *mut C_tensor,
     ) -> *mut c_char;
 }

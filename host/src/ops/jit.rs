@@ -129,12 +129,21 @@ impl ScriptModule {
         check(unsafe { ffi::hearth_jit_train(self.0.as_ptr(), on) })
     }
 
-    /// Runs `forward(input)`; a result that is not one tensor is an error.
-    pub fn forward(&self, input: &Tensor) -> Result<Tensor, TchError> {
+    /// Runs `forward(inputs...)`: a tensor, or the first element of a
+    /// tuple when it is one (transformers' outputs with `torchscript=True`);
+    /// anything else is an error.
+    pub fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor, TchError> {
         let mut out = std::ptr::null_mut();
-        // SAFETY: a live module and tensor; `out` receives a new tensor.
+        let handles: Vec<*mut C_tensor> =
+            inputs.iter().map(|t| t.as_ptr() as *mut C_tensor).collect();
+        // SAFETY: a live module and tensors; `out` receives a new tensor.
         check(unsafe {
-            ffi::hearth_jit_forward(self.0.as_ptr(), input.as_ptr() as *mut C_tensor, &mut out)
+            ffi::hearth_jit_forward(
+                self.0.as_ptr(),
+                handles.as_ptr(),
+                handles.len() as std::ffi::c_int,
+                &mut out,
+            )
         })?;
         // SAFETY: a new at::Tensor handed over on success.
         Ok(unsafe { Tensor::from_ptr(out) })

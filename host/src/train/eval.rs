@@ -1,8 +1,9 @@
 //! Held-out evaluation: exact-match accuracy of greedy generation for tasks
 //! with answers, mean validation loss for text.
 
+use super::loss::batch_loss;
 use crate::data::{GenerationSet, TokenDataset};
-use crate::models::Model;
+use crate::models::{Model, ModelOutput};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -58,6 +59,18 @@ impl std::fmt::Display for Evaluation {
 
 /// Seed offset that keeps eval examples on a different stream from training.
 const EVAL_STREAM: u64 = 0x5eed_e7a1;
+
+/// What an evaluation scores: the prompts of an exact-match set drawn from
+/// `seed` (`samples` of them), in forward passes of `batch_size`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Plan {
+    /// The run's seed.
+    pub seed: u64,
+    /// Prompts of an exact-match set.
+    pub samples: i64,
+    /// Examples per forward pass.
+    pub batch_size: i64,
+}
 
 /// The part of the held-out data one process scores: prompts
 /// `[index·n/count, (index+1)·n/count)` of an exact-match set, every
@@ -120,13 +133,17 @@ impl Scores {
 /// (every shard of a dataset has, even an empty one).
 pub(crate) fn score(
     model: &dyn Model,
+    output: ModelOutput,
     data: &dyn TokenDataset,
-    seed: u64,
-    samples: i64,
-    batch_size: i64,
+    plan: Plan,
     device: Device,
     shard: Shard,
 ) -> Option<Scores> {
+    let Plan {
+        seed,
+        samples,
+        batch_size,
+    } = plan;
     tch::no_grad(|| {
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ EVAL_STREAM);
         if let Some(set) = data.generation_set(samples, &mut rng) {
@@ -146,7 +163,8 @@ pub(crate) fn score(
         if batches.is_empty() {
             return None;
         }
-        let (mut total, mut tokens) = (Tensor::zeros([], (Kind::Double, device)), 0i64);
+        let mut total = Tensor::zeros([], (Kind::Double, device));
+        let mut tokens = Tensor::zeros([], (Kind::Int64, device));
         // Batch k goes to rank k % count, and every rank runs as many
         // forward passes as the rank with the most: a rank past the end
         // runs one row of the first batch again and counts nothing
@@ -154,20 +172,28 @@ pub(crate) fn score(
         // drops).
         for round in 0..batches.len().div_ceil(shard.count) {
             let Some(batch) = batches.get(shard.index + round * shard.count) else {
-                let _ =
-                    model.forward_t(&batches[0].inputs.narrow(0, 0, 1).to_device(device), false);
+                let row = |t: &Tensor| t.narrow(0, 0, 1).to_device(device);
+                let first = &batches[0];
+                let _ = batch_loss(
+                    model,
+                    output,
+                    &row(&first.inputs),
+                    &row(&first.targets),
+                    false,
+                );
                 continue;
             };
             let targets = batch.targets.to_device(device);
-            let logits = model.forward_t(&batch.inputs.to_device(device), false);
-            let n = targets.numel() as i64;
-            total += super::lm_loss(&logits, &targets).to_kind(Kind::Double) * n as f64;
+            let inputs = batch.inputs.to_device(device);
+            let (loss, n) = batch_loss(model, output, &inputs, &targets, false);
+            // A batch with nothing to score adds nothing (its mean is NaN).
+            total += loss.to_kind(Kind::Double).nan_to_num(0.0, None, None) * &n;
             tokens += n;
         }
         Some(Scores {
             exact_match: false,
             total: f64::try_from(total).unwrap_or(f64::NAN),
-            count: tokens,
+            count: i64::try_from(tokens).unwrap_or(0),
         })
     })
 }
@@ -272,7 +298,21 @@ mod tests {
         // Two digits to sort, briefly trained: some answers right, not all.
         let digits = SortDigits::new(2);
         let model = train(gpt(&digits), &digits, 40);
-        let exact = |shard| score(&model, &digits, 3, 200, 7, Device::Cpu, shard).unwrap();
+        let exact = |shard| {
+            score(
+                &model,
+                ModelOutput::Logits,
+                &digits,
+                Plan {
+                    seed: 3,
+                    samples: 200,
+                    batch_size: 7,
+                },
+                Device::Cpu,
+                shard,
+            )
+            .unwrap()
+        };
         let whole = exact(Shard { index: 0, count: 1 });
         assert!(whole.exact_match && whole.count == 200);
         assert!(whole.total > 0.0 && whole.total < 200.0, "{whole:?}");
@@ -280,14 +320,42 @@ mod tests {
             assert_eq!(summed(count, exact), (whole.total, 200), "{count} shards");
         }
         // More processes than prompts: the empty shards still add their zeros.
-        let few = |shard| score(&model, &digits, 3, 3, 7, Device::Cpu, shard).unwrap();
+        let few = |shard| {
+            score(
+                &model,
+                ModelOutput::Logits,
+                &digits,
+                Plan {
+                    seed: 3,
+                    samples: 3,
+                    batch_size: 7,
+                },
+                Device::Cpu,
+                shard,
+            )
+            .unwrap()
+        };
         let three = few(Shard { index: 0, count: 1 });
         assert_eq!(summed(5, few), (three.total, 3));
         assert_eq!(few(Shard { index: 0, count: 5 }).count, 0);
 
         let (_dir, text) = bytes_file();
         let model = gpt(&text);
-        let loss = |shard| score(&model, &text, 3, 0, 4, Device::Cpu, shard).unwrap();
+        let loss = |shard| {
+            score(
+                &model,
+                ModelOutput::Logits,
+                &text,
+                Plan {
+                    seed: 3,
+                    samples: 0,
+                    batch_size: 4,
+                },
+                Device::Cpu,
+                shard,
+            )
+            .unwrap()
+        };
         let whole = loss(Shard { index: 0, count: 1 });
         assert!(!whole.exact_match && whole.count > 0);
         for count in [2, 3] {
@@ -344,7 +412,18 @@ mod tests {
         );
         for count in uneven {
             let run = |m: &dyn Model, shard| {
-                score(m, &text, 3, 0, 5, Device::Cpu, shard);
+                score(
+                    m,
+                    ModelOutput::Logits,
+                    &text,
+                    Plan {
+                        seed: 3,
+                        samples: 0,
+                        batch_size: 5,
+                    },
+                    Device::Cpu,
+                    shard,
+                );
             };
             let seen = passes(&model, &run, count);
             assert!(
@@ -356,7 +435,18 @@ mod tests {
         let model = gpt(&digits);
         for (samples, batch, count) in [(3, 7, 4), (201, 7, 2), (1001, 500, 2)] {
             let run = |m: &dyn Model, shard| {
-                score(m, &digits, 3, samples, batch, Device::Cpu, shard);
+                score(
+                    m,
+                    ModelOutput::Logits,
+                    &digits,
+                    Plan {
+                        seed: 3,
+                        samples,
+                        batch_size: batch,
+                    },
+                    Device::Cpu,
+                    shard,
+                );
             };
             let seen = passes(&model, &run, count);
             assert!(

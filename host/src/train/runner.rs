@@ -2,10 +2,10 @@
 
 use super::config::TrainConfig;
 use super::error::TrainError;
-use super::eval::{score, Evaluation, Shard};
+use super::eval::{score, Evaluation, Plan as EvalPlan, Shard};
 use super::graphed::{GraphStats, GraphedStep, StepOutput};
 use super::history::{History, HISTORY_NAME};
-use super::loss::lm_loss;
+use super::loss::batch_loss;
 use super::profile::RunProfile;
 use super::progress::Progress;
 use super::setup::{self, eval_entries, io_err};
@@ -557,10 +557,13 @@ impl Job {
         let eval = &config.eval;
         let scored = score(
             &self.model,
+            config.model.output(),
             self.data.as_ref(),
-            config.run.seed,
-            eval.samples,
-            eval.batch_size,
+            EvalPlan {
+                seed: config.run.seed,
+                samples: eval.samples,
+                batch_size: eval.batch_size,
+            },
             acc.device(),
             shard,
         );
@@ -586,7 +589,7 @@ fn update(
 ) -> Result<StepOutput, TrainError> {
     let loss = {
         let _span = crate::profiling::span("hearth::forward");
-        lm_loss(&model.forward_t(inputs, true), targets)
+        batch_loss(model, config.model.output(), inputs, targets, true).0
     };
     acc.backward(&loss)?;
     let mut grad_norm = None;

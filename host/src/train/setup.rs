@@ -226,7 +226,7 @@ pub(super) fn model(
                     .as_deref()
                     .expect("validated: torchscript has a path"),
             );
-            let model = TorchScriptModel::load(&path, device)?;
+            let model = TorchScriptModel::load(&path, device)?.with_output(m.output());
             model.probe(2, data.seq_len(), data.vocab_size())?;
             Box::new(model)
         }

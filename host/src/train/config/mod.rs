@@ -120,6 +120,16 @@ impl TrainConfig {
         self.run.validate(&invalid)?;
         self.model.validate(&invalid)?;
         self.data.validate(&invalid)?;
+        if self.model.output() == crate::models::ModelOutput::Loss
+            && self.data.kind == DataKind::SortDigits
+        {
+            return Err(invalid(
+                "model.output",
+                "is \"loss\", but sort-digits scores exact matches by generating, which needs \
+                 logits; use output = \"logits\" or a text dataset"
+                    .into(),
+            ));
+        }
         self.optimizer.validate(&invalid)?;
         self.eval.validate(&invalid)?;
         self.distributed.validate(&invalid)?;

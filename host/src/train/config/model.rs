@@ -53,6 +53,8 @@ pub struct ModelSection {
     /// Refuse weights that miss a parameter or hold a tensor the model
     /// lacks (default true); wrong shapes are always refused.
     pub init_strict: Option<bool>,
+    /// TorchScript: `forward` returns logits (default) or its own loss.
+    pub output: Option<crate::models::ModelOutput>,
 }
 
 fn default_d_model() -> i64 {
@@ -74,6 +76,11 @@ impl ModelSection {
     /// MLP hidden width (default 4 × d-model).
     pub fn hidden(&self) -> i64 {
         self.hidden.unwrap_or(self.d_model.saturating_mul(4))
+    }
+
+    /// What the model's forward returns.
+    pub fn output(&self) -> crate::models::ModelOutput {
+        self.output.unwrap_or_default()
     }
 
     /// How `init-from`'s names become the model's.
@@ -112,6 +119,7 @@ impl ModelSection {
         positive("model.d-model", self.d_model)?;
         if self.kind != ModelKind::Torchscript {
             only_for(&self.path, "model.path", "\"torchscript\"", invalid)?;
+            only_for(&self.output, "model.output", "\"torchscript\"", invalid)?;
         }
         match self.kind {
             ModelKind::Torchscript => {
