@@ -1,0 +1,82 @@
+"""Makes everything the fine-tuning example needs, with no download:
+
+  pretrained/   a transformers GPT-2 saved with save_pretrained, with its
+                tokenizer (tokenizer.json, tokenizer_config.json) — this
+                stands in for a checkpoint you would download
+  gpt2.pt       the same architecture traced to TorchScript, the program
+                hearth runs (its weights are replaced by init-from)
+  data/train.jsonl, data/val.jsonl
+                JSON Lines documents with a "text" field
+
+Run it with the Python that has torch, transformers and tokenizers
+(`make setup` makes .venv/bin/python):  .venv/bin/python prepare.py
+"""
+import json
+import pathlib
+import random
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import GPT2Config, GPT2LMHeadModel
+
+HERE = pathlib.Path(__file__).resolve().parent
+SUBJECTS = ["the cat", "a dog", "my neighbour", "the old sailor", "a small robot", "the baker"]
+VERBS = ["sees", "likes", "paints", "follows", "greets", "remembers"]
+OBJECTS = ["the moon", "a red kite", "the harbour", "fresh bread", "a quiet song", "the library"]
+
+
+def sentences(n: int, seed: int) -> list:
+    rng = random.Random(seed)
+    return [
+        " ".join(f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)}." for _ in range(rng.randint(1, 4)))
+        for _ in range(n)
+    ]
+
+
+class Logits(torch.nn.Module):
+    """forward(input_ids) -> logits: what `kind = "torchscript"` runs. The
+    model is the attribute `m`, so its parameters are named `m.<name>`:
+    the config's init-key-prefix = "m." maps the checkpoint's names."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, input_ids):
+        return self.m(input_ids, use_cache=False, return_dict=False)[0]
+
+
+def main():
+    train, val = sentences(2000, 0), sentences(200, 1)
+    (HERE / "data").mkdir(exist_ok=True)
+    for name, docs in (("train", train), ("val", val)):
+        with open(HERE / "data" / f"{name}.jsonl", "w") as f:
+            for d in docs:
+                f.write(json.dumps({"text": d}) + "\n")
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=384, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator(train, trainer)
+    eos = tokenizer.token_to_id("<|endoftext|>")
+
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=tokenizer.get_vocab_size(), n_positions=64, n_embd=64, n_layer=2, n_head=4,
+        bos_token_id=eos, eos_token_id=eos,
+    )
+    model = GPT2LMHeadModel(config).eval()
+    model.save_pretrained(HERE / "pretrained")
+    tokenizer.save(str(HERE / "pretrained" / "tokenizer.json"))
+    (HERE / "pretrained" / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|endoftext|>", "tokenizer_class": "PreTrainedTokenizerFast"})
+    )
+    torch.jit.trace(Logits(model), torch.zeros(2, 64, dtype=torch.long)).save(str(HERE / "gpt2.pt"))
+    print(f"wrote {HERE / 'pretrained'}, {HERE / 'gpt2.pt'} and {HERE / 'data'}")
+
+
+if __name__ == "__main__":
+    main()
