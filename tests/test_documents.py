@@ -113,3 +113,18 @@ def test_bad_documents_are_refused_naming_file_and_place_before_the_run_writes(h
     for part in says:
         assert part in run.stderr, (part, run.stderr)
     assert not (folder / "out").exists()
+
+
+def test_data_prepare_tokenizes_ahead_of_the_run_and_times_the_loader(hearth, folder):
+    text_data.write_jsonl(folder / "docs.jsonl", DOCS)
+    config = write_config(folder, job('kind = "jsonl"\npath = "docs.jsonl"\nsampling = "sequential"'))
+    prepared = hearth("data", "prepare", config, "--json", "--batches", 50)
+    assert prepared.returncode == 0, prepared.stderr
+    report = json.loads(prepared.stdout.strip().splitlines()[-1])
+    tokens = len(text_data.packed(folder / "tok" / "tokenizer.json", DOCS))
+    assert report["windows"] == (tokens - round(tokens * 0.1) - 1) // 32, report
+    assert report["batches"] == 50 and report["loader_tokens_per_sec"] > 0, report
+    run = hearth("run", config, "--output-dir", folder / "out")
+    assert run.returncode == 0 and "tokenized" not in run.stderr, run.stderr
+    bad = hearth("data", "prepare", write_config(folder, job('kind = "jsonl"\npath = "missing.jsonl"'), "bad.toml"))
+    assert bad.returncode == 2 and "missing.jsonl" in bad.stderr, bad.stderr

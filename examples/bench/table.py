@@ -7,7 +7,9 @@ torchrun with gloo), a whole tiny process's wall time and peak RSS
 (Accelerate, and the same job in plain tch), what a scheduler and three trackers logging every step cost
 (the same run without plugins), save_state of 3 GB fsync'd (Accelerate, and
 the disk's own fsync'd write speed by dd) and the async save's time to
-commit (the blocking save), a process's first and one after another. A benchmark, not a test: nothing is asserted.
+commit (the blocking save), a process's first and one after another; the
+tokens loader's rate (the bench GPT's consumption) and tokenizing 100 MB
+of JSON Lines (Python tokenizers' encode_batch). A benchmark, not a test: nothing is asserted.
 Usage: python table.py [ROUNDS]   (ROUNDS of each, 7 by default; the
 plugin row takes PLUGIN_ROUNDS and the checkpoint rows CHECKPOINT_ROUNDS)
 """
@@ -24,6 +26,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
+import data_loading  # noqa: E402
 import gpt_vs_accelerate  # noqa: E402
 import plugin_overhead  # noqa: E402
 import save_state_vs_accelerate  # noqa: E402
@@ -34,6 +37,8 @@ med = statistics.median
 # and async saves).
 PLUGIN_ROUNDS = 8
 CHECKPOINT_ROUNDS = 4
+# The data rows' rounds (tokenizing 100 MB takes ~30 s a side here).
+DATA_ROUNDS = 3
 
 
 def machine() -> str:
@@ -57,9 +62,11 @@ def rows(rounds: int) -> list[dict]:
         out.append(dict(measure=measure, hearth=hearth, peer=peer, ratio=ratio, goal=goal))
         print(f"== {measure}: hearth {hearth}, peer {peer}, ratio {ratio}", flush=True)
 
+    consumed = None
     for procs, goal in ((1, "≥ 1.10×"), (2, "≥ 1.25×")):
         ours, peer = gpt_vs_accelerate.measure(rounds, procs)
         h, p = med(ours), med(peer)
+        consumed = consumed or h
         who = "Accelerate" if procs == 1 else "torchrun/gloo"
         row(f"tiny GPT tokens/s, {procs} process{'es' if procs > 1 else ''}",
             f"{h:,.0f}", f"{who} {p:,.0f}", f"**{h / p:.2f}×**", goal)
@@ -106,6 +113,15 @@ def rows(rounds: int) -> list[dict]:
         ratio = med(a["save"] / s["save"] for a, s in zip(results[key], results["hearth"]))
         row(measure, f"{total:.2f} s ({returned:.2f} s blocked)", f"blocking save {blocking:.2f} s",
             f"**{ratio:.2f}×**; blocked {returned / 3.0:.2f} s/GB", "≤ 1.2×; ≤ 0.4 s/GB")
+    data = data_loading.measure(DATA_ROUNDS)
+    rate = med(data["loader"])
+    row("tokens loader (nanoGPT .bin, random windows of the bench GPT's 16 × 128), 1 process",
+        f"{rate:,.0f} tokens/s", f"the bench GPT consumes {consumed:,.0f} tokens/s",
+        f"**{rate / consumed:,.0f}×**", "≥ 50×")
+    h, p = med(data["hearth"]), med(data["python"])
+    row("tokenize 100 MB of JSON Lines into the token cache (same ids, same threads)",
+        f"{h:.1f} s", f"Python tokenizers' encode_batch {p:.1f} s",
+        f"**{p / h:.2f}×** as fast", "≥ 1.0×")
     return out
 
 
@@ -130,7 +146,7 @@ def main() -> None:
         "`make bench`.\n\n"
         f"- when: {when}, commit {commit}\n"
         f"- machine: {machine()}\n"
-        f"- rounds: {rounds} (plugin row {PLUGIN_ROUNDS}, checkpoint rows {CHECKPOINT_ROUNDS}, "
+        f"- rounds: {rounds} (plugin row {PLUGIN_ROUNDS}, checkpoint rows {CHECKPOINT_ROUNDS}, data rows {DATA_ROUNDS}, "
         "each round in another order); the debug `hearth` of `make build` "
         "(dependencies optimised), the release `save_state` example\n\n"
         f"{table}\n")

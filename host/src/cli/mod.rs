@@ -3,6 +3,7 @@
 
 mod checkpoint;
 mod config;
+mod data;
 mod env;
 mod launch;
 mod model;
@@ -50,6 +51,9 @@ enum Command {
     /// Plan a config's model: module tree, sharding units, bytes per
     /// process; sizes and device maps; memory estimates.
     Model(model::ModelArgs),
+    /// Prepare a config's data ahead of a run (tokenize documents into
+    /// their cache) and time its loader.
+    Data(data::DataArgs),
     /// Draw the curves of one or more run folders as report.html and PNGs,
     /// offline (loss, evaluation, learning rate, throughput, …).
     Report(report::ReportArgs),
@@ -93,6 +97,7 @@ pub fn main() -> u8 {
         Command::Config(args) => config::execute(args),
         Command::Model(args) => model::execute(args),
         Command::Report(args) => report::execute(args),
+        Command::Data(args) => data::execute(args),
     };
     match result {
         Ok(()) => 0,

@@ -2,6 +2,7 @@
 //! `hearth run`.
 
 pub mod config;
+mod data_check;
 mod error;
 mod eval;
 mod graphed;
@@ -16,6 +17,7 @@ mod stream;
 
 pub use config::flatten_toml;
 pub use config::{ConfigError, TrainConfig};
+pub use data_check::{prepare_data, DataReport};
 pub use error::TrainError;
 pub use eval::Evaluation;
 pub use graphed::{GraphStats, WARMUP_STEPS as CUDA_GRAPH_WARMUP_STEPS};
