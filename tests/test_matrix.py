@@ -4,6 +4,7 @@ kind of data — each cell trained under a time limit, ending with its
 evaluation and its model written. Ten cells, each model, strategy and data
 kind in at least two."""
 import json
+import math
 
 import numpy as np
 import pytest
@@ -90,6 +91,8 @@ timeout = 60
     assert summary["num_processes"] == processes and summary["steps"] == 3
     want = "exact-match" if data == "sort-digits" else "validation-loss"
     assert summary["eval"]["kind"] == want, summary["eval"]
+    score = summary["eval"].get("loss", summary["eval"].get("accuracy"))
+    assert math.isfinite(summary["final_loss"]) and math.isfinite(score), summary
     assert (tmp_path / "out" / "cell" / "model.safetensors").stat().st_size > 0
     if fsdp:
         assert summary["fsdp"]["sharding_strategy"] in fsdp, summary["fsdp"]

@@ -121,6 +121,16 @@ def test_sharded_and_half_precision_weights_load_cast_to_the_models_dtype(hearth
         assert written[name].dtype == torch.float32 and torch.equal(written[name], value.float()), name
 
 
+def test_renamed_weights_are_saved_back_under_the_files_names(hearth, folder):
+    """init-rename strips `transformer.` and the prefix puts `m.transformer.`
+    back: the run folder holds the pretrained file's names, not a guess."""
+    init = 'init-from = "pretrained"\ninit-key-prefix = "m.transformer."\ninit-rename = { "transformer." = "" }'
+    run = hearth("run", write_config(folder, job(init)), "--steps", 0, "--output-dir", folder / "out")
+    assert run.returncode == 0, run.stderr
+    written = load_file(folder / "out" / "tuned" / "model.safetensors")
+    assert written.keys() == load_file(folder / "pretrained" / "model.safetensors").keys()
+
+
 def test_a_hearth_run_folder_starts_the_next_run(hearth, tmp_path):
     """The built-in GPT from a previous run's model.safetensors."""
     (tmp_path / "corpus.txt").write_bytes(TEXT)

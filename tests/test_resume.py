@@ -5,7 +5,8 @@ dicts, and under DDP, on text data.
 Every cell checks two things. Resumed with no step left, the run writes the
 checkpoint's weights bit for bit (the model is resharded exactly onto any
 number of processes) and evaluates. Resumed for one more step, it trains,
-evaluates and writes its model.
+evaluates and writes its model — on as many processes as wrote the
+checkpoint, the unbroken run's weights bit for bit.
 
 What stays the same across world sizes: the model, the optimizer state
 (merged and resharded: `test_fsdp.py` checks it bit for bit), the step count
@@ -52,6 +53,9 @@ def test_a_checkpoint_resumes_on_one_two_and_four_processes(hearth_bin, tmp_path
     written = tmp_path / "written"
     run(hearth_bin, tmp_path, job, writer, written)
     weights = (written / "fsdp" / "model.safetensors").read_bytes()
+    # The unbroken run the same-size resume must end at.
+    unbroken = tmp_path / "unbroken"
+    run(hearth_bin, tmp_path, job, writer, unbroken, "--steps", 3)
     for n in SIZES:
         # Nothing left to train: the checkpoint's weights, bit for bit.
         still = tmp_path / f"still-{n}"
@@ -68,4 +72,8 @@ def test_a_checkpoint_resumes_on_one_two_and_four_processes(hearth_bin, tmp_path
         assert summary["eval"]["kind"] == "validation-loss" and summary["eval"]["tokens"] == 13 * 64, summary["eval"]
         logged = [json.loads(line) for line in (on / "fsdp" / "metrics.jsonl").read_text().splitlines()]
         assert any(entry.get("step") == 3 and "loss" in entry for entry in logged), logged
-        assert (on / "fsdp" / "model.safetensors").read_bytes() != weights, f"{writer} -> {n}: training went on"
+        trained = (on / "fsdp" / "model.safetensors").read_bytes()
+        assert trained != weights, f"{writer} -> {n}: training went on"
+        if n == writer:
+            assert trained == (unbroken / "fsdp" / "model.safetensors").read_bytes(), f"{writer} -> {n}: the unbroken run's weights"
+        assert summary["final_loss"] == summary["final_loss"] and summary["eval"]["loss"] < 10, summary

@@ -40,18 +40,10 @@ impl NameMap {
         format!("{}{renamed}", self.prefix)
     }
 
-    /// The file's name for the model's `name` (the inverse of
-    /// [`apply`](Self::apply)); a name without the prefix is kept.
-    pub fn invert(&self, name: &str) -> String {
-        let Some(unprefixed) = name.strip_prefix(self.prefix.as_str()) else {
-            return name.to_string();
-        };
-        self.rename
-            .iter()
-            .filter(|(_, to)| unprefixed.starts_with(to.as_str()))
-            .max_by_key(|(_, to)| to.len())
-            .map(|(from, to)| format!("{from}{}", &unprefixed[to.len()..]))
-            .unwrap_or_else(|| unprefixed.to_string())
+    /// A model name the file did not give (a parameter left as initialised)
+    /// without the prefix, the best guess at the file's convention.
+    pub fn unprefix<'a>(&self, name: &'a str) -> &'a str {
+        name.strip_prefix(self.prefix.as_str()).unwrap_or(name)
     }
 }
 
@@ -155,6 +147,18 @@ pub struct InitPlan {
     pub report: InitReport,
 }
 
+impl InitPlan {
+    /// Each loaded model tensor's name in the file (the names to save a
+    /// fine-tuned model under).
+    pub fn file_names(&self, model: &[(String, Tensor)]) -> HashMap<String, String> {
+        self.files
+            .iter()
+            .flat_map(|(_, tensors)| tensors.iter())
+            .map(|(file_name, i)| (model[*i].0.clone(), file_name.clone()))
+            .collect()
+    }
+}
+
 /// Where a hearth run or checkpoint folder keeps a whole model.
 fn source_files(source: &Path) -> Result<Vec<super::WeightFile>, InitError> {
     if source.is_dir()
@@ -208,6 +212,19 @@ pub fn plan(
                 strays.push(name);
                 continue;
             };
+            if let Some(first) = (files
+                .iter()
+                .flat_map(|(_, m): &(PathBuf, Vec<(String, usize)>)| m.iter()))
+            .chain(mine.iter())
+            .find(|(_, j)| *j == i)
+            {
+                shapes.push(format!(
+                    "{} is given twice, by {} and {name} (check init-rename)",
+                    model[i].0, first.0
+                ));
+                wrong.insert(i);
+                continue;
+            }
             let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
             if shape != model[i].1.size() {
                 shapes.push(format!(
@@ -318,9 +335,5 @@ mod tests {
         assert_eq!(names.apply("model.layers.0.w"), "m.layers.0.w");
         assert_eq!(names.apply("model.head.weight"), "m.lm_head.weight");
         assert_eq!(names.apply("other.bias"), "m.other.bias");
-        for file in ["model.layers.0.w", "model.head.weight"] {
-            assert_eq!(names.invert(&names.apply(file)), file);
-        }
-        assert_eq!(names.invert("not_prefixed"), "not_prefixed");
     }
 }

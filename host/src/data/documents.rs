@@ -367,7 +367,7 @@ pub fn tokenize_into(
 /// `ids` as a 1-D uint32 `.npy` at `path`, written atomically.
 fn write_npy(path: &Path, ids: &[u32]) -> Result<(), DataError> {
     let folder = path.parent().unwrap_or(Path::new("."));
-    let io = |source| DataError::Read {
+    let io = |source| DataError::Write {
         path: path.into(),
         source,
     };

@@ -24,6 +24,15 @@ pub enum DataError {
         #[source]
         source: std::io::Error,
     },
+    /// A file (the token cache) could not be written.
+    #[error("failed to write {path}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The file is not in the format its kind reads.
     #[error("dataset {path}: {message}")]
     Format {

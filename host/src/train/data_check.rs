@@ -38,6 +38,7 @@ pub fn prepare_data(config: &TrainConfig, batches: usize) -> Result<DataReport, 
     let sequential = (config.data.sampling() == Sampling::Sequential)
         .then(|| config.data.shuffle.unwrap_or(false));
     let mut stream = DataStream::new(config.run.seed, 0, 1, sequential);
+    stream.check(data.as_ref(), config.data.batch_size, &config.source)?;
     let batch_size = config.data.batch_size;
     let timer = Instant::now();
     let mut tokens = 0i64;

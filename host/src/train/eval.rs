@@ -186,8 +186,10 @@ pub(crate) fn score(
             let targets = batch.targets.to_device(device);
             let inputs = batch.inputs.to_device(device);
             let (loss, n) = batch_loss(model, output, &inputs, &targets, false);
-            // A batch with nothing to score adds nothing (its mean is NaN).
-            total += loss.to_kind(Kind::Double).nan_to_num(0.0, None, None) * &n;
+            // A batch with nothing to score adds nothing (its mean is NaN);
+            // a NaN loss of a batch that scores something shows.
+            let weighted = loss.to_kind(Kind::Double) * &n;
+            total += weighted.where_self(&n.gt(0), &Tensor::zeros_like(&weighted));
             tokens += n;
         }
         Some(Scores {

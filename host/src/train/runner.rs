@@ -160,6 +160,9 @@ struct Trained {
 struct Job {
     data: Box<dyn TokenDataset>,
     model: PreparedModel<Box<dyn Model>>,
+    /// The pretrained file's name of each tensor `init-from` loaded: the
+    /// model is saved under them.
+    file_names: std::collections::HashMap<String, String>,
     opt: AcceleratedOptimizer,
     schedule: Option<AcceleratedScheduler>,
     /// Process r draws its batches from stream r of the seed.
@@ -179,6 +182,8 @@ struct Job {
 struct Built {
     data: Box<dyn TokenDataset>,
     model: Box<dyn Model>,
+    /// The pretrained file's name of each tensor `init-from` loaded.
+    file_names: std::collections::HashMap<String, String>,
 }
 
 impl Built {
@@ -189,8 +194,12 @@ impl Built {
         let data = setup::dataset(config, Some(acc))?;
         let weights = acc.model_weights();
         let model = setup::model(config, data.as_ref(), acc.model_init_device(), weights)?;
-        setup::pretrained(config, model.as_ref(), weights, acc)?;
-        Ok(Self { data, model })
+        let file_names = setup::pretrained(config, model.as_ref(), weights, acc)?;
+        Ok(Self {
+            data,
+            model,
+            file_names,
+        })
     }
 }
 
@@ -207,7 +216,11 @@ impl Job {
     ) -> Result<Self, TrainError> {
         let steps = options.steps.unwrap_or(config.run.steps);
         let seed = config.run.seed;
-        let Built { data, model } = built;
+        let Built {
+            data,
+            model,
+            file_names,
+        } = built;
         let opt = setup::optimizer(config, model.as_ref());
         let schedule = setup::scheduler(config, registry, &opt.lrs(), steps)?;
         let (model, opt) = acc.prepare((model, opt))?;
@@ -215,18 +228,7 @@ impl Job {
         let sequential = (config.data.sampling() == super::config::Sampling::Sequential)
             .then(|| config.data.shuffle.unwrap_or(false));
         let stream = DataStream::new(seed, acc.process_index(), acc.num_processes(), sequential);
-        if let (Some(needed), Some(windows)) = (
-            stream.windows_needed(config.data.batch_size),
-            data.windows(),
-        ) {
-            if windows.count() < needed {
-                return Err(TrainError::TooFewWindows {
-                    config: config.source.clone(),
-                    windows: windows.count(),
-                    needed,
-                });
-            }
-        }
+        stream.check(data.as_ref(), config.data.batch_size, &config.source)?;
         let stream = Arc::new(Mutex::new(stream));
         acc.register_for_checkpointing(stream.clone());
         let mut first_step = 1;
@@ -258,6 +260,7 @@ impl Job {
             history,
             grad_norm: None,
             graphed: None,
+            file_names,
         })
     }
 
@@ -632,9 +635,12 @@ fn write_results(
 ) -> Result<RunSummary, TrainError> {
     // Started from pretrained weights: saved under their names, beside
     // copies of their folder's configuration and tokenizer.
-    let names = config.model.init_names();
+    let (names, map) = (&job.file_names, config.model.init_names());
     let saved = acc.save_model_named(&job.model, run_dir, config.run.max_shard_size(), |n| {
-        names.invert(n)
+        names
+            .get(n)
+            .cloned()
+            .unwrap_or_else(|| map.unprefix(n).to_string())
     })?;
     if let (Some(from), true) = (&config.model.init_from, acc.is_main_process()) {
         crate::checkpoint::pretrained::copy_companions(&config.resolve(from), run_dir)

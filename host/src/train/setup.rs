@@ -257,16 +257,18 @@ pub(super) fn model(
 /// Loads `[model] init-from` into `model`: every process checks the
 /// files against the model (so all refuse together), and those whose
 /// weights are materialised read them (under `cpu-ram-efficient-loading`
-/// the others receive rank 0's when the model is prepared).
+/// the others receive rank 0's when the model is prepared); every process
+/// learns whether each read worked. Returns each loaded tensor's name in
+/// the file, to save the fine-tuned model under.
 pub(super) fn pretrained(
     config: &TrainConfig,
     model: &dyn Model,
     weights: crate::models::Weights,
     acc: &Accelerator,
-) -> Result<(), TrainError> {
+) -> Result<std::collections::HashMap<String, String>, TrainError> {
     let m = &config.model;
     let Some(from) = &m.init_from else {
-        return Ok(());
+        return Ok(Default::default());
     };
     let source = config.resolve(from);
     let tensors = model.named_state();
@@ -301,15 +303,41 @@ pub(super) fn pretrained(
             report.unexpected.join(", ")
         );
     }
-    if weights == crate::models::Weights::Initialised {
-        plan.load(&tensors).map_err(err)?;
+    if !report.tied_copies.is_empty() {
+        tracing::warn!(
+            "{}: skipped {} (the same values as a tensor loaded under another name: a tied weight's second copy)",
+            source.display(),
+            report.tied_copies.join(", ")
+        );
     }
+    let mine = match weights {
+        crate::models::Weights::Initialised => plan.load(&tensors),
+        crate::models::Weights::Unmaterialised => Ok(()),
+    };
+    if acc.num_processes() > 1 {
+        let said = mine.as_ref().map(|_| ()).map_err(|e| e.to_string());
+        let all = acc.gather_object(&said)?;
+        if let Some((rank, message)) = all
+            .iter()
+            .enumerate()
+            .find_map(|(r, s)| s.as_ref().err().map(|m| (r, m)))
+        {
+            mine.map_err(err)?;
+            return Err(err(crate::checkpoint::pretrained::InitError::Read(
+                crate::checkpoint::CheckpointError::Format {
+                    path: source.clone(),
+                    message: format!("rank {rank} could not read it: {message}"),
+                },
+            )));
+        }
+    }
+    mine.map_err(err)?;
     acc.print(format!(
         "initialised {} tensors from {}",
         report.loaded,
         source.display()
     ));
-    Ok(())
+    Ok(plan.file_names(&tensors))
 }
 
 pub(super) fn optimizer(config: &TrainConfig, model: &dyn Model) -> Box<dyn Optimizer> {

@@ -85,12 +85,26 @@ impl DataStream {
         windows.batch(&order[from..from + batch_size as usize])
     }
 
-    /// The smallest dataset sequential sampling can step through:
-    /// `batch_size × processes` windows.
-    pub(super) fn windows_needed(&self, batch_size: i64) -> Option<usize> {
-        self.cursor
-            .as_ref()
-            .map(|_| batch_size as usize * self.world)
+    /// Refuses sequential sampling of fewer windows than one step takes
+    /// (`batch_size × processes`), naming `config`.
+    pub(super) fn check(
+        &self,
+        data: &dyn TokenDataset,
+        batch_size: i64,
+        config: &std::path::Path,
+    ) -> Result<(), super::TrainError> {
+        let (Some(_), Some(windows)) = (&self.cursor, data.windows()) else {
+            return Ok(());
+        };
+        let needed = batch_size as usize * self.world;
+        if windows.count() < needed {
+            return Err(super::TrainError::TooFewWindows {
+                config: config.into(),
+                windows: windows.count(),
+                needed,
+            });
+        }
+        Ok(())
     }
 }
 
