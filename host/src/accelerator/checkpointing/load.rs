@@ -221,20 +221,23 @@ impl Accelerator {
                 Ok(state)
             })
             .collect::<Result<_, CheckpointError>>()?;
-        let saved_by = saved_processes(dir)?;
         let rng_path = dir.join(format!(
             "random_states_{}.safetensors",
             self.process_index()
         ));
         // A process the checkpoint was not saved by (resuming on more
         // processes) keeps the generators `set_seed` gave it, as
-        // Accelerate's `load_state` does when its file is absent.
-        let rng = if self.process_index() < saved_by {
+        // Accelerate's `load_state` does when its file is absent. (With
+        // save_on_each_node a machine's folder holds its own ranks' files
+        // only: whether this rank was saved is whether its file is there.)
+        let saved = rng_path.exists();
+        let rng = if saved {
             Some((rng_path.clone(), read_rng(&rng_path)?))
         } else {
             tracing::warn!(
-                "{} was saved by {saved_by} processes: process {} has no {} and keeps the generators its seed gave it",
+                "{} was saved by {} processes: process {} has no {} and keeps the generators its seed gave it",
                 dir.display(),
+                saved_processes(dir)?,
                 self.process_index(),
                 rng_path.file_name().unwrap_or_default().to_string_lossy(),
             );
@@ -243,7 +246,7 @@ impl Accelerator {
         let mut custom = Vec::new();
         for (i, object) in self.registered.custom.iter().enumerate() {
             let per_process = lock(object).per_process();
-            let new_process = per_process && self.process_index() >= saved_by;
+            let new_process = per_process && !saved;
             let rank = if new_process { 0 } else { self.process_index() };
             let path = dir.join(custom_file(i, per_process, rank));
             let bytes = std::fs::read(&path).map_err(CheckpointError::io(&path))?;
