@@ -67,10 +67,11 @@ def test_a_gpt2_fine_tuned_under_full_shard_loads_with_from_pretrained_and_score
     receives each unit), a run of no steps writes the pretrained weights
     bit for bit under their own names. Trained 4 steps, the run folder
     loads with from_pretrained (config and generation config copied, the
-    head tied to the embedding again), and transformers' loss on the
-    held-out windows is hearth's evaluation within 1e-5 relative: the same
-    float32 operations in an order libtorch's TorchScript graph and
-    transformers' eager code may each pick."""
+    head tied to the embedding again); its logits are those of the program
+    hearth ran with the weights it wrote within 1e-5, and transformers' loss
+    on the held-out windows is hearth's evaluation within 1e-5 relative:
+    the same float32 operations in an order libtorch's TorchScript graph
+    and transformers' eager code may each pick."""
     from transformers import AutoModelForCausalLM
 
     efficient = FULL_SHARD + "cpu-ram-efficient-loading = true\nsync-module-states = true\n"
@@ -96,6 +97,14 @@ def test_a_gpt2_fine_tuned_under_full_shard_loads_with_from_pretrained_and_score
     trained = load_file(out / "model.safetensors")
     assert not torch.equal(trained["transformer.wte.weight"], pretrained["transformer.wte.weight"])
     assert torch.equal(tuned.transformer.wte.weight.detach(), trained["transformer.wte.weight"])
+    # hearth's logits: the program it ran (the TorchScript export) with the
+    # weights it wrote, executed by libtorch; transformers' from the folder.
+    program = torch.jit.load(str(folder / "gpt2.pt"))
+    program.load_state_dict({f"m.{k}": v for k, v in trained.items()}, strict=False)
+    x = torch.as_tensor(list(TEXT[-64:])).view(1, 64)
+    with torch.no_grad():
+        ours, theirs_logits = program(x), tuned.eval()(x)[0]
+    assert (ours - theirs_logits).abs().max().item() <= 1e-5, (ours - theirs_logits).abs().max().item()
     summary = json.loads((out / "summary.json").read_text())
     theirs = hf_gpt2.validation_loss(tuned.eval(), TEXT, 64)
     assert abs(theirs - summary["eval"]["loss"]) <= 1e-5 * theirs, (theirs, summary["eval"])
