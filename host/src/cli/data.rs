@@ -2,7 +2,7 @@
 //! token cache ahead of a run (on a login node, say) and times the loader.
 
 use super::Failure;
-use crate::train::{self, TrainConfig, TrainError};
+use crate::train::{self, TrainConfig};
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 
@@ -36,10 +36,7 @@ struct PrepareArgs {
 pub(super) fn execute(args: DataArgs) -> Result<(), Failure> {
     let DataCommand::Prepare(args) = args.command;
     let config = TrainConfig::from_file(&args.config).map_err(Failure::bad_input)?;
-    let report = train::prepare_data(&config, args.batches).map_err(|e| match e {
-        TrainError::Torch(_) | TrainError::Io { .. } => Failure::failed(e),
-        _ => Failure::bad_input(e),
-    })?;
+    let report = train::prepare_data(&config, args.batches).map_err(Failure::building)?;
     if args.json {
         println!(
             "{}",

@@ -166,4 +166,13 @@ impl Failure {
             code: EXIT_FAILURE,
         }
     }
+    /// A config's model or data that could not be built outside a run:
+    /// libtorch and I/O failures fail, everything else is the config's.
+    fn building(error: crate::train::TrainError) -> Self {
+        use crate::train::TrainError::{Io, Torch};
+        match error {
+            Torch(_) | Io { .. } => Self::failed(error),
+            _ => Self::bad_input(error),
+        }
+    }
 }

@@ -9,7 +9,7 @@ use crate::big_model::{
     self, AutoDeviceMapOptions, MapDevice, MaxMemory, ModuleSizes, Notes, ESTIMATE_DTYPES,
 };
 use crate::models::ModuleTree;
-use crate::train::{self, RunOptions, TrainConfig, TrainError};
+use crate::train::{self, RunOptions, TrainConfig};
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use tch::Kind;
@@ -99,10 +99,7 @@ pub(super) fn execute(args: ModelArgs) -> Result<(), Failure> {
 
 fn load_tree(config: &std::path::Path) -> Result<ModuleTree, Failure> {
     let config = TrainConfig::from_file(config).map_err(Failure::bad_input)?;
-    train::module_tree(&config).map_err(|e| match e {
-        TrainError::Torch(_) | TrainError::Io { .. } => Failure::failed(e),
-        _ => Failure::bad_input(e),
-    })
+    train::module_tree(&config).map_err(Failure::building)
 }
 
 /// Bytes as people read them (powers of 2).
@@ -272,10 +269,8 @@ fn sharding_plan(args: PlanArgs) -> Result<(), Failure> {
         plugin_dirs: args.plugin_dirs,
         ..Default::default()
     };
-    let plan = train::plan(&config, &options, args.processes as usize).map_err(|e| match e {
-        TrainError::Torch(_) | TrainError::Io { .. } => Failure::failed(e),
-        _ => Failure::bad_input(e),
-    })?;
+    let plan =
+        train::plan(&config, &options, args.processes as usize).map_err(Failure::building)?;
     if args.json {
         println!(
             "{}",

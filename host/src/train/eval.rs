@@ -248,6 +248,15 @@ mod tests {
     use crate::data::{SortDigits, TextFile};
     use crate::models::{Gpt, GptConfig};
 
+    /// An evaluation of seed 3.
+    fn plan(samples: i64, batch_size: i64) -> Plan {
+        Plan {
+            seed: 3,
+            samples,
+            batch_size,
+        }
+    }
+
     /// Sums of the shards of a world of `count`.
     fn summed(count: usize, scores: impl Fn(Shard) -> Scores) -> (f64, i64) {
         (0..count)
@@ -305,11 +314,7 @@ mod tests {
                 &model,
                 ModelOutput::Logits,
                 &digits,
-                Plan {
-                    seed: 3,
-                    samples: 200,
-                    batch_size: 7,
-                },
+                plan(200, 7),
                 Device::Cpu,
                 shard,
             )
@@ -327,11 +332,7 @@ mod tests {
                 &model,
                 ModelOutput::Logits,
                 &digits,
-                Plan {
-                    seed: 3,
-                    samples: 3,
-                    batch_size: 7,
-                },
+                plan(3, 7),
                 Device::Cpu,
                 shard,
             )
@@ -348,11 +349,7 @@ mod tests {
                 &model,
                 ModelOutput::Logits,
                 &text,
-                Plan {
-                    seed: 3,
-                    samples: 0,
-                    batch_size: 4,
-                },
+                plan(0, 4),
                 Device::Cpu,
                 shard,
             )
@@ -418,11 +415,7 @@ mod tests {
                     m,
                     ModelOutput::Logits,
                     &text,
-                    Plan {
-                        seed: 3,
-                        samples: 0,
-                        batch_size: 5,
-                    },
+                    plan(0, 5),
                     Device::Cpu,
                     shard,
                 );
@@ -441,11 +434,7 @@ mod tests {
                     m,
                     ModelOutput::Logits,
                     &digits,
-                    Plan {
-                        seed: 3,
-                        samples,
-                        batch_size: batch,
-                    },
+                    plan(samples, batch),
                     Device::Cpu,
                     shard,
                 );
