@@ -11,7 +11,7 @@ import pytest
 import hf_gpt2
 from conftest import mpirun, write_config
 
-TEXT = ("the quick brown fox jumps over the lazy dog. " * 200).encode()
+from text_data import TEXT
 
 
 def job(data: str, extra: str = "") -> str:

@@ -579,12 +579,12 @@ def test_a_sharded_torchscript_models_buffers_are_saved_and_resumed(hearth_bin, 
 
 
 # Issue 38: text a FULL_SHARD job evaluates on.
-TEXT = "the quick brown fox jumps over the lazy dog. " * 200
+from text_data import TEXT  # noqa: E402
 
 
 def text_job(tmp_path, fsdp: str, steps: int, extra: str = "") -> str:
     """The sharding job on `TEXT` (a small GPT, windows of 64 bytes)."""
-    (tmp_path / "corpus.txt").write_text(TEXT)
+    (tmp_path / "corpus.txt").write_bytes(TEXT)
     data = 'kind = "text-file"\npath = "corpus.txt"\nseq-len = 64\nbatch-size = 4'
     text = job(fsdp, steps=steps).replace('kind = "random-tokens"\nvocab-size = 256\nseq-len = 128\nbatch-size = 2', data)
     return text.replace("d-model = 128\nlayers = 4", "d-model = 32\nlayers = 2") + extra

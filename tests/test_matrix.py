@@ -13,7 +13,7 @@ import hf_gpt2
 import text_data
 from conftest import mpirun, write_config
 
-TEXT = ("the quick brown fox jumps over the lazy dog. " * 200).encode()
+from text_data import TEXT
 DOCS = text_data.documents(300)
 
 MODELS = {

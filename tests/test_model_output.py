@@ -11,7 +11,7 @@ import torch
 import hf_gpt2
 from conftest import mpirun, write_config
 
-TEXT = ("the quick brown fox jumps over the lazy dog. " * 200).encode()
+from text_data import TEXT
 
 
 def job(extra_model: str, fsdp: str = "") -> str:

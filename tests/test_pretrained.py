@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 import hf_gpt2
 from conftest import mpirun, write_config
 
-TEXT = ("the quick brown fox jumps over the lazy dog. " * 200).encode()
+from text_data import TEXT
 FULL_SHARD = """
 [fsdp]
 sharding-strategy = "FULL_SHARD"

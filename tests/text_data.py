@@ -6,6 +6,10 @@ import json
 import pathlib
 import random
 
+# The text-file corpus of the sharding and bring-your-own tests: 9 000
+# bytes, so 13 held-out windows of 65.
+TEXT = ("the quick brown fox jumps over the lazy dog. " * 200).encode()
+
 WORDS = (
     "the quick brown fox jumps over lazy dog naïve café über straße "
     "façade smörgåsbord ελληνικά λόγος 日本語 東京 中文 한국어 🚀 🎉 ✓ "
