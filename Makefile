@@ -149,8 +149,8 @@ $(EXAMPLES)/js-tracker/js-tracker.wasm: $(JS_EXAMPLE)/tracker.js $(JS_EXAMPLE)/w
 # machine go to BENCHMARKS.md. ROUNDS=N rounds (7: on the 2-core VM, 3
 # rounds of the GPT rows once gave 1.02x where 7 gave 1.17x).
 bench: build
-	cargo build --release --example save_state
-	cargo build --example bare_tch_gpt
+	cargo build --release -p hearth-bench --bin save_state
+	cargo build -p hearth-bench --bin bare_tch_gpt
 	$(PY) examples/bench/table.py $(or $(ROUNDS),7)
 
 # What a GPU machine with torch but no Rust needs, in .gpu/: there run
@@ -170,13 +170,13 @@ bench-plugins: build
 
 # save_state/load_state of a ~1 GB model + AdamW state against Accelerate's.
 bench-checkpoint: build
-	cargo build --release --example save_state
+	cargo build --release -p hearth-bench --bin save_state
 	$(PY) examples/bench/save_state_vs_accelerate.py 2
 
 lint: setup
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
-	cargo clippy -p hearth --all-targets --no-default-features -- -D warnings
+	cargo clippy --workspace --all-targets --no-default-features -- -D warnings
 	for ws in plugins tests/plugins; do (cd $$ws && cargo fmt --all --check && cargo clippy --release -- -D warnings); done
 	cd guest-sdk && cargo fmt --check && cargo clippy --target wasm32-wasip2 -- -D warnings
 

@@ -532,7 +532,7 @@ def test_ram_efficient_loading_trains_from_rank_0s_weights_alone(hearth, hearth_
 
 
 def test_a_mixed_precision_policy_on_two_processes_reduces_in_its_dtype_and_saves_float32(hearth_bin, tmp_path):
-    # The oracle run against PyTorch FSDP2 is host/tests/fsdp_mixed_precision.rs
+    # The oracle run against PyTorch FSDP2 is host/hearth/tests/distributed/fsdp_mixed_precision.rs
     # (one process); here the collectives of two processes carry the dtypes.
     base = '\n[fsdp]\nauto-wrap-policy = "transformer-based"\ntransformer-cls-names-to-wrap = ["Block"]\n'
     sync = {}

@@ -8,7 +8,7 @@ of summary.json: the scheduler's wall time on the training loop and the
 trackers' CPU time on their thread, instantiations included) as a share of
 the run's steps: end to end, a few per cent of noise between runs of the
 same binary hides a cost of a fraction of one. Then runs the per-call
-micro-benchmark (host/examples/plugin_calls.rs).
+micro-benchmark (host/bench/src/bin/plugin_calls.rs).
 A benchmark, not a test: nothing is asserted.
 Usage: make bench-plugins  (or: python plugin_overhead.py [ROUNDS])
 """
@@ -93,7 +93,7 @@ def main() -> None:
     print(f"  ratio with/without = {p / b:.3f}; overhead {overhead_us:+.0f} µs/step (noise included)")
     print(f"  the plugins' own account: {statistics.median(shares) * 100:.2f} % of the steps")
     print("per call:")
-    subprocess.run(["cargo", "run", "--quiet", "--example", "plugin_calls"], cwd=ROOT, check=True)
+    subprocess.run(["cargo", "run", "--quiet", "-p", "hearth-bench", "--bin", "plugin_calls"], cwd=ROOT, check=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 ~1 GB fp32 model with its AdamW state (~3 GB on disk) on the CPU, in one run.
 
 Runs the peer script (shared/bench/peer_save_state.py) and hearth's
-(host/examples/save_state.rs, sync and async, and SHARD_GRAD_OP with
+(host/bench/src/bin/save_state.rs, sync and async, and SHARD_GRAD_OP with
 SHARDED_STATE_DICT on 4 processes under mpirun, each writing its quarter)
 alternately, ROUNDS times, each round in another order, and prints the
 medians and the ratios. Both time the save up to a finished
@@ -21,7 +21,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "oracles"))
 from peer_gpt import shared_bench_file  # noqa: E402
 
-HEARTH = ROOT / "target" / "release" / "examples" / "save_state"
+HEARTH = ROOT / "target" / "release" / "save_state"
 
 
 def parse(line: str) -> dict:

@@ -4,7 +4,7 @@ Each side starts a process that builds the peer benchmark's GPT, takes one
 AdamW step on one batch, writes model.safetensors and exits:
 `hearth run examples/bench-gpt.toml --steps 1` against this file's `peer`
 mode (Accelerator(cpu=True), prepare, backward, step, save_model), and
-against the same job in plain tch (`bare_tch_gpt`, host/examples: the floor
+against the same job in plain tch (`bare_tch_gpt`, host/bench: the floor
 a Rust program linking libtorch starts from), and against `hearth --version`,
 which does nothing but is loaded: libtorch's load alone (the dynamic linker
 and libtorch's static initialisers, which register its operators), the part
@@ -30,7 +30,7 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HEARTH = pathlib.Path(os.environ.get("HEARTH_BIN", ROOT / "target" / "debug" / "hearth"))
-BARE = ROOT / "target" / "debug" / "examples" / "bare_tch_gpt"
+BARE = ROOT / "target" / "debug" / "bare_tch_gpt"
 
 
 def timed(cmd) -> tuple[float, int]:
@@ -89,7 +89,7 @@ def peer(out: str) -> None:
 def measure(rounds: int) -> dict:
     """{"hearth"|"peer"|"bare"|"load": {"wall": [s...], "rss": [bytes...]}}."""
     if not BARE.exists():
-        raise SystemExit(f"{BARE} is missing: cargo build --example bare_tch_gpt (make bench does)")
+        raise SystemExit(f"{BARE} is missing: cargo build -p hearth-bench --bin bare_tch_gpt (make bench does)")
     sides = (("hearth", hearth_cmd), ("peer", peer_cmd), ("bare", bare_cmd), ("load", load_cmd))
     runs = {side: {"wall": [], "rss": []} for side, _ in sides}
     with tempfile.TemporaryDirectory() as tmp:

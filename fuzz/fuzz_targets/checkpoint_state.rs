@@ -1,6 +1,6 @@
-//! libFuzzer target `checkpoint_state`: the body is `hearth::fuzz_entry::checkpoint_state`.
+//! libFuzzer target `checkpoint_state`: the body is `hearth_fuzz_entry::checkpoint_state`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| hearth::fuzz_entry::checkpoint_state(data));
+fuzz_target!(|data: &[u8]| hearth_fuzz_entry::checkpoint_state(data));

@@ -1,6 +1,6 @@
-//! libFuzzer target `safetensors_file`: the body is `hearth::fuzz_entry::safetensors_file`.
+//! libFuzzer target `safetensors_file`: the body is `hearth_fuzz_entry::safetensors_file`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| hearth::fuzz_entry::safetensors_file(data));
+fuzz_target!(|data: &[u8]| hearth_fuzz_entry::safetensors_file(data));

@@ -7,11 +7,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
-cargo build --release --bin hearth
+cargo build --release -p hearth-cli --bin hearth
 cp target/release/hearth .gpu/bin/
-# The test binaries, by the name of their test file (cuda, pytorch_parity).
+# The test binaries, by the name of their test target (cuda, api).
 cargo test --release --no-run --message-format=json \
-    --test cuda --test pytorch_parity 2>/dev/null |
+    -p hearth --test cuda --test api 2>/dev/null |
     python3 -c '
 import json, shutil, sys
 for line in sys.stdin:

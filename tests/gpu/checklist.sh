@@ -50,7 +50,7 @@ export -f with_run_keys sort_digits  # step runs each command in a bash under ti
 for s in $STEPS; do case $s in
 env) step env "$H" env ;;
 cuda) step cuda .gpu/bin/cuda --include-ignored --test-threads=1 --nocapture ;;
-parity) step parity .gpu/bin/pytorch_parity --include-ignored --test-threads=1 ${PARITY_FILTER:-} ;;
+parity) step parity .gpu/bin/api --include-ignored --test-threads=1 ${PARITY_FILTER:-pytorch_parity::} ;;
 run) for mp in no bf16 fp16; do step run-$mp sort_digits $mp; grep -iE "accuracy|tokens/s" "$OUT/run-$mp.log" | tail -2; done ;;
 graph) step graph sort_digits bf16 true; grep -iE "accuracy|tokens/s" "$OUT/graph.log" | tail -2; grep -o '"cuda_graph": {[^}]*}' /tmp/sd-bf16/sort-digits/summary.json | tr -d '\n ' ;;
 launch)

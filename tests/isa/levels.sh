@@ -37,12 +37,11 @@ for level in avx2 avx512; do [ -z "$(lacks $level)" ] && native=$level; done
 
 # The numeric tests, one command a line.
 TESTS=(
-    "cargo test -q -p hearth --lib -- ops:: parallel::unitwise parallel::power_sgd optim::"
-    "cargo test -q -p hearth --test pytorch_parity"
-    "cargo test -q -p hearth --test sharding"
-    "cargo test -q -p hearth --test mpi -- ddp_on_two_ranks bf16_compression process_helpers_on_three_ranks_match_accelerate power_sgd_gives_pytorchs join_uneven_inputs"
-    "cargo test -q -p hearth --test fsdp_mixed_precision"
-    "cargo test -q -p hearth --test big_model_loading -- accelerates_logits checkpoints_logits"
+    "cargo test -q -p hearth-ops --lib"
+    "cargo test -q -p hearth --lib -- parallel::unitwise parallel::power_sgd optim::"
+    "cargo test -q -p hearth --test api -- pytorch_parity::"
+    "cargo test -q -p hearth --test distributed -- sharding:: fsdp_mixed_precision:: mpi::ddp_on_two_ranks mpi::bf16_compression mpi::process_helpers_on_three_ranks_match_accelerate mpi::ddp_kwargs::power_sgd_gives_pytorchs mpi::join::join_uneven_inputs"
+    "cargo test -q -p hearth --test big_model -- accelerates_logits checkpoints_logits"
     "$PY -m pytest -q --timeout 1800 tests/test_accelerator_run.py -k accumulated_batches_of_8"
 )
 

@@ -1,4 +1,4 @@
-"""Oracle for host/tests/launch.rs: Accelerate's write_basic_config(MIXED,
+"""Oracle for host/cli/tests/cli/launch.rs: Accelerate's write_basic_config(MIXED,
 PATH) on this machine; prints what it returned (the path, or False when
 the file existed)."""
 import sys

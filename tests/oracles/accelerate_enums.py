@@ -1,4 +1,4 @@
-"""Oracle for host/tests/accelerator.rs: the string values of Accelerate's
+"""Oracle for host/hearth/tests/api/accelerator.rs: the string values of Accelerate's
 DistributedType, PrecisionType, RNGType and LoggerType, as JSON."""
 import json
 

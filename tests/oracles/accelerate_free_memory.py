@@ -1,4 +1,4 @@
-"""Oracle for host/tests/accelerator.rs: what Accelerate's free_memory (and
+"""Oracle for host/hearth/tests/api/accelerator.rs: what Accelerate's free_memory (and
 clear) forget. Prepares a model, an optimizer and a scheduler with
 gradient accumulation 2, takes 3 micro-steps, then frees: prints, as JSON,
 `step` and whether the next micro-batch syncs before and after, and the

@@ -1,4 +1,4 @@
-"""Oracle for host/tests/checkpointing.rs: Accelerate's save_state and
+"""Oracle for host/hearth/tests/checkpoint/checkpointing.rs: Accelerate's save_state and
 load_state pre-hooks on two prepared models (Linear(3, 4), Linear(4, 2)).
 The save hook writes hook.txt into the checkpoint and drops the first
 model's weights; the load hook drops the first model. Prints, as JSON, the

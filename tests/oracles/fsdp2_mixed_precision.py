@@ -1,4 +1,4 @@
-"""Oracle for host/tests/fsdp_mixed_precision.rs: PyTorch FSDP2 with
+"""Oracle for host/hearth/tests/distributed/fsdp_mixed_precision.rs: PyTorch FSDP2 with
 MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) on the peer
 benchmark's GPT class, in a world of one (gloo), from hearth's initial
 weights, replaying hearth's AdamW steps. Exits non-zero unless hearth's

@@ -1,4 +1,4 @@
-"""Oracle for host/tests/pytorch_parity.rs: checks hearth's training steps one
+"""Oracle for host/hearth/tests/api/pytorch_parity.rs: checks hearth's training steps one
 by one against PyTorch, with the peer benchmark's GPT and torch.optim, and
 exits non-zero when they disagree.
 

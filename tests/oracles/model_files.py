@@ -1,4 +1,4 @@
-"""Oracle for host/tests/model_files.rs: Linear(3,4)+BatchNorm1d(4)+Linear(4,5)
+"""Oracle for host/hearth/tests/checkpoint/model_files.rs: Linear(3,4)+BatchNorm1d(4)+Linear(4,5)
 saved and split the way huggingface_hub does it, and hearth's sharded save
 loaded back with plain safetensors + the index.
 

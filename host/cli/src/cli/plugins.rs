@@ -1,0 +1,178 @@
+//! `hearth plugins list | inspect NAME | check PATH | schedule NAME`.
+
+use super::Failure;
+use clap::{Args, Subcommand};
+use hearth_plugins::{check_plugin, load_scheduler, Manifest, Registry, SearchPath};
+use std::path::PathBuf;
+
+/// Arguments of `hearth plugins`.
+#[derive(Debug, Args)]
+pub(super) struct PluginsArgs {
+    #[command(subcommand)]
+    command: PluginsCommand,
+    /// Also look for plugins here (before HEARTH_PLUGIN_PATH and the built-ins).
+    #[arg(long = "plugin-dir", value_name = "DIR", global = true)]
+    plugin_dirs: Vec<PathBuf>,
+    /// Also look in the project's plugins/ folder beside this run config, as `hearth run` does.
+    #[arg(long, value_name = "CONFIG", global = true)]
+    config: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum PluginsCommand {
+    /// List installed plugins: name, version, kind, WIT world, where found.
+    List,
+    /// Show one plugin's manifest, permissions and limits, and whether it loads.
+    Inspect {
+        /// The plugin's name.
+        name: String,
+    },
+    /// Check the plugin in a folder (its plugin.toml and component) loads in this host.
+    Check {
+        /// The plugin's folder.
+        path: PathBuf,
+    },
+    /// Print the rates a scheduler plugin gives, one step per line (`step lr…`).
+    Schedule(ScheduleArgs),
+}
+
+/// Arguments of `hearth plugins schedule`.
+#[derive(Debug, Args)]
+struct ScheduleArgs {
+    /// The scheduler plugin's name.
+    name: String,
+    /// Base rate of a parameter group (repeat for more groups).
+    #[arg(long, default_value = "0.001")]
+    lr: Vec<f64>,
+    /// Steps to print (and the run's total steps the schedule is told).
+    #[arg(long, default_value_t = 100)]
+    steps: u64,
+    /// The schedule's options, a JSON object (as the config's `[scheduler]` table).
+    #[arg(long, default_value = "{}")]
+    options: String,
+    /// Comma-separated metrics, the i-th observed before step i+1 (reduce-on-plateau).
+    #[arg(long, value_delimiter = ',')]
+    observe: Vec<f64>,
+    /// At this step, save the schedule's state, load it into a fresh instance and go on with that.
+    #[arg(long, value_name = "STEP")]
+    reload_at: Option<u64>,
+}
+
+fn schedule(registry: &Registry, args: &ScheduleArgs) -> Result<(), Failure> {
+    let manifest = &registry
+        .find(&args.name)
+        .map_err(Failure::bad_input)?
+        .manifest;
+    let load = || {
+        load_scheduler(manifest, &args.options, &args.lr, Some(args.steps))
+            .map_err(Failure::bad_input)
+    };
+    let mut schedule = load()?;
+    for step in 0..args.steps {
+        if step > 0 {
+            if let Some(metric) = args.observe.get(step as usize - 1) {
+                schedule.observe(*metric).map_err(Failure::failed)?;
+            }
+        }
+        if args.reload_at == Some(step) {
+            let state = schedule.save().map_err(Failure::failed)?;
+            schedule = load()?;
+            schedule.load(&state).map_err(Failure::failed)?;
+        }
+        let lrs = schedule.lrs(step).map_err(Failure::failed)?;
+        let lrs: Vec<String> = lrs.iter().map(|lr| format!("{lr:e}")).collect();
+        println!("{step} {}", lrs.join(" "));
+    }
+    Ok(())
+}
+
+fn registry(args: &PluginsArgs) -> Result<Registry, Failure> {
+    let project = args
+        .config
+        .as_deref()
+        .map(|c| c.parent().unwrap_or(std::path::Path::new(".")));
+    Registry::discover(&SearchPath::standard(&args.plugin_dirs, project))
+        .map_err(Failure::bad_input)
+}
+
+fn describe(m: &Manifest) -> String {
+    let mut out = format!("{} {} ({})\n", m.name, m.version, m.kind);
+    if !m.description.is_empty() {
+        out += &format!("  {}\n", m.description);
+    }
+    out += &format!("  world:       {}\n", m.world);
+    out += &format!("  component:   {}\n", m.component_path().display());
+    let fs = match (m.kind, m.permissions.logging_dir) {
+        (hearth_plugins::PluginKind::Tracker, true) => "its logging folder, read-write, at /logs",
+        (hearth_plugins::PluginKind::CheckpointHook, _) => {
+            "the checkpoint folder at /checkpoint (read-write while saving, read-only while loading)"
+        }
+        _ => "none",
+    };
+    out += &format!("  permissions: files: {fs}; network: none; environment: none\n");
+    let l = &m.limits;
+    out += &format!(
+        "  limits:      memory {} MiB, {} ms per call, folder {} MiB and {} files, output {} lines \
+         and {} bytes per call and {} lines per run",
+        l.memory_mb,
+        l.call_timeout_ms,
+        l.disk_mb,
+        l.files,
+        l.log_lines_per_call,
+        l.log_bytes_per_call,
+        l.log_lines_per_run
+    );
+    out
+}
+
+fn verdict(m: &Manifest) -> Result<String, Failure> {
+    let report = check_plugin(m).map_err(Failure::bad_input)?;
+    let exports: Vec<String> = report
+        .exports
+        .iter()
+        .map(|(i, v)| format!("hearth:plugin/{i}@{v}"))
+        .collect();
+    Ok(format!(
+        "  loads:       yes (exports {}; imports {})",
+        exports.join(", "),
+        report.imports.len()
+    ))
+}
+
+pub(super) fn execute(args: PluginsArgs) -> Result<(), Failure> {
+    match &args.command {
+        PluginsCommand::List => {
+            let reg = registry(&args)?;
+            if reg.plugins().is_empty() {
+                println!("no plugins found");
+                return Ok(());
+            }
+            let mut t = super::table(&["name", "version", "kind", "world", "found in"]);
+            for f in reg.plugins() {
+                let m = &f.manifest;
+                t.add_row(vec![
+                    m.name.clone(),
+                    m.version.to_string(),
+                    m.kind.to_string(),
+                    m.world.clone(),
+                    format!("{} ({})", m.dir.display(), f.source),
+                ]);
+            }
+            println!("{t}");
+        }
+        PluginsCommand::Inspect { name } => {
+            let reg = registry(&args)?;
+            let found = reg.find(name).map_err(Failure::bad_input)?;
+            println!("{}", describe(&found.manifest));
+            println!("  found in:    {}", found.source);
+            println!("{}", verdict(&found.manifest)?);
+        }
+        PluginsCommand::Check { path } => {
+            let manifest = Manifest::read(path).map_err(Failure::bad_input)?;
+            println!("{}", describe(&manifest));
+            println!("{}", verdict(&manifest)?);
+        }
+        PluginsCommand::Schedule(schedule_args) => schedule(&registry(&args)?, schedule_args)?,
+    }
+    Ok(())
+}

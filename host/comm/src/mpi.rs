@@ -1,0 +1,587 @@
+//! The MPI backend (Open MPI through the `mpi` crate): the CPU data plane
+//! and the multi-node CPU path. Processes started by `mpirun` find their
+//! place from MPI itself; the local rank comes from a shared-memory split
+//! of the world.
+//!
+//! Every collective is non-blocking underneath and polled against the
+//! group's timeout. MPI cannot cancel a collective, so after a timeout its
+//! buffers are leaked (they stay valid for MPI to finish writing into) and
+//! the group must not be used again: the caller stops the process.
+
+use super::process_group::{
+    check_gather_rows, scatter_rows, DistError, Pending, ProcessGroup, ReduceOp,
+};
+use mpi::collective::{Operation, SystemOperation, UserOperation};
+use mpi::datatype::{Equivalence, PartitionMut};
+use mpi::request::{Request, StaticScope};
+use mpi::topology::{Communicator, SimpleCommunicator};
+use mpi::traits::*;
+use mpi::Count;
+use std::time::{Duration, Instant};
+use tch::{Device, Kind, Tensor};
+
+/// A world of processes joined by MPI.
+pub struct MpiGroup {
+    /// MPI's world, or a duplicate of it (freed on drop unless MPI was
+    /// finalised first).
+    world: std::mem::ManuallyDrop<SimpleCommunicator>,
+    rank: usize,
+    size: usize,
+    local_rank: usize,
+    local_size: usize,
+    timeout: Duration,
+    /// Sums of IEEE half and bfloat16 values (MPI has neither type), so
+    /// 16-bit gradients cross the wire at 16 bits. Leaked: MPI operations
+    /// must not be freed after MPI is finalised, and there are two per process.
+    sum_f16: &'static UserOperation<'static>,
+    sum_bf16: &'static UserOperation<'static>,
+    // Last: MPI is finalised when the universe drops, after the
+    // communicators. Duplicates hold none.
+    _universe: Option<mpi::environment::Universe>,
+}
+
+impl Drop for MpiGroup {
+    fn drop(&mut self) {
+        if !mpi::environment::is_finalized() {
+            // SAFETY: dropped once, here; freeing MPI's world is a no-op.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.world) };
+        }
+    }
+}
+
+// SAFETY: MPI is initialised with `Threading::Serialized`; a group is owned
+// by one accelerator and used through `&self` by one thread at a time
+// (`ProcessGroup` is `Send`, not `Sync`), which that level allows.
+unsafe impl Send for MpiGroup {}
+
+/// A buffer handed to a non-blocking collective. It is freed only by
+/// [`take`](Self::take) once the collective completed; dropped without it
+/// (after a timeout) it leaks, so MPI can never write into freed memory.
+struct Leaked<T>(*mut [T]);
+
+impl<T> Leaked<T> {
+    fn new(data: Vec<T>) -> Self {
+        Self(Box::into_raw(data.into_boxed_slice()))
+    }
+
+    /// The buffer, for the collective.
+    ///
+    /// # Safety
+    /// At most one collective at a time uses it, and the reference is not
+    /// used after [`take`](Self::take).
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn get(&self) -> &'static mut [T] {
+        &mut *self.0
+    }
+
+    /// The buffer back.
+    ///
+    /// # Safety
+    /// The collective that used it completed.
+    unsafe fn take(self) -> Vec<T> {
+        Box::from_raw(self.0).into_vec()
+    }
+}
+
+impl MpiGroup {
+    /// Initialises MPI (once per process) and joins its world; collectives
+    /// give up after `timeout`.
+    pub fn init(timeout: Duration) -> Result<Self, DistError> {
+        let (universe, _) =
+            mpi::initialize_with_threading(mpi::Threading::Serialized).ok_or_else(|| {
+                DistError::Unsupported {
+                    op: "init",
+                    backend: "mpi",
+                    message: "MPI is already initialised in this process".into(),
+                }
+            })?;
+        let world = universe.world();
+        let local = world.split_shared(world.rank());
+        Ok(Self {
+            rank: world.rank() as usize,
+            size: world.size() as usize,
+            local_rank: local.rank() as usize,
+            local_size: local.size() as usize,
+            world: std::mem::ManuallyDrop::new(world),
+            timeout,
+            sum_f16: Box::leak(Box::new(sum_of_16_bit(|a, b| {
+                half::f16::from_f32(
+                    half::f16::from_bits(a).to_f32() + half::f16::from_bits(b).to_f32(),
+                )
+                .to_bits()
+            }))),
+            sum_bf16: Box::leak(Box::new(sum_of_16_bit(|a, b| {
+                half::bf16::from_f32(
+                    half::bf16::from_bits(a).to_f32() + half::bf16::from_bits(b).to_f32(),
+                )
+                .to_bits()
+            }))),
+            _universe: Some(universe),
+        })
+    }
+
+    /// Polls `request` until it completes or the timeout passes.
+    fn finish<D: ?Sized>(
+        &self,
+        op: &'static str,
+        request: Request<'static, D, StaticScope>,
+    ) -> Result<(), DistError> {
+        self.finish_by(op, request, Instant::now() + self.timeout)
+    }
+
+    /// Polls `request` until it completes or `deadline` passes.
+    fn finish_by<D: ?Sized>(
+        &self,
+        op: &'static str,
+        mut request: Request<'static, D, StaticScope>,
+        deadline: Instant,
+    ) -> Result<(), DistError> {
+        // Open MPI moves a non-blocking collective on only while it is
+        // tested: poll busily (yielding the core) for the first 50 ms, then
+        // back off to a 1 ms sleep for collectives that wait on a slow rank.
+        let busy_until = Instant::now() + Duration::from_millis(50);
+        let mut pause = Duration::from_micros(5);
+        loop {
+            match request.test() {
+                Ok(_) => return Ok(()),
+                Err(pending) => request = pending,
+            }
+            if Instant::now() >= deadline {
+                // Cannot be cancelled: forget it (its buffers are leaked).
+                std::mem::forget(request);
+                return Err(DistError::Timeout {
+                    op,
+                    timeout: self.timeout,
+                    rank: self.rank,
+                    world: self.size,
+                });
+            }
+            if Instant::now() < busy_until {
+                std::thread::yield_now();
+                continue;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+
+    /// Starts an all-reduce of `values` with `operation` (or, with
+    /// `scatter`, a reduce-scatter: this process receives only its equal
+    /// share); waiting gives `finish` of the reduced values.
+    fn start_reduce<T, O>(
+        &self,
+        values: Vec<T>,
+        operation: O,
+        scatter: bool,
+        finish: impl FnOnce(Vec<T>) -> Tensor + 'static,
+    ) -> Pending<'_>
+    where
+        T: Equivalence + Clone + 'static,
+        O: Operation + 'static,
+    {
+        let deadline = Instant::now() + self.timeout;
+        let op = if scatter {
+            "reduce_scatter"
+        } else {
+            "all_reduce"
+        };
+        let share = if scatter {
+            values[..values.len() / self.size].to_vec()
+        } else {
+            values.clone()
+        };
+        let send = Leaked::new(values);
+        let recv = Leaked::new(share);
+        // SAFETY: one collective uses the buffers; they are taken back only
+        // after it completed, and leaked if it never does (the request too:
+        // dropped unfinished, MPI's request would abort the process).
+        let request = unsafe {
+            std::mem::ManuallyDrop::new(if scatter {
+                self.world.immediate_reduce_scatter_block_into(
+                    StaticScope,
+                    &*send.get(),
+                    recv.get(),
+                    operation,
+                )
+            } else {
+                self.world.immediate_all_reduce_into(
+                    StaticScope,
+                    &*send.get(),
+                    recv.get(),
+                    operation,
+                )
+            })
+        };
+        Pending::new(move || {
+            self.finish_by(op, std::mem::ManuallyDrop::into_inner(request), deadline)?;
+            // SAFETY: the collective completed.
+            unsafe {
+                drop(send.take());
+                Ok(finish(recv.take()))
+            }
+        })
+    }
+
+    /// Starts an all-reduce (or with `scatter` a reduce-scatter) of a CPU
+    /// tensor of any kind MPI can sum: 16-bit floats travel at 16 bits,
+    /// each kind comes back as itself.
+    fn start_reduction(
+        &self,
+        tensor: &Tensor,
+        op: ReduceOp,
+        scatter: bool,
+    ) -> Result<Pending<'_>, DistError> {
+        let name = if scatter {
+            "reduce_scatter"
+        } else {
+            "all_reduce"
+        };
+        let cpu = on_cpu(name, tensor)?;
+        let (mut shape, kind) = (cpu.size(), cpu.kind());
+        if scatter {
+            shape[0] /= self.size as i64;
+        }
+        let flat = cpu.view([-1]);
+        let world = self.size as f64;
+        // Each kind comes back as itself, the mean divided after the sum:
+        // float64 in float64, the others in float32.
+        let wide = if kind == Kind::Double {
+            Kind::Double
+        } else {
+            Kind::Float
+        };
+        let back = move |reduced: Tensor| {
+            let reduced = reduced.view(shape.as_slice());
+            if op == ReduceOp::Mean {
+                (reduced.to_kind(wide) / world).to_kind(kind)
+            } else {
+                reduced.to_kind(kind)
+            }
+        };
+        let system = match op {
+            ReduceOp::Sum | ReduceOp::Mean => SystemOperation::sum(),
+            ReduceOp::Max => SystemOperation::max(),
+            ReduceOp::Min => SystemOperation::min(),
+        };
+        Ok(match kind {
+            Kind::Half | Kind::BFloat16 if matches!(op, ReduceOp::Sum | ReduceOp::Mean) => {
+                // 16 bits on the wire, summed by the user operation.
+                let bits = Vec::<i16>::try_from(flat.view_dtype(Kind::Int16))
+                    .expect("a contiguous 16-bit tensor converts");
+                let bits: Vec<u16> = bits.into_iter().map(|b| b as u16).collect();
+                let sum = if kind == Kind::Half {
+                    self.sum_f16
+                } else {
+                    self.sum_bf16
+                };
+                self.start_reduce(bits, sum, scatter, move |bits: Vec<u16>| {
+                    let bits: Vec<i16> = bits.into_iter().map(|b| b as i16).collect();
+                    back(Tensor::from_slice(&bits).view_dtype(kind))
+                })
+            }
+            Kind::Float | Kind::Half | Kind::BFloat16 => {
+                let values = Vec::<f32>::try_from(flat.to_kind(Kind::Float))
+                    .expect("a contiguous float tensor converts");
+                self.start_reduce(values, system, scatter, move |v: Vec<f32>| {
+                    back(Tensor::from_slice(&v))
+                })
+            }
+            Kind::Double => {
+                let values =
+                    Vec::<f64>::try_from(&flat).expect("a contiguous double tensor converts");
+                self.start_reduce(values, system, scatter, move |v: Vec<f64>| {
+                    back(Tensor::from_slice(&v))
+                })
+            }
+            Kind::Int64 if op != ReduceOp::Mean => {
+                let values = Vec::<i64>::try_from(&flat).expect("an int64 tensor converts");
+                self.start_reduce(values, system, scatter, move |v: Vec<i64>| {
+                    back(Tensor::from_slice(&v))
+                })
+            }
+            Kind::Int if op != ReduceOp::Mean => {
+                let values = Vec::<i32>::try_from(&flat).expect("an int32 tensor converts");
+                self.start_reduce(values, system, scatter, move |v: Vec<i32>| {
+                    back(Tensor::from_slice(&v))
+                })
+            }
+            kind => {
+                return Err(unsupported(
+                    name,
+                    format!("{op:?} of a {kind:?} tensor is not supported; convert it to float32"),
+                ))
+            }
+        })
+    }
+
+    /// Every process's count (one `u64` each).
+    fn gather_counts(&self, op: &'static str, count: u64) -> Result<Vec<u64>, DistError> {
+        let send = Leaked::new(vec![count]);
+        let recv = Leaked::new(vec![0u64; self.size]);
+        // SAFETY: as in start_reduce.
+        unsafe {
+            let request =
+                self.world
+                    .immediate_all_gather_into(StaticScope, &*send.get(), recv.get());
+            self.finish(op, request)?;
+            drop(send.take());
+            Ok(recv.take())
+        }
+    }
+}
+
+/// A commutative sum of 16-bit floats stored as bits, element by element.
+fn sum_of_16_bit(add: fn(u16, u16) -> u16) -> UserOperation<'static> {
+    UserOperation::commutative(move |read, write| {
+        let read = read
+            .downcast::<u16>()
+            .expect("16-bit sums run on u16 buffers");
+        let write = write
+            .downcast::<u16>()
+            .expect("16-bit sums run on u16 buffers");
+        for (w, r) in write.iter_mut().zip(read) {
+            *w = add(*r, *w);
+        }
+    })
+}
+
+fn unsupported(op: &'static str, message: String) -> DistError {
+    DistError::Unsupported {
+        op,
+        backend: "mpi",
+        message,
+    }
+}
+
+/// A contiguous CPU copy of `tensor`, or why the MPI backend cannot take it.
+fn on_cpu(op: &'static str, tensor: &Tensor) -> Result<Tensor, DistError> {
+    if tensor.device() != Device::Cpu {
+        return Err(unsupported(
+            op,
+            format!(
+                "the tensor is on {:?}; MPI collectives take CPU tensors (NCCL serves CUDA)",
+                tensor.device()
+            ),
+        ));
+    }
+    Ok(tensor.detach().contiguous())
+}
+
+impl ProcessGroup for MpiGroup {
+    fn process_index(&self) -> usize {
+        self.rank
+    }
+    fn num_processes(&self) -> usize {
+        self.size
+    }
+    fn local_process_index(&self) -> usize {
+        self.local_rank
+    }
+    fn num_local_processes(&self) -> usize {
+        self.local_size
+    }
+    fn backend(&self) -> &'static str {
+        "mpi"
+    }
+
+    fn all_reduce_start(&self, tensor: &Tensor, op: ReduceOp) -> Result<Pending<'_>, DistError> {
+        self.start_reduction(tensor, op, false)
+    }
+
+    fn reduce_scatter(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
+        scatter_rows(self, "reduce_scatter", tensor)?;
+        self.start_reduction(tensor, op, true)?.wait()
+    }
+    fn reduce_scatter_start(
+        &self,
+        tensor: &Tensor,
+        op: ReduceOp,
+    ) -> Result<Pending<'_>, DistError> {
+        scatter_rows(self, "reduce_scatter", tensor)?;
+        self.start_reduction(tensor, op, true)
+    }
+
+    fn all_gather_into(&self, tensor: &Tensor) -> Result<Tensor, DistError> {
+        self.all_gather_into_start(tensor)?.wait()
+    }
+
+    fn all_gather_into_start(&self, tensor: &Tensor) -> Result<Pending<'_>, DistError> {
+        let cpu = on_cpu("all_gather", tensor)?;
+        let bytes = hearth_ops::tensor::tensor_bytes(&cpu).to_vec();
+        let len = bytes.len();
+        let send = Leaked::new(bytes);
+        let recv = Leaked::new(vec![0u8; len * self.size]);
+        let deadline = Instant::now() + self.timeout;
+        // SAFETY: as in start_reduce: the buffers are taken back only after
+        // the collective completed, when the result is waited for, and
+        // leaked with the request if it never is.
+        let request = unsafe {
+            std::mem::ManuallyDrop::new(self.world.immediate_all_gather_into(
+                StaticScope,
+                &*send.get(),
+                recv.get(),
+            ))
+        };
+        let mut shape = vec![self.size as i64];
+        shape.extend(cpu.size());
+        let kind = cpu.kind();
+        Ok(Pending::new(move || {
+            self.finish_by(
+                "all_gather",
+                std::mem::ManuallyDrop::into_inner(request),
+                deadline,
+            )?;
+            // SAFETY: the collective completed.
+            let joined = unsafe {
+                drop(send.take());
+                recv.take()
+            };
+            Ok(Tensor::from_data_size(&joined, &shape, kind))
+        }))
+    }
+
+    fn all_gather(&self, tensor: &Tensor) -> Result<Tensor, DistError> {
+        let cpu = on_cpu("all_gather", tensor)?;
+        let cpu = if cpu.dim() == 0 { cpu.view([1]) } else { cpu };
+        let shape = cpu.size();
+        check_gather_rows(self, &cpu)?;
+        let bytes = hearth_ops::tensor::tensor_bytes(&cpu).to_vec();
+        let parts = self.all_gather_bytes(&bytes)?;
+        let row: i64 = shape[1..].iter().product();
+        let element = cpu.kind().elt_size_in_bytes();
+        let joined: Vec<u8> = parts.concat();
+        let rows = (joined.len() / element) as i64 / row.max(1);
+        let mut out_shape = shape.clone();
+        out_shape[0] = if row == 0 { 0 } else { rows };
+        Ok(Tensor::from_data_size(&joined, &out_shape, cpu.kind()))
+    }
+
+    fn broadcast(&self, tensor: &mut Tensor, root: usize) -> Result<(), DistError> {
+        let cpu = on_cpu("broadcast", tensor)?;
+        let bytes = hearth_ops::tensor::tensor_bytes(&cpu).to_vec();
+        let expected = bytes.len();
+        let got = self.broadcast_bytes(bytes, root)?;
+        if got.len() != expected {
+            return Err(DistError::Mismatch {
+                op: "broadcast",
+                rank: self.rank,
+                message: format!(
+                    "rank {root} sent {} bytes, this tensor has {expected} ({:?} {:?})",
+                    got.len(),
+                    cpu.kind(),
+                    cpu.size()
+                ),
+            });
+        }
+        let value = Tensor::from_data_size(&got, &cpu.size(), cpu.kind());
+        tch::no_grad(|| tensor.copy_(&value));
+        Ok(())
+    }
+
+    fn duplicate(&self) -> Result<Box<dyn ProcessGroup>, DistError> {
+        Ok(Box::new(Self {
+            world: std::mem::ManuallyDrop::new(self.world.duplicate()),
+            _universe: None,
+            ..*self
+        }))
+    }
+
+    fn split(&self, color: usize, key: usize) -> Result<Box<dyn ProcessGroup>, DistError> {
+        let color = i32::try_from(color)
+            .map_err(|_| unsupported("split", format!("color {color} is too large")))?;
+        let key = i32::try_from(key)
+            .map_err(|_| unsupported("split", format!("key {key} is too large")))?;
+        let part = self
+            .world
+            .split_by_color_with_key(mpi::topology::Color::with_value(color), key)
+            .ok_or_else(|| unsupported("split", "MPI gave this process no group".into()))?;
+        Ok(Box::new(Self {
+            rank: part.rank() as usize,
+            size: part.size() as usize,
+            world: std::mem::ManuallyDrop::new(part),
+            _universe: None,
+            ..*self
+        }))
+    }
+
+    fn barrier(&self) -> Result<(), DistError> {
+        let request = self.world.immediate_barrier();
+        self.finish("barrier", request)
+    }
+
+    fn all_gather_bytes(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, DistError> {
+        let counts = self.gather_counts("all_gather_bytes", bytes.len() as u64)?;
+        let too_big = |n: &u64| *n > Count::MAX as u64;
+        if counts.iter().any(too_big) || counts.iter().sum::<u64>() > isize::MAX as u64 {
+            return Err(unsupported(
+                "all_gather_bytes",
+                format!("a process sends more than {} bytes", Count::MAX),
+            ));
+        }
+        let counts: Vec<Count> = counts.iter().map(|&n| n as Count).collect();
+        let displs: Vec<Count> = counts
+            .iter()
+            .scan(0, |at, &n| {
+                let start = *at;
+                *at += n;
+                Some(start)
+            })
+            .collect();
+        let total: usize = counts.iter().map(|&n| n as usize).sum();
+        let send = Leaked::new(bytes.to_vec());
+        let recv = Leaked::new(vec![0u8; total]);
+        let counts_buf = Leaked::new(counts.clone());
+        let displs_buf = Leaked::new(displs.clone());
+        // SAFETY: as in start_reduce; the partition only borrows the
+        // buffers and is itself leaked with them on a timeout.
+        let joined = unsafe {
+            let partition = Leaked::new(vec![PartitionMut::new(
+                recv.get(),
+                &*counts_buf.get(),
+                &*displs_buf.get(),
+            )]);
+            let request = self.world.immediate_all_gather_varcount_into(
+                StaticScope,
+                &*send.get(),
+                &mut partition.get()[0],
+            );
+            self.finish("all_gather_bytes", request)?;
+            drop(partition.take());
+            drop(send.take());
+            drop(counts_buf.take());
+            drop(displs_buf.take());
+            recv.take()
+        };
+        Ok(counts
+            .iter()
+            .zip(&displs)
+            .map(|(&n, &at)| joined[at as usize..(at + n) as usize].to_vec())
+            .collect())
+    }
+
+    fn broadcast_bytes(&self, bytes: Vec<u8>, root: usize) -> Result<Vec<u8>, DistError> {
+        if root >= self.size {
+            return Err(unsupported(
+                "broadcast",
+                format!("root {root} is not a rank of this world of {}", self.size),
+            ));
+        }
+        let root_process = self.world.process_at_rank(root as i32);
+        let length = Leaked::new(vec![bytes.len() as u64]);
+        // SAFETY: as in start_reduce.
+        let length = unsafe {
+            let request = root_process.immediate_broadcast_into(StaticScope, length.get());
+            self.finish("broadcast", request)?;
+            length.take()[0] as usize
+        };
+        let mut data = bytes;
+        data.resize(length, 0);
+        let buffer = Leaked::new(data);
+        // SAFETY: as in start_reduce.
+        unsafe {
+            let request = root_process.immediate_broadcast_into(StaticScope, buffer.get());
+            self.finish("broadcast", request)?;
+            Ok(buffer.take())
+        }
+    }
+}

@@ -1,0 +1,548 @@
+//! `save_state`: the state is gathered or copied off the training
+//! tensors (a snapshot), staged in a temporary folder every process writes
+//! its own parts into, and committed with its manifest — on a background
+//! thread with `async_save`.
+
+use super::super::{lock, Accelerator};
+use super::SnapshotCopies;
+use super::{
+    custom_file, gather_failed, hook_failed, keyed, node_name, numbered, state_err, ScalerFile,
+    SchedulerFile, TrainerState,
+};
+use crate::checkpoint::{rotate, CheckpointError, StagedCheckpoint, TensorKey};
+use crate::optim::OptimizerState;
+use hearth_plugins::{CheckpointHookPlugin, HookCheckpoint};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tch::{Device, Tensor};
+
+/// One file of a checkpoint, owned, ready to be written (on a background
+/// thread when saves are asynchronous).
+enum Part {
+    Tensors(String, Vec<(String, Tensor)>),
+    Bytes(String, Vec<u8>),
+    Json(String, serde_json::Value),
+    /// Pieces of tensors (a sharded save's file of one process).
+    Pieces(String, Vec<crate::checkpoint::Piece>),
+}
+
+impl Part {
+    /// The file's name.
+    fn name(&self) -> &str {
+        match self {
+            Part::Tensors(name, _)
+            | Part::Bytes(name, _)
+            | Part::Json(name, _)
+            | Part::Pieces(name, _) => name,
+        }
+    }
+}
+
+/// Everything one checkpoint holds, owned (see [`Accelerator::snapshot`]).
+struct Snapshot {
+    /// Each prepared model's tensors, by name.
+    models: Vec<Vec<(String, Tensor)>>,
+    /// Every other file.
+    parts: Vec<Part>,
+}
+
+impl Snapshot {
+    /// The models' tensors keyed for checkpoint hooks.
+    fn keyed(&self) -> Vec<(TensorKey, Tensor)> {
+        keyed(&self.models)
+    }
+}
+
+/// Runs the hooks' `save`, writes what they did not claim, runs their
+/// `seal` and commits. Any failure drops `staged`, which removes it.
+fn write_checkpoint(
+    mut staged: StagedCheckpoint,
+    snapshot: Snapshot,
+    hooks: &[Arc<CheckpointHookPlugin>],
+    context: &HookCheckpoint,
+) -> Result<PathBuf, CheckpointError> {
+    const NOT_SAVED: &str = "saved (the previous checkpoint is untouched)";
+    let dest = staged.destination().to_path_buf();
+    let keyed = snapshot.keyed();
+    // What hearth will write: no hook may leave anything under these names.
+    let reserved: Vec<String> = (0..snapshot.models.len())
+        .map(|i| numbered("model", i, "safetensors"))
+        .chain(snapshot.parts.iter().map(|p| p.name().to_string()))
+        .collect();
+    let misbehaved = |hook: &CheckpointHookPlugin, what: &str, message: String| {
+        let source = hearth_plugins::PluginError::Runtime {
+            name: hook.name().into(),
+            message: format!("{what} {message}"),
+        };
+        hook_failed(&dest, hook, NOT_SAVED, source)
+    };
+    let mut claimed_by: BTreeMap<TensorKey, &str> = BTreeMap::new();
+    let mut active = Vec::with_capacity(hooks.len());
+    for hook in hooks {
+        let save = hook
+            .save(staged.folder(), context, &keyed)
+            .map_err(|e| hook_failed(&dest, hook, NOT_SAVED, e))?;
+        staged
+            .check_foreign(&reserved)
+            .map_err(|m| misbehaved(hook, "save", m))?;
+        for key in save.claimed() {
+            if let Some(first) = claimed_by.insert(key.clone(), hook.name()) {
+                return Err(state_err(
+                    &dest,
+                    format!(
+                        "checkpoint hooks `{first}` and `{}` both claimed tensor {key}; configure them to save different tensors",
+                        hook.name()
+                    ),
+                ));
+            }
+        }
+        staged.record_hook(hook.name(), save.claimed().to_vec());
+        active.push((hook, save));
+    }
+    for (i, model) in snapshot.models.into_iter().enumerate() {
+        let kept: Vec<(String, Tensor)> = model
+            .into_iter()
+            .filter(|(name, _)| !claimed_by.contains_key(&TensorKey::new(i, name)))
+            .collect();
+        staged.tensors(&numbered("model", i, "safetensors"), &kept)?;
+    }
+    for part in snapshot.parts {
+        match part {
+            Part::Tensors(name, tensors) => staged.tensors(&name, &tensors)?,
+            Part::Bytes(name, bytes) => staged.bytes(&name, &bytes)?,
+            Part::Json(name, value) => staged.json(&name, &value)?,
+            Part::Pieces(name, pieces) => {
+                write_pieces(staged.folder(), &name, &pieces)?;
+                staged.adopt(&name)?;
+            }
+        }
+    }
+    for (hook, save) in active {
+        save.seal()
+            .map_err(|e| hook_failed(&dest, hook, NOT_SAVED, e))?;
+        staged
+            .check_foreign(&[])
+            .map_err(|m| misbehaved(hook, "seal", m))?;
+    }
+    staged.commit()
+}
+
+/// Writes `pieces` as `name` (a path inside `folder`, whose folders are
+/// created).
+fn write_pieces(
+    folder: &Path,
+    name: &str,
+    pieces: &[crate::checkpoint::Piece],
+) -> Result<(), CheckpointError> {
+    let path = folder.join(name);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(CheckpointError::io(parent))?;
+    }
+    crate::checkpoint::save_pieces(&path, pieces)
+}
+
+impl Accelerator {
+    /// Saves the state of everything prepared (models, optimizers,
+    /// schedulers, the fp16 scaler, data loaders), the random generators and
+    /// registered objects into `dir`, or — with `None` and automatic naming —
+    /// into `checkpoints/checkpoint_<iteration>` of the project, then keeps
+    /// the newest `total_limit` of those. The folder appears complete or not
+    /// at all; an existing folder is never overwritten. Save after a
+    /// synchronising micro-batch: gradients are not saved.
+    ///
+    /// With `async_save` in the project configuration it returns once the
+    /// state is copied off the training tensors; a background thread writes
+    /// and commits. A second save, `load_state`, `wait_for_checkpoint`,
+    /// `end_training` and dropping the accelerator wait for it first, and a
+    /// failure of the background write is returned by the next of those
+    /// calls (the previous checkpoint is untouched either way).
+    pub fn save_state(&mut self, dir: Option<&Path>) -> Result<PathBuf, CheckpointError> {
+        let _span = crate::profiling::span("hearth::save_state");
+        let waited = self.wait_for_checkpoint();
+        if (self.sharded_optimizers() || self.saves_sharded()) && self.num_processes() > 1 {
+            // The gathers below are collectives: every process goes on, or none.
+            let mine = waited.as_ref().map(|_| ()).map_err(|e| format!("{e:#}"));
+            let all = self.gather_object(&mine).map_err(|e| {
+                state_err(
+                    &self.project.project_dir,
+                    format!("the processes could not agree: {e}"),
+                )
+            })?;
+            if let Some((rank, Err(m))) = all.iter().enumerate().find(|(_, r)| r.is_err()) {
+                waited?;
+                return Err(state_err(
+                    &self.project.project_dir,
+                    format!("rank {rank}'s previous checkpoint failed: {m}"),
+                ));
+            }
+        }
+        waited?;
+        let automatic = dir.is_none();
+        let dest = match dir {
+            Some(d) => d.to_path_buf(),
+            None if self.project.automatic_checkpoint_naming => self
+                .project
+                .checkpoints_dir()
+                .join(format!("checkpoint_{}", self.project.iteration)),
+            None => {
+                return Err(state_err(
+                    &self.project.project_dir,
+                    "save_state() without a folder needs automatic_checkpoint_naming in the project configuration",
+                ))
+            }
+        };
+        self.check_sharded_save(&dest)?;
+        // SHARDED_STATE_DICT: each process writes its own shards.
+        // Otherwise the state is whole: a sharded optimizer's gathered, and
+        // FULL_SHARD's parameters too (by every process; released once the
+        // snapshot holds them).
+        // An asynchronous save copies into the previous one's buffers.
+        let mut copies = self
+            .project
+            .async_save
+            .then(|| self.snapshot_buffers.session());
+        let (optimizer_states, models) = if self.saves_sharded() {
+            (self.optimizer_groups(), Vec::new())
+        } else {
+            let me = self.process_index();
+            let writes = self
+                .checkpoint_writers()
+                .map_err(|e| state_err(&dest, format!("the processes could not agree: {e}")))?[me]
+                == me;
+            let optimizers = self.full_optimizer_states(&dest, writes)?;
+            (
+                optimizers,
+                self.whole_models(&dest, writes, copies.as_mut())?,
+            )
+        };
+        let Some(staged) = self.stage(&dest)? else {
+            // A process that writes no checkpoint: its part is written.
+            self.project.iteration += 1;
+            return Ok(dest);
+        };
+        let mut models = models;
+        self.registered
+            .pre_hooks
+            .before_save(&mut models, staged.folder());
+        let snapshot = self.snapshot(&dest, models, optimizer_states, copies.as_mut())?;
+        drop(copies);
+        let context = self.hook_context(&dest, self.project.iteration);
+        let hooks = self.registered.hooks.clone();
+        self.project.iteration += 1;
+        let rotation = (automatic && self.project.total_limit.is_some()).then(|| {
+            (
+                self.project.checkpoints_dir(),
+                self.project.total_limit.unwrap_or(0),
+            )
+        });
+        let write = move || -> Result<PathBuf, CheckpointError> {
+            let saved = write_checkpoint(staged, snapshot, &hooks, &context)?;
+            if let Some((folder, limit)) = rotation {
+                rotate(&folder, limit)?;
+            }
+            Ok(saved)
+        };
+        if self.project.async_save {
+            let handle = std::thread::Builder::new()
+                .name("hearth-checkpoint".into())
+                .spawn(write)
+                .map_err(CheckpointError::io(&dest))?;
+            self.pending_save = Some(handle);
+            Ok(dest)
+        } else {
+            write()
+        }
+    }
+
+    /// Starts the checkpoint `dest`. In a world of one that is all; with
+    /// several processes, the writers (rank 0, or the first process of
+    /// each machine with `save_on_each_node`) stage a folder, every other
+    /// process writes its own parts (its generators, per-process objects)
+    /// into its writer's, and all learn whether every process succeeded.
+    /// Returns the staged checkpoint, holding its processes' parts, on a
+    /// writer, `None` on the others.
+    fn stage(&self, dest: &Path) -> Result<Option<StagedCheckpoint>, CheckpointError> {
+        if self.num_processes() == 1 {
+            return StagedCheckpoint::begin(dest).map(Some);
+        }
+        let disagree = |e: hearth_comm::DistError| {
+            state_err(dest, format!("the processes could not agree: {e}"))
+        };
+        let me = self.process_index();
+        let writers = self.checkpoint_writers().map_err(disagree)?;
+        let staged = (writers[me] == me).then(|| StagedCheckpoint::begin(dest));
+        let folder: Result<PathBuf, String> = match &staged {
+            Some(Ok(s)) => Ok(s.folder().to_path_buf()),
+            Some(Err(e)) => Err(e.to_string()),
+            None => Ok(PathBuf::new()),
+        };
+        let folders = self.gather_object(&folder).map_err(disagree)?;
+        let written: Result<(), String> = match &folders[writers[me]] {
+            Ok(folder) if staged.is_none() => self
+                .write_process_parts(folder, dest)
+                .map_err(|e| format!("{e:#}")),
+            _ => Ok(()),
+        };
+        let all = self.gather_object(&written).map_err(disagree)?;
+        if let Some((writer, Err(m))) = folders.iter().enumerate().find(|(_, f)| f.is_err()) {
+            return match staged {
+                Some(Err(e)) if writer == me => Err(e),
+                _ => Err(state_err(
+                    dest,
+                    format!("rank {writer} could not start it: {m}"),
+                )),
+            };
+        }
+        if let Some((rank, Err(m))) = all.iter().enumerate().find(|(_, w)| w.is_err()) {
+            return Err(state_err(
+                dest,
+                format!("rank {rank} could not write its part, so nothing was saved (the previous checkpoint is untouched): {m}"),
+            ));
+        }
+        let Some(mut staged) = staged.transpose()? else {
+            return Ok(None);
+        };
+        let mine = (0..self.num_processes()).filter(|&r| r != me && writers[r] == me);
+        for rank in mine {
+            for name in self.process_part_names(rank) {
+                staged.adopt(&name)?;
+            }
+        }
+        Ok(Some(staged))
+    }
+
+    /// For each rank, the rank that writes the checkpoint its parts go
+    /// into: rank 0, or with `save_on_each_node` the first rank on the
+    /// same machine.
+    fn checkpoint_writers(&self) -> Result<Vec<usize>, hearth_comm::DistError> {
+        if !self.project.save_on_each_node {
+            return Ok(vec![0; self.num_processes()]);
+        }
+        let names = self.gather_object(&node_name())?;
+        Ok(names
+            .iter()
+            .map(|n| names.iter().position(|m| m == n).unwrap_or(0))
+            .collect())
+    }
+
+    /// The files process `rank` writes itself.
+    fn process_part_names(&self, rank: usize) -> Vec<String> {
+        let customs = self.registered.custom.iter().enumerate();
+        std::iter::once(format!("random_states_{rank}.safetensors"))
+            .chain(
+                customs
+                    .filter(|(_, o)| lock(o).per_process())
+                    .map(|(i, _)| custom_file(i, true, rank)),
+            )
+            .chain(self.shard_file_names(rank))
+            .collect()
+    }
+
+    /// This process's own parts: its generators, per-process objects and,
+    /// saving sharded, its shards.
+    fn process_parts(&self, dest: &Path) -> Result<Vec<Part>, CheckpointError> {
+        let rank = self.process_index();
+        let rng = self
+            .rng_state()
+            .map_err(|e| state_err(dest, format!("cannot read the random generators: {e}")))?;
+        let mut rng_tensors = vec![("cpu".to_string(), rng.cpu)];
+        rng_tensors.extend(
+            rng.cuda
+                .into_iter()
+                .enumerate()
+                .map(|(i, t)| (format!("cuda.{i}"), t)),
+        );
+        let mut parts = vec![Part::Tensors(
+            format!("random_states_{rank}.safetensors"),
+            rng_tensors,
+        )];
+        for (i, object) in self.registered.custom.iter().enumerate() {
+            let object = lock(object);
+            if object.per_process() {
+                parts.push(Part::Bytes(custom_file(i, true, rank), object.state_dict()));
+            }
+        }
+        for (name, pieces) in self.shard_pieces() {
+            parts.push(Part::Pieces(name, pieces));
+        }
+        Ok(parts)
+    }
+
+    /// Writes this process's own parts into the main process's staging
+    /// `folder` (each file atomically and durably).
+    fn write_process_parts(&self, folder: &Path, dest: &Path) -> Result<(), CheckpointError> {
+        for part in self.process_parts(dest)? {
+            match part {
+                Part::Tensors(name, tensors) => {
+                    crate::checkpoint::save_safetensors(&folder.join(name), &tensors)?
+                }
+                Part::Bytes(name, bytes) => {
+                    let path = folder.join(name);
+                    hearth_ops::durable::write_atomically(&path, |f| {
+                        std::io::Write::write_all(f, &bytes)
+                    })
+                    .map_err(CheckpointError::io(&path))?
+                }
+                Part::Pieces(name, pieces) => write_pieces(folder, &name, &pieces)?,
+                Part::Json(..) => unreachable!("a process's own parts are tensors and bytes"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for a background save (see [`save_state`](Self::save_state))
+    /// and returns its error, if it failed.
+    pub fn wait_for_checkpoint(&mut self) -> Result<(), CheckpointError> {
+        match self.pending_save.take() {
+            None => Ok(()),
+            Some(handle) => match handle.join() {
+                Ok(result) => result.map(|_| ()),
+                Err(_) => Err(CheckpointError::State {
+                    path: self.project.project_dir.clone(),
+                    message: "the background checkpoint writer panicked".into(),
+                }),
+            },
+        }
+    }
+
+    /// True when a prepared optimizer steps shards (its state must be
+    /// gathered to be saved).
+    fn sharded_optimizers(&self) -> bool {
+        self.optimizers
+            .iter()
+            .any(|o| lock(o).inner.process_group().is_some())
+    }
+
+    /// Every optimizer's whole state (a sharded one's gathered: every
+    /// process takes part, the writers `keep` it).
+    fn full_optimizer_states(
+        &self,
+        dest: &Path,
+        keep: bool,
+    ) -> Result<Vec<OptimizerState>, CheckpointError> {
+        self.optimizers
+            .iter()
+            .map(|o| {
+                lock(o)
+                    .inner
+                    .full_state_dict(keep)
+                    .map_err(|m| state_err(dest, format!("the optimizer state: {m}")))
+            })
+            .collect()
+    }
+
+    /// Every prepared model's parameters on the CPU (FULL_SHARD ones
+    /// gathered unit by unit: every process takes part, the writers `keep`
+    /// them), copied when saves are asynchronous.
+    fn whole_models(
+        &self,
+        dest: &Path,
+        keep: bool,
+        mut copies: Option<&mut SnapshotCopies<'_>>,
+    ) -> Result<Vec<Vec<(String, Tensor)>>, CheckpointError> {
+        let mut models = Vec::with_capacity(self.registered.models.len());
+        for params in &self.registered.models {
+            let mut copy_into = copies.as_deref_mut().map(|c| move |t: &Tensor| c.copy(t));
+            let copy = copy_into
+                .as_mut()
+                .map(|f| f as &mut dyn FnMut(&Tensor) -> Tensor);
+            models.push(
+                self.ddp
+                    .whole_copies(params, keep, copy)
+                    .map_err(|e| gather_failed(dest, &e))?,
+            );
+        }
+        Ok(models)
+    }
+
+    /// Everything a checkpoint holds, as owned data: the `models` given,
+    /// and the rest copied (when saves are asynchronous, even tensors
+    /// already on the CPU, so training can go on changing them while a
+    /// background thread writes).
+    fn snapshot(
+        &self,
+        dest: &Path,
+        models: Vec<Vec<(String, Tensor)>>,
+        optimizer_states: Vec<OptimizerState>,
+        mut copies: Option<&mut SnapshotCopies<'_>>,
+    ) -> Result<Snapshot, CheckpointError> {
+        let mut owned = |named: &[(String, Tensor)]| -> Vec<(String, Tensor)> {
+            let mut own = |t: &Tensor| match copies.as_deref_mut() {
+                Some(copies) => copies.copy(t),
+                None => t.detach().to_device(Device::Cpu),
+            };
+            named.iter().map(|(n, t)| (n.clone(), own(t))).collect()
+        };
+        let json =
+            |v: serde_json::Result<serde_json::Value>| v.expect("checkpoint JSON serialises");
+        // Saving sharded, the models and the optimizer state are in the
+        // processes' shard parts.
+        let sharded = self.saves_sharded();
+        let mut parts = Vec::new();
+        for (i, state) in optimizer_states.into_iter().enumerate() {
+            if !sharded {
+                parts.push(Part::Tensors(
+                    numbered("optimizer", i, "safetensors"),
+                    owned(&state.tensors),
+                ));
+            }
+            parts.push(Part::Json(
+                numbered("optimizer", i, "json"),
+                json(serde_json::to_value(&state.groups)),
+            ));
+        }
+        for (i, sched) in self.registered.schedulers.iter().enumerate() {
+            let (steps, bytes) = lock(sched).state().map_err(|e| {
+                state_err(dest, format!("the scheduler could not save its state: {e}"))
+            })?;
+            parts.push(Part::Bytes(numbered("scheduler", i, "bin"), bytes));
+            parts.push(Part::Json(
+                numbered("scheduler", i, "json"),
+                json(serde_json::to_value(SchedulerFile { steps })),
+            ));
+        }
+        if let Some(scaler) = &self.scaler {
+            if let Some((scale, growth_tracker)) = lock(scaler).state() {
+                let file = ScalerFile {
+                    scale,
+                    growth_tracker,
+                };
+                parts.push(Part::Json(
+                    "scaler.json".into(),
+                    json(serde_json::to_value(file)),
+                ));
+            }
+        }
+        for (i, loader) in self.registered.loaders.iter().enumerate() {
+            parts.push(Part::Json(
+                numbered("dataloader", i, "json"),
+                json(serde_json::to_value(loader.state())),
+            ));
+        }
+        parts.extend(self.process_parts(dest)?);
+        for (i, object) in self.registered.custom.iter().enumerate() {
+            let object = lock(object);
+            if !object.per_process() {
+                parts.push(Part::Bytes(custom_file(i, false, 0), object.state_dict()));
+            }
+        }
+        let trainer = TrainerState {
+            iteration: self.project.iteration,
+            step: self.micro_steps.load(std::sync::atomic::Ordering::Relaxed),
+            accumulation_position: self.state.accumulation_position(),
+            epoch: self
+                .registered
+                .loaders
+                .first()
+                .map_or(0, |l| l.state().epoch),
+            launch_id: hearth_comm::launch_id(),
+            hearth_version: env!("CARGO_PKG_VERSION").into(),
+        };
+        parts.push(Part::Json(
+            "trainer_state.json".into(),
+            json(serde_json::to_value(trainer)),
+        ));
+        Ok(Snapshot { models, parts })
+    }
+}

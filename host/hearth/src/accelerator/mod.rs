@@ -1,0 +1,54 @@
+//! The user-facing façade, Accelerate's `Accelerator` for Rust: the builder,
+//! `prepare` and what it wraps (model, optimizer, data loader, scheduler),
+//! backward with accumulation and loss scaling, clipping, the shared
+//! gradient state, checkpoints (`save_state`/`load_state`), trackers, and
+//! helpers over nested tensors.
+
+mod builder;
+mod checkpointing;
+mod collectives;
+mod ddp;
+mod facade;
+mod grad;
+mod join;
+mod kinds;
+mod loader;
+mod memory;
+mod model;
+mod nested;
+mod optimizer;
+mod prepare;
+mod profile;
+mod scheduler;
+mod sharding;
+mod state;
+mod trackers;
+
+pub use builder::{
+    accumulation_steps_from_env, AcceleratorBuilder, BuildError, DataLoaderConfiguration,
+};
+pub use checkpointing::{
+    node_name, Checkpointable, LoadStatePreHook, ProjectConfiguration, RemovableHandle,
+    SaveStatePreHook, TrainerState,
+};
+pub use ddp::BackwardError;
+pub use facade::{Accelerator, AutocastKwargs, RngState};
+pub use grad::clip_grad_norm_;
+pub use join::JoinError;
+pub use kinds::{LoggerType, RngType};
+pub use loader::{PreparedBatches, PreparedDataLoader, TryPreparedBatches};
+pub use memory::{find_executable_batch_size, is_out_of_memory, BatchSizeError};
+pub use model::PreparedModel;
+pub use nested::{TensorTree, TreeShape};
+pub use optimizer::AcceleratedOptimizer;
+pub use prepare::{Prepare, PrepareError};
+pub use scheduler::{AcceleratedScheduler, LrSchedule};
+pub use sharding::{plan_units, policy_modules, policy_units, MemoryStats, ShardingError};
+pub use state::{GradientAccumulationPlugin, GradientState};
+pub use trackers::{TrackerHandle, TrackerHub, UnknownTracker};
+
+/// Locks `m`, taking the data over even if a panicking holder poisoned it
+/// (the shared optimizer, scheduler and object states stay usable).
+fn lock<T: ?Sized>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,155 @@
+//! `PreparedModel`: a model placed on the accelerator's device whose
+//! forward pass runs under the configured mixed precision.
+
+use super::TensorTree;
+use crate::models::{Model, ModuleTree, Unit};
+use crate::parallel::{BufferBroadcast, Unitwise};
+use crate::precision::MixedPrecision;
+use hearth_ops::AutocastGuard;
+use std::rc::{Rc, Weak};
+use tch::{Device, Tensor};
+
+/// A model prepared by the accelerator. Its forward pass runs under
+/// autocast when mixed precision is on and returns float32 outputs (as
+/// Accelerate's `convert_to_fp32` wrapper). Under FULL_SHARD or
+/// activation checkpointing it runs unit by unit ([`Unitwise`]). Get the
+/// model back with [`Accelerator::unwrap_model`](super::Accelerator::unwrap_model).
+pub struct PreparedModel<M> {
+    /// Shared only with the weak handles unit-wise backward recomputes with.
+    inner: Rc<M>,
+    device: Device,
+    precision: MixedPrecision,
+    unitwise: Option<Rc<Unitwise>>,
+    /// Counted at `prepare`, while every parameter was whole (FULL_SHARD
+    /// releases them between uses).
+    num_parameters: i64,
+    /// Sends rank 0's buffers before each training forward pass (DDP's
+    /// `broadcast_buffers`).
+    buffer_broadcast: Option<BufferBroadcast>,
+}
+
+impl<M: Model> PreparedModel<M> {
+    /// `inner`, of `num_parameters` parameters, run on `device`; moved
+    /// there first when `place` (`device_placement`).
+    pub(super) fn new(
+        inner: M,
+        num_parameters: i64,
+        device: Device,
+        place: bool,
+        precision: MixedPrecision,
+    ) -> Self {
+        // Parameters and buffers not yet on the device move there (in place, so every
+        // handle to them, the optimizer's included, sees the move; those
+        // FULL_SHARD released on the device already are empty there).
+        tch::no_grad(|| {
+            for (_, mut p) in inner.named_state() {
+                if place && p.device() != device {
+                    let moved = p.to_device(device);
+                    p.set_data(&moved);
+                }
+            }
+        });
+        Self {
+            num_parameters,
+            inner: Rc::new(inner),
+            device,
+            precision,
+            unitwise: None,
+            buffer_broadcast: None,
+        }
+    }
+
+    /// Sends rank 0's buffers with `broadcast` before each training
+    /// forward pass from now on.
+    pub(super) fn set_buffer_broadcast(&mut self, broadcast: Option<BufferBroadcast>) {
+        self.buffer_broadcast = broadcast;
+    }
+
+    /// Runs the forward pass unit by unit from now on.
+    pub(super) fn set_unitwise(&mut self, unitwise: Rc<Unitwise>) {
+        self.unitwise = Some(unitwise);
+    }
+
+    /// Its unit-wise execution, if it runs so.
+    pub(super) fn unitwise(&self) -> Option<&Rc<Unitwise>> {
+        self.unitwise.as_ref()
+    }
+
+    /// The wrapped model.
+    pub fn inner(&self) -> &M {
+        &self.inner
+    }
+
+    /// The model (its parameters whole: the caller gathered them first
+    /// under FULL_SHARD).
+    pub(super) fn into_inner(self) -> M {
+        Rc::try_unwrap(self.inner)
+            .ok()
+            .expect("unit-wise execution holds weak handles only")
+    }
+
+    /// The mixed precision the forward pass runs under.
+    pub fn precision(&self) -> MixedPrecision {
+        self.precision
+    }
+}
+
+impl<M: Model + 'static> PreparedModel<M> {
+    fn run(&self, tokens: &Tensor, train: bool) -> Tensor {
+        if let (true, Some(broadcast)) = (train, &self.buffer_broadcast) {
+            broadcast
+                .run()
+                .unwrap_or_else(|e| panic!("broadcasting the model's buffers: {e}"));
+        }
+        let Some(unitwise) = &self.unitwise else {
+            return self.inner.forward_t(tokens, train);
+        };
+        let handle: Weak<dyn Model> = Rc::downgrade(&self.inner) as Weak<dyn Model>;
+        let autocast = self
+            .precision
+            .autocast_kind(self.device)
+            .map(|k| (self.device, k));
+        unitwise
+            .forward(&*self.inner, handle, tokens, train, autocast)
+            .unwrap_or_else(|e| panic!("{}", hearth_ops::error_chain(&e)))
+    }
+}
+
+impl<M: Model + 'static> Model for PreparedModel<M> {
+    fn module_tree(&self) -> &ModuleTree {
+        self.inner.module_tree()
+    }
+    fn units(&self) -> Vec<&dyn Unit> {
+        self.inner.units()
+    }
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        self.inner.named_parameters()
+    }
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        self.inner.named_buffers()
+    }
+    fn num_parameters(&self) -> i64 {
+        self.num_parameters
+    }
+    fn forward_t(&self, tokens: &Tensor, train: bool) -> Tensor {
+        match self.precision.autocast_kind(self.device) {
+            Some(kind) => {
+                let _guard =
+                    AutocastGuard::new(self.device, kind).expect("autocast kinds are valid");
+                self.run(tokens, train).to_fp32()
+            }
+            None => self.run(tokens, train),
+        }
+    }
+}
+
+impl super::Accelerator {
+    /// Whether `model` was dispatched over a device map of more than one
+    /// entry (Accelerate's `verify_device_map`, which looks for an
+    /// `hf_device_map` of more than one entry). Such a model is for
+    /// inference: a `DispatchedModel` cannot be prepared for training, so
+    /// Accelerate's refusal to train it on several processes holds by type.
+    pub fn verify_device_map(&self, model: &crate::big_model::DispatchedModel) -> bool {
+        model.hf_device_map().len() > 1
+    }
+}

@@ -1,0 +1,340 @@
+//! Reading and writing named tensors as safetensors.
+
+use super::writeback::Writeback;
+use hearth_ops::durable::replace_atomically;
+pub(crate) use hearth_ops::tensor::{dtype_of, kind_of, tensor_bytes};
+use safetensors::tensor::{Dtype, SafeTensors, TensorView, View};
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use tch::{Device, Kind, Tensor};
+
+/// Why a checkpoint file could not be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// An I/O error on `path`.
+    #[error("failed to access {path}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid safetensors.
+    #[error("{path} is not a valid safetensors file: {message}")]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What the parser said.
+        message: String,
+    },
+    /// A tensor in a file does not fit the model's tensor of that name.
+    #[error("{path}: tensor `{name}` does not fit the model: {message}")]
+    Mismatch {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        name: String,
+        /// Both shapes or dtypes.
+        message: String,
+    },
+    /// With `strict`, the checkpoint and the model hold different names.
+    #[error("{path} does not match the model (strict load): missing {missing:?}, unexpected {unexpected:?}; load with strict off to skip them")]
+    Keys {
+        /// The checkpoint.
+        path: PathBuf,
+        /// In the model, not in the checkpoint.
+        missing: Vec<String>,
+        /// In the checkpoint, not in the model.
+        unexpected: Vec<String>,
+    },
+    /// A save would overwrite this existing folder.
+    #[error("{0} already exists; a checkpoint is never overwritten — save under another name or remove it")]
+    Exists(PathBuf),
+    /// The folder is not a complete checkpoint.
+    #[error("{path} is not a complete checkpoint: {why}")]
+    Incomplete {
+        /// The folder.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+    /// No checkpoint where one was looked for.
+    #[error("no complete checkpoint in {0}")]
+    NotFound(PathBuf),
+    /// A checkpoint does not fit what is being restored.
+    #[error("{path}: {message}")]
+    State {
+        /// The file or folder.
+        path: PathBuf,
+        /// What does not fit, and what to do.
+        message: String,
+    },
+    /// A checkpoint hook failed: the save was abandoned or the load refused.
+    #[error("checkpoint {path}: hook `{hook}` failed, so it was not {outcome}")]
+    Hook {
+        /// The checkpoint.
+        path: PathBuf,
+        /// The hook plugin's name.
+        hook: String,
+        /// What did not happen.
+        outcome: &'static str,
+        /// What the hook did.
+        #[source]
+        source: Box<hearth_plugins::PluginError>,
+    },
+    /// A tensor has a dtype safetensors cannot store.
+    #[error("tensor `{name}` has dtype {kind:?}, which hearth cannot store in safetensors")]
+    Dtype {
+        /// The tensor's name.
+        name: String,
+        /// Its kind.
+        kind: Kind,
+    },
+}
+
+impl CheckpointError {
+    /// Wraps an I/O error on `path` (for `map_err`).
+    pub fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Self + '_ {
+        move |source| Self::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// A contiguous CPU copy of a tensor, viewed as bytes.
+struct CpuTensor {
+    tensor: Tensor,
+    dtype: Dtype,
+}
+
+struct ShapedView<'a> {
+    inner: &'a CpuTensor,
+    shape: Vec<usize>,
+    len: usize,
+    /// The file being written, whose writeback moves on before each tensor.
+    writeback: &'a RefCell<Option<Writeback>>,
+}
+
+impl View for &ShapedView<'_> {
+    fn dtype(&self) -> Dtype {
+        self.inner.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        // The library asks for each tensor's bytes just before writing
+        // them: what it wrote so far goes to disk meanwhile.
+        if let Some(writeback) = self.writeback.borrow_mut().as_mut() {
+            writeback.advance();
+        }
+        Cow::Borrowed(tensor_bytes(&self.inner.tensor))
+    }
+    fn data_len(&self) -> usize {
+        self.len
+    }
+}
+
+/// Writes `tensors` to `path` atomically, with `{"format": "pt"}` metadata.
+pub fn save_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), CheckpointError> {
+    save_safetensors_with(path, tensors, HashMap::new())
+}
+
+/// [`save_safetensors`] with more `metadata` beside `{"format": "pt"}`.
+pub(super) fn save_safetensors_with(
+    path: &Path,
+    tensors: &[(String, Tensor)],
+    mut metadata: HashMap<String, String>,
+) -> Result<(), CheckpointError> {
+    let mut cpu = Vec::with_capacity(tensors.len());
+    for (name, t) in tensors {
+        let kind = t.kind();
+        let dtype = dtype_of(kind).ok_or_else(|| CheckpointError::Dtype {
+            name: name.clone(),
+            kind,
+        })?;
+        let tensor = t.detach().to_device(Device::Cpu).contiguous();
+        cpu.push((name.clone(), CpuTensor { tensor, dtype }));
+    }
+    let writeback = RefCell::new(None);
+    let views: Vec<(String, ShapedView)> = cpu
+        .iter()
+        .map(|(name, c)| {
+            let shape: Vec<usize> = c.tensor.size().iter().map(|&d| d as usize).collect();
+            let len = c.tensor.numel() * c.tensor.kind().elt_size_in_bytes();
+            (
+                name.clone(),
+                ShapedView {
+                    inner: c,
+                    shape,
+                    len,
+                    writeback: &writeback,
+                },
+            )
+        })
+        .collect();
+    metadata.insert("format".to_string(), "pt".to_string());
+    let metadata = Some(metadata);
+    let refs: Vec<(&str, &ShapedView)> = views.iter().map(|(n, v)| (n.as_str(), v)).collect();
+    // Streamed to the file tensor by tensor (no copy of the whole file in
+    // memory), then fsynced and renamed into place.
+    let mut format_error = None;
+    let written = replace_atomically(path, |tmp| {
+        *writeback.borrow_mut() = Some(Writeback::new(tmp));
+        safetensors::serialize_to_file(refs, metadata, tmp).map_err(|e| match e {
+            safetensors::SafeTensorError::IoError(io) => io,
+            other => {
+                let message = other.to_string();
+                format_error = Some(message.clone());
+                std::io::Error::other(message)
+            }
+        })
+    });
+    match (written, format_error) {
+        (Ok(()), _) => Ok(()),
+        (Err(_), Some(message)) => Err(CheckpointError::Format {
+            path: path.into(),
+            message,
+        }),
+        (Err(source), None) => Err(CheckpointError::io(path)(source)),
+    }
+}
+
+/// A safetensors file mapped into memory.
+pub(crate) struct Mapped(memmap2::Mmap);
+
+impl Mapped {
+    /// The file's bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Parses the header (cheap: the data stays on disk until read).
+    pub(crate) fn tensors(&self, path: &Path) -> Result<SafeTensors<'_>, CheckpointError> {
+        SafeTensors::deserialize(&self.0).map_err(|e| CheckpointError::Format {
+            path: path.into(),
+            message: e.to_string(),
+        })
+    }
+}
+
+/// Maps `path` read-only.
+pub(crate) fn open_mapped(path: &Path) -> Result<Mapped, CheckpointError> {
+    let file = std::fs::File::open(path).map_err(CheckpointError::io(path))?;
+    // SAFETY: a read-only mapping; hearth never writes a file in place (all
+    // writes go to a new file renamed over the old one).
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(CheckpointError::io(path))?;
+    Ok(Mapped(map))
+}
+
+/// Reads every tensor of a safetensors file (memory-mapped) onto `device`.
+pub fn load_safetensors(
+    path: &Path,
+    device: Device,
+) -> Result<Vec<(String, Tensor)>, CheckpointError> {
+    let map = open_mapped(path)?;
+    let st = map.tensors(path)?;
+    let mut out = Vec::new();
+    for (name, view) in st.tensors() {
+        out.push((
+            name.clone(),
+            tensor_from_view(path, &name, &view)?.to_device(device),
+        ));
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+pub(crate) fn tensor_from_view(
+    path: &Path,
+    name: &str,
+    view: &TensorView,
+) -> Result<Tensor, CheckpointError> {
+    let kind = kind_of(view.dtype()).ok_or_else(|| CheckpointError::Format {
+        path: path.into(),
+        message: format!("tensor `{name}` has unsupported dtype {:?}", view.dtype()),
+    })?;
+    let shape = checked_shape(path, name, view.shape(), kind)?;
+    Ok(Tensor::from_data_size(view.data(), &shape, kind))
+}
+
+/// `dims` as libtorch sizes, refused (naming the tensor and the file) when
+/// a dimension or the bytes they hold do not fit in an `i64`.
+pub(crate) fn checked_shape(
+    path: &Path,
+    name: &str,
+    dims: &[usize],
+    kind: Kind,
+) -> Result<Vec<i64>, CheckpointError> {
+    let bad = || CheckpointError::Format {
+        path: path.into(),
+        message: format!("tensor `{name}` has an impossible shape {dims:?}"),
+    };
+    let shape: Vec<i64> = dims
+        .iter()
+        .map(|&d| i64::try_from(d).map_err(|_| bad()))
+        .collect::<Result<_, _>>()?;
+    shape
+        .iter()
+        .filter(|&&d| d != 0)
+        .try_fold(kind.elt_size_in_bytes() as i64, |n, &d| n.checked_mul(d))
+        .ok_or_else(bad)?;
+    Ok(shape)
+}
+
+/// Reads the tensor `name` of the safetensors file at `path` (mapped; only
+/// that tensor's bytes are read), on the CPU.
+pub fn read_safetensor(path: &Path, name: &str) -> Result<Tensor, CheckpointError> {
+    let map = open_mapped(path)?;
+    let st = map.tensors(path)?;
+    let view = st.tensor(name).map_err(|_| CheckpointError::Format {
+        path: path.into(),
+        message: format!("it holds no tensor `{name}`"),
+    })?;
+    tensor_from_view(path, name, &view)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_names_dtypes_and_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.safetensors");
+        let a = Tensor::from_slice(&[1.5f32, -2.0, 3.25, 4.0]).view([2, 2]);
+        let b = Tensor::from_slice(&[7i64, 8, 9]);
+        let c = Tensor::from_slice(&[1.0f32, 2.0]).to_kind(Kind::BFloat16);
+        save_safetensors(
+            &path,
+            &[
+                ("a.weight".into(), a.shallow_clone()),
+                ("b".into(), b.shallow_clone()),
+                ("c".into(), c.shallow_clone()),
+            ],
+        )
+        .unwrap();
+        let back = load_safetensors(&path, Device::Cpu).unwrap();
+        assert_eq!(
+            back.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+            ["a.weight", "b", "c"]
+        );
+        assert!(back[0].1.equal(&a) && back[1].1.equal(&b) && back[2].1.equal(&c));
+        assert_eq!(back[2].1.kind(), Kind::BFloat16);
+    }
+
+    #[test]
+    fn a_corrupt_file_names_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.safetensors");
+        std::fs::write(&path, b"not a safetensors file").unwrap();
+        let err = load_safetensors(&path, Device::Cpu)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&path.display().to_string()), "{err}");
+    }
+}

@@ -1,0 +1,695 @@
+//! The config-driven training loop behind `hearth run`.
+
+use super::config::TrainConfig;
+use super::error::TrainError;
+use super::eval::{score, Evaluation, Plan as EvalPlan, Shard};
+use super::graphed::{GraphStats, GraphedStep, StepOutput};
+use super::history::{History, HISTORY_NAME};
+use super::loss::batch_loss;
+use super::profile::RunProfile;
+use super::progress::Progress;
+use super::setup::{self, eval_entries, io_err};
+use super::stream::DataStream;
+use crate::accelerator::{
+    AcceleratedOptimizer, AcceleratedScheduler, Accelerator, MemoryStats, PreparedModel,
+};
+use crate::data::TokenDataset;
+use crate::models::Model;
+use hearth_plugins::{Entries, Registry, Value};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tch::{Kind, Tensor};
+
+/// Overrides given on the command line (they win over the config file).
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Replaces `run.output-dir`.
+    pub output_dir: Option<PathBuf>,
+    /// Replaces `run.steps`.
+    pub steps: Option<u64>,
+    /// Forces the CPU (replaces `run.device`).
+    pub cpu: bool,
+    /// No progress bar.
+    pub quiet: bool,
+    /// Folders searched for plugins before `HEARTH_PLUGIN_PATH`, the
+    /// project's `plugins/` and the built-ins.
+    pub plugin_dirs: Vec<PathBuf>,
+    /// Continue from the newest complete checkpoint of the run folder.
+    pub resume: bool,
+    /// Continue from the newest complete checkpoint if this process's
+    /// `hearth launch` wrote it, else start afresh (a rank restarted by
+    /// `hearth launch --max-restarts`).
+    pub resume_if_any: bool,
+    /// Profile the run (as `[profile]` says, or its defaults) and write
+    /// the traces here (replaces `profile.output-trace-dir`).
+    pub profile: Option<PathBuf>,
+}
+
+/// What a finished run reports (also written as `summary.json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSummary {
+    /// The run folder.
+    pub run_dir: PathBuf,
+    /// The trained model's weights.
+    pub model_path: PathBuf,
+    /// Device trained on (`cpu`, `cuda:0`).
+    pub device: String,
+    /// Scalar parameters of the model.
+    pub num_parameters: i64,
+    /// Optimizer steps taken.
+    pub steps: u64,
+    /// Mean training loss over the last logging window.
+    pub final_loss: f64,
+    /// Training throughput in input tokens per second, measured after warm-up steps.
+    pub tokens_per_sec: f64,
+    /// The final held-out evaluation, when the dataset has one.
+    pub eval: Option<Evaluation>,
+    /// This process's rank (the summary file is the main process's).
+    pub process_index: usize,
+    /// Number of processes that trained together.
+    pub num_processes: usize,
+    /// What gradient averaging did on this process (the file holds the
+    /// main process's counts; `bytes` is what it sent; zeros for one process).
+    pub gradient_sync: crate::parallel::SyncStats,
+    /// Bytes of parameters, gradients and optimizer state this process
+    /// held at the last step (the main process's in the file).
+    pub memory: MemoryStats,
+    /// The FSDP settings the run sharded with, when `[fsdp]` is on.
+    pub fsdp: Option<crate::parallel::FsdpSettings>,
+    /// What the CUDA graph did, when `run.cuda-graph` is on.
+    pub cuda_graph: Option<GraphStats>,
+    /// This process's Chrome trace, when the run was profiled.
+    pub profile: Option<PathBuf>,
+    /// What calls into plugins cost in this process during the run, per
+    /// plugin (a scheduler's wall time is the training loop's; trackers'
+    /// CPU time is their own thread's). A process running several runs at
+    /// once counts all their calls.
+    pub plugin_calls: Vec<hearth_plugins::PluginUsage>,
+}
+
+/// Trains the model a config describes, evaluates it, and writes
+/// `model.safetensors`, `config.toml` and `summary.json` to the run folder.
+pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, TrainError> {
+    let run_dir = options
+        .output_dir
+        .clone()
+        .unwrap_or_else(|| config.run.output_dir.clone())
+        .join(&config.run.name);
+    let plugins_before = hearth_plugins::plugin_usage();
+    let mut acc = setup::accelerator(config, options, &run_dir)?;
+    let registry = setup::plugin_registry(config, options)?;
+    // The data and the model (with its pretrained weights) first: bad
+    // input stops the run before anything is written.
+    let built = Built::new(&mut acc, config)?;
+    attach_plugins(&mut acc, config, registry.as_ref())?;
+    let mut job = Job::prepare(
+        &mut acc,
+        built,
+        config,
+        options,
+        registry.as_ref(),
+        &run_dir,
+    )?;
+    let trained = job.train(&mut acc, config, options, &run_dir)?;
+    let eval = job.evaluate(&acc, config)?;
+    if let Some(e) = &eval {
+        let mut values = eval_entries(e);
+        values.push(("eval/summary".into(), Value::Text(e.to_string())));
+        job.log(&acc, values, job.steps)?;
+    }
+    acc.end_training().map_err(TrainError::State)?;
+    let plugin_calls = hearth_plugins::plugin_usage_since(&plugins_before);
+    write_results(&acc, config, &run_dir, job, trained, eval, plugin_calls)
+}
+
+/// Trackers (main process only) and checkpoint hooks from the config.
+fn attach_plugins(
+    acc: &mut Accelerator,
+    config: &TrainConfig,
+    registry: Option<&Registry>,
+) -> Result<(), TrainError> {
+    let trackers = if acc.is_main_process() {
+        let logging_dir = acc.project_configuration().logging_dir().to_path_buf();
+        setup::trackers(config, registry, &logging_dir)?
+    } else {
+        Vec::new()
+    };
+    acc.init_trackers(
+        &config.run.project,
+        &config.run.name,
+        trackers,
+        config.entries(),
+    );
+    for hook in setup::checkpoint_hooks(config, registry)? {
+        acc.register_checkpoint_hook(hook);
+    }
+    Ok(())
+}
+
+/// What the training loop measured.
+struct Trained {
+    final_loss: f64,
+    tokens_per_sec: f64,
+    /// This process's trace, when profiled.
+    profile: Option<PathBuf>,
+}
+
+/// The prepared training objects of a run.
+struct Job {
+    data: Box<dyn TokenDataset>,
+    model: PreparedModel<Box<dyn Model>>,
+    /// The pretrained file's name of each tensor `init-from` loaded: the
+    /// model is saved under them.
+    file_names: std::collections::HashMap<String, String>,
+    opt: AcceleratedOptimizer,
+    schedule: Option<AcceleratedScheduler>,
+    /// Process r draws its batches from stream r of the seed.
+    stream: Arc<Mutex<DataStream>>,
+    steps: u64,
+    first_step: u64,
+    /// The run's own `metrics.jsonl` (the main process's).
+    history: Option<History>,
+    /// The gradient norm of the last clipped step, read when logging.
+    grad_norm: Option<Tensor>,
+    /// The step as a CUDA graph (`run.cuda-graph`).
+    graphed: Option<GraphedStep>,
+}
+
+/// The dataset and the model, built and checked before the run writes
+/// anything.
+struct Built {
+    data: Box<dyn TokenDataset>,
+    model: Box<dyn Model>,
+    /// The pretrained file's name of each tensor `init-from` loaded.
+    file_names: std::collections::HashMap<String, String>,
+}
+
+impl Built {
+    /// Seeds the generators, opens the data and builds the model, its
+    /// weights from `init-from` when the config names some.
+    fn new(acc: &mut Accelerator, config: &TrainConfig) -> Result<Self, TrainError> {
+        acc.set_seed(config.run.seed, false, false);
+        let data = setup::dataset(config, Some(acc))?;
+        let weights = acc.model_weights();
+        let model = setup::model(config, data.as_ref(), acc.model_init_device(), weights)?;
+        let file_names = setup::pretrained(config, model.as_ref(), weights, acc)?;
+        Ok(Self {
+            data,
+            model,
+            file_names,
+        })
+    }
+}
+
+impl Job {
+    /// Prepares the data, model, optimizer and scheduler, and with
+    /// `--resume` loads the newest checkpoint.
+    fn prepare(
+        acc: &mut Accelerator,
+        built: Built,
+        config: &TrainConfig,
+        options: &RunOptions,
+        registry: Option<&Registry>,
+        run_dir: &std::path::Path,
+    ) -> Result<Self, TrainError> {
+        let steps = options.steps.unwrap_or(config.run.steps);
+        let seed = config.run.seed;
+        let Built {
+            data,
+            model,
+            file_names,
+        } = built;
+        let opt = setup::optimizer(config, model.as_ref());
+        let schedule = setup::scheduler(config, registry, &opt.lrs(), steps)?;
+        let (model, opt) = acc.prepare((model, opt))?;
+        let schedule = schedule.map(|s| acc.prepare(s)).transpose()?;
+        let sequential = (config.data.sampling() == super::config::Sampling::Sequential)
+            .then(|| config.data.shuffle.unwrap_or(false));
+        let stream = DataStream::new(seed, acc.process_index(), acc.num_processes(), sequential);
+        stream.check(data.as_ref(), config.data.batch_size, &config.source)?;
+        let stream = Arc::new(Mutex::new(stream));
+        acc.register_for_checkpointing(stream.clone());
+        let mut first_step = 1;
+        let resume = options.resume
+            || (options.resume_if_any
+                && own_checkpoint(&acc.project_configuration().checkpoints_dir()));
+        if resume {
+            let from = acc.load_state(None).map_err(TrainError::State)?;
+            first_step = acc.step() / acc.gradient_accumulation_steps() as u64 + 1;
+            acc.print(format!(
+                "resumed from {} at step {first_step}",
+                from.display()
+            ));
+        }
+        let history = if acc.is_main_process() {
+            let resumed_at = resume.then_some(first_step - 1);
+            Some(History::open(run_dir, resumed_at).map_err(io_err(&run_dir.join(HISTORY_NAME)))?)
+        } else {
+            None
+        };
+        Ok(Self {
+            data,
+            model,
+            opt,
+            schedule,
+            stream,
+            steps,
+            first_step,
+            history,
+            grad_norm: None,
+            graphed: None,
+            file_names,
+        })
+    }
+
+    /// Logs `values` at `step` to the trackers and the run's history.
+    fn log(&mut self, acc: &Accelerator, values: Entries, step: u64) -> Result<(), TrainError> {
+        if let Some(history) = &mut self.history {
+            let numbers: Vec<(String, f64)> = values
+                .iter()
+                .filter_map(|(k, v)| match v {
+                    Value::Float(f) => Some((k.clone(), *f)),
+                    Value::Int(i) => Some((k.clone(), *i as f64)),
+                    _ => None,
+                })
+                .collect();
+            history
+                .log(step, &numbers)
+                .map_err(io_err(history.path()))?;
+        }
+        acc.log(values, step);
+        Ok(())
+    }
+
+    /// Runs the optimizer steps, logging, evaluating and saving as the
+    /// config says.
+    fn train(
+        &mut self,
+        acc: &mut Accelerator,
+        config: &TrainConfig,
+        options: &RunOptions,
+        run_dir: &std::path::Path,
+    ) -> Result<Trained, TrainError> {
+        let (steps, device) = (self.steps, acc.device());
+        let accumulation = acc.gradient_accumulation_steps();
+        if config.run.cuda_graph {
+            self.use_cuda_graph(acc, config)?;
+        }
+        self.announce(acc, config);
+        let mut profile = RunProfile::start(acc, config, options, run_dir, self.first_step)?;
+        let progress = Progress::new(steps, options.quiet, acc.is_main_process());
+        // Tokens of all processes.
+        let tokens_per_step = (config.data.batch_size * self.data.seq_len()) as f64
+            * accumulation as f64
+            * acc.num_processes() as f64;
+        // Throughput leaves out the first steps (allocator and kernel warm-up).
+        let warmup = (steps / 5).min(10);
+        let (mut timer, mut window_start) = (Instant::now(), Instant::now());
+        let (mut window_loss, mut window_micro) = (Tensor::zeros([], (Kind::Float, device)), 0u64);
+        let mut window_steps = 0u64;
+        // Seconds this process spent in its own steps (for the slowest rank).
+        let mut window_busy = 0.0f64;
+        let mut final_loss = f64::NAN;
+        for step in self.first_step..=steps {
+            if step == self.first_step + warmup {
+                timer = Instant::now();
+            }
+            // The rate this optimizer step uses (the scheduler moves it on
+            // once the step is taken).
+            let step_lr = self.opt.lr();
+            let busy = Instant::now();
+            for _ in 0..accumulation {
+                window_loss += self.micro_step(acc, config, step)?.detach();
+                window_micro += 1;
+            }
+            window_busy += busy.elapsed().as_secs_f64();
+            window_steps += 1;
+            progress.advance();
+            if step % config.run.log_every == 0 || step == steps {
+                // The mean over all processes (every one logs at the same steps).
+                let mean_loss = acc.reduce(
+                    &window_loss.to_device(tch::Device::Cpu),
+                    hearth_comm::ReduceOp::Mean,
+                )?;
+                final_loss = f64::try_from(&mean_loss)? / window_micro as f64;
+                if !final_loss.is_finite() {
+                    progress.finish();
+                    return Err(TrainError::Diverged {
+                        step,
+                        loss: final_loss,
+                    });
+                }
+                let rate =
+                    window_steps as f64 * tokens_per_step / window_start.elapsed().as_secs_f64();
+                let slowest = slowest_rank(acc, window_busy / window_steps as f64)?;
+                progress.report(step, steps, final_loss, step_lr, rate, slowest);
+                let mut values = vec![
+                    ("loss".into(), Value::Float(final_loss)),
+                    ("lr".into(), Value::Float(step_lr)),
+                    ("tokens_per_sec".into(), Value::Float(rate)),
+                ];
+                if let Some(scale) = acc.loss_scale() {
+                    values.push(("loss_scale".into(), Value::Float(scale)));
+                }
+                if let Some(norm) = self.grad_norm.take() {
+                    values.push(("grad_norm".into(), Value::Float(f64::try_from(&norm)?)));
+                }
+                self.log(acc, values, step)?;
+                window_loss = Tensor::zeros([], (Kind::Float, device));
+                (window_micro, window_steps, window_busy) = (0, 0, 0.0);
+                window_start = Instant::now();
+            }
+            self.between_steps(acc, config, step, &progress)?;
+            if let Some(profile) = profile.as_mut() {
+                profile.step()?;
+            }
+        }
+        let timed_steps = (steps + 1).saturating_sub(self.first_step + warmup);
+        let tokens_per_sec = timed_steps as f64 * tokens_per_step / timer.elapsed().as_secs_f64();
+        progress.finish();
+        let profile = profile.map(|p| p.finish(acc)).transpose()?;
+        Ok(Trained {
+            final_loss,
+            tokens_per_sec,
+            profile,
+        })
+    }
+
+    /// Prints what is about to train.
+    fn announce(&self, acc: &Accelerator, config: &TrainConfig) {
+        let accumulation = acc.gradient_accumulation_steps();
+        acc.print(format!(
+            "hearth run {}: {:?} with {} parameters on {:?}{}, {} steps of {}{} × {} tokens{}{}{}",
+            config.run.name,
+            config.model.kind,
+            self.model.num_parameters(),
+            acc.device(),
+            match acc.process_group().backend() {
+                "single" => String::new(),
+                backend => match acc.num_processes() {
+                    1 => format!(" (1 process, {backend})"),
+                    n => format!(" ({n} processes, {backend})"),
+                },
+            },
+            self.steps,
+            if accumulation > 1 {
+                format!("{accumulation} × ")
+            } else {
+                String::new()
+            },
+            config.data.batch_size,
+            self.data.seq_len(),
+            match acc.mixed_precision() {
+                crate::precision::MixedPrecision::No => String::new(),
+                mode => format!(", mixed precision {mode}"),
+            },
+            match acc.fsdp_settings() {
+                Some(f) => format!(
+                    ", FSDP {} ({}{})",
+                    f.sharding_strategy.name(),
+                    f.auto_wrap_policy,
+                    match f.mixed_precision_policy {
+                        Some(p) => format!(
+                            "; parameters in {}, gradients reduced in {}",
+                            p.param_dtype.name(),
+                            p.reduce_dtype.name()
+                        ),
+                        None => String::new(),
+                    }
+                ),
+                None => String::new(),
+            },
+            if self.graphed.is_some() {
+                format!(
+                    ", the step captured in a CUDA graph after {} eager steps",
+                    super::graphed::WARMUP_STEPS
+                )
+            } else {
+                String::new()
+            }
+        ));
+    }
+
+    /// Checks that this run's step can be captured (`run.cuda-graph`) and
+    /// sets it up: the optimizer reads its learning rates from the GPU.
+    fn use_cuda_graph(
+        &mut self,
+        acc: &Accelerator,
+        config: &TrainConfig,
+    ) -> Result<(), TrainError> {
+        let refused = |why: String| TrainError::CudaGraphRefused {
+            path: config.source.clone(),
+            why,
+        };
+        if let Some(why) = super::graphed::refusal(acc) {
+            return Err(refused(why));
+        }
+        self.opt
+            .with_inner(|inner| inner.use_device_lrs())
+            .map_err(|why| refused(format!("cannot be used with this optimizer: {why}")))?;
+        if let Some(why) = super::graphed::device_refusal(acc) {
+            return Err(refused(why));
+        }
+        self.graphed = Some(GraphedStep::new());
+        Ok(())
+    }
+
+    /// One micro-batch of optimizer step `step`: forward, backward and (at
+    /// the end of an accumulation group) clipping, the optimizer and
+    /// scheduler steps; replayed from a CUDA graph with `run.cuda-graph`.
+    fn micro_step(
+        &mut self,
+        acc: &Accelerator,
+        config: &TrainConfig,
+        step: u64,
+    ) -> Result<Tensor, TrainError> {
+        let device = acc.device();
+        let batch = {
+            let _span = crate::profiling::span("hearth::next_batch");
+            self.stream
+                .lock()
+                .unwrap()
+                .next_batch(self.data.as_ref(), config.data.batch_size)
+        };
+        let (model, opt, schedule) = (&self.model, &mut self.opt, &mut self.schedule);
+        let grad_norm = &mut self.grad_norm;
+        let graphed = &mut self.graphed;
+        acc.accumulate(|| -> Result<Tensor, TrainError> {
+            let out = match graphed {
+                Some(graphed) => {
+                    let out = graphed.run(step, &batch, device, |inputs, targets| {
+                        update(acc, config, model, opt, inputs, targets)
+                    })?;
+                    // Once captured, the graph owns the gradients.
+                    if !graphed.is_captured() {
+                        opt.zero_grad();
+                    }
+                    out
+                }
+                None => {
+                    let inputs = batch.inputs.to_device(device);
+                    let out = update(
+                        acc,
+                        config,
+                        model,
+                        opt,
+                        &inputs,
+                        &batch.targets.to_device(device),
+                    )?;
+                    opt.zero_grad();
+                    out
+                }
+            };
+            if let Some(norm) = out.grad_norm {
+                *grad_norm = Some(norm);
+            }
+            if let Some(schedule) = schedule.as_mut() {
+                schedule.step().map_err(TrainError::Scheduler)?;
+            }
+            Ok(out.loss)
+        })
+    }
+
+    /// After optimizer step `step`: evaluation and checkpoints when due.
+    fn between_steps(
+        &mut self,
+        acc: &mut Accelerator,
+        config: &TrainConfig,
+        step: u64,
+        progress: &Progress,
+    ) -> Result<(), TrainError> {
+        if let Some(every) = config.eval.every {
+            if step % every == 0 && step != self.steps {
+                if let Some(e) = self.evaluate(acc, config)? {
+                    progress.log(format!("step {step}: {e}"));
+                    if let Some(schedule) = self.schedule.as_mut() {
+                        // reduce-on-plateau reacts to it; other schedules ignore it.
+                        schedule
+                            .observe(e.metric())
+                            .map_err(TrainError::Scheduler)?;
+                    }
+                    self.log(acc, eval_entries(&e), step)?;
+                }
+            }
+        }
+        if config.run.save_every.is_some_and(|every| step % every == 0) {
+            let saved = acc.save_state(None).map_err(TrainError::State)?;
+            progress.log(format!("step {step}: checkpoint {}", saved.display()));
+            if let Some(history) = &mut self.history {
+                history
+                    .event(step, "checkpoint", &saved)
+                    .map_err(io_err(history.path()))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Each process scores its shard of the held-out data; the sums of all
+    /// shards are the evaluation (Accelerate's gather_for_metrics pattern).
+    fn evaluate(
+        &self,
+        acc: &Accelerator,
+        config: &TrainConfig,
+    ) -> Result<Option<Evaluation>, TrainError> {
+        let shard = Shard {
+            index: acc.process_index(),
+            count: acc.num_processes(),
+        };
+        let eval = &config.eval;
+        let scored = score(
+            &self.model,
+            config.model.output(),
+            self.data.as_ref(),
+            EvalPlan {
+                seed: config.run.seed,
+                samples: eval.samples,
+                batch_size: eval.batch_size,
+            },
+            acc.device(),
+            shard,
+        );
+        let Some(scores) = scored else {
+            return Ok(None);
+        };
+        let sums = acc.reduce(&scores.to_tensor(), hearth_comm::ReduceOp::Sum)?;
+        Ok(Some(scores.with_sums(&sums).evaluation()))
+    }
+}
+
+/// A micro-batch's device work: forward, loss and backward, then at the
+/// end of an accumulation group clipping and the optimizer step (what a
+/// CUDA graph captures). The norm stays on the device until a log step
+/// reads it.
+fn update(
+    acc: &Accelerator,
+    config: &TrainConfig,
+    model: &PreparedModel<Box<dyn Model>>,
+    opt: &mut AcceleratedOptimizer,
+    inputs: &Tensor,
+    targets: &Tensor,
+) -> Result<StepOutput, TrainError> {
+    let loss = {
+        let _span = crate::profiling::span("hearth::forward");
+        batch_loss(model, config.model.output(), inputs, targets, true).0
+    };
+    acc.backward(&loss)?;
+    let mut grad_norm = None;
+    if let Some(max_norm) = config.optimizer.max_grad_norm {
+        // Clips (and unscales) only at the accumulation group's end.
+        grad_norm = acc.clip_grad_norm_(opt, max_norm, 2.0)?;
+    }
+    opt.step()?;
+    Ok(StepOutput { loss, grad_norm })
+}
+
+/// With several processes, the one whose steps took longest over the last
+/// logging window, and its seconds per step (every process logs at the
+/// same steps, so they all join this gather).
+fn slowest_rank(
+    acc: &Accelerator,
+    seconds_per_step: f64,
+) -> Result<Option<(usize, f64)>, TrainError> {
+    if acc.num_processes() == 1 {
+        return Ok(None);
+    }
+    let mine = Tensor::from_slice(&[seconds_per_step]).to_device(acc.device());
+    let all: Vec<f64> = Vec::try_from(&acc.gather(&mine)?.to_device(tch::Device::Cpu))?;
+    Ok(all
+        .into_iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(&b.1)))
+}
+
+/// Saves the weights (`model.safetensors`, or shards and their index) and,
+/// from the main process, the config copy and `summary.json`.
+fn write_results(
+    acc: &Accelerator,
+    config: &TrainConfig,
+    run_dir: &std::path::Path,
+    job: Job,
+    trained: Trained,
+    eval: Option<Evaluation>,
+    plugin_calls: Vec<hearth_plugins::PluginUsage>,
+) -> Result<RunSummary, TrainError> {
+    // Started from pretrained weights: saved under their names, beside
+    // copies of their folder's configuration and tokenizer.
+    let (names, map) = (&job.file_names, config.model.init_names());
+    let saved = acc.save_model_named(&job.model, run_dir, config.run.max_shard_size(), |n| {
+        names
+            .get(n)
+            .cloned()
+            .unwrap_or_else(|| map.unprefix(n).to_string())
+    })?;
+    if let (Some(from), true) = (&config.model.init_from, acc.is_main_process()) {
+        crate::checkpoint::pretrained::copy_companions(&config.resolve(from), run_dir)
+            .map_err(io_err(run_dir))?;
+    }
+    let model_path = saved
+        .map(|s| s.index.unwrap_or_else(|| s.files[0].clone()))
+        .unwrap_or_else(|| run_dir.join(crate::checkpoint::SAFE_WEIGHTS_NAME));
+    let summary = RunSummary {
+        run_dir: run_dir.to_path_buf(),
+        model_path,
+        device: format!("{:?}", acc.device()).to_lowercase(),
+        num_parameters: job.model.num_parameters(),
+        steps: job.steps,
+        final_loss: trained.final_loss,
+        tokens_per_sec: trained.tokens_per_sec,
+        eval,
+        process_index: acc.process_index(),
+        num_processes: acc.num_processes(),
+        gradient_sync: acc.gradient_sync_stats(),
+        memory: acc.memory_stats(),
+        fsdp: acc.fsdp_settings().cloned(),
+        cuda_graph: job.graphed.as_ref().map(GraphedStep::stats),
+        profile: trained.profile,
+        plugin_calls,
+    };
+    if acc.is_main_process() {
+        std::fs::create_dir_all(run_dir).map_err(io_err(run_dir))?;
+        let config_copy = run_dir.join("config.toml");
+        if let Ok(text) = std::fs::read_to_string(&config.source) {
+            std::fs::write(&config_copy, text).map_err(io_err(&config_copy))?;
+        }
+        let summary_path = run_dir.join("summary.json");
+        let json = serde_json::to_string_pretty(&summary).expect("summary serialises");
+        std::fs::write(&summary_path, json).map_err(io_err(&summary_path))?;
+    }
+    Ok(summary)
+}
+
+/// Whether the newest complete checkpoint in `folder` was written by the
+/// `hearth launch` that started this process (a restarted job continues
+/// from its own checkpoints, never from an older run's in the same folder).
+fn own_checkpoint(folder: &std::path::Path) -> bool {
+    let Some((_, newest)) = crate::checkpoint::newest_complete(folder) else {
+        return false;
+    };
+    let written_by = std::fs::read(newest.join("trainer_state.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<crate::accelerator::TrainerState>(&b).ok())
+        .and_then(|t| t.launch_id);
+    written_by.is_some() && written_by == hearth_comm::launch_id()
+}

@@ -1,0 +1,46 @@
+//! WebAssembly plugins: one wasmtime engine, manifests and discovery, the
+//! sandbox, a compile cache, and one typed adapter per plugin kind.
+//!
+//! Only this crate knows WIT and wasmtime, and no type of either is in its
+//! public API. A plugin is a folder holding a
+//! `plugin.toml` ([`Manifest`]) and a component; [`Registry`] finds them,
+//! [`load_tracker`] turns one into a [`TrackerPlugin`] whose calls never
+//! crash or hang the host.
+
+#![warn(missing_docs)]
+
+mod bindings;
+mod cache;
+mod check;
+mod checkpoint_hook;
+mod engine;
+mod error;
+mod inspect;
+mod manifest;
+mod quota;
+mod registry;
+mod runtime;
+mod sandbox;
+mod scheduler;
+mod stdio;
+mod tensors;
+mod tracker;
+mod usage;
+mod wrap_policy;
+
+pub use bindings::{RunInfo, Value};
+pub use cache::ComponentCache;
+pub use check::check_plugin;
+pub use checkpoint_hook::{load_checkpoint_hook, CheckpointHookPlugin, HookCheckpoint, HookSave};
+pub use engine::PluginEngine;
+pub use error::PluginError;
+pub use inspect::{ComponentReport, WIT_PACKAGE, WIT_VERSION};
+pub use manifest::{LimitOverrides, Limits, Manifest, PluginKind};
+pub use registry::{Found, PluginSource, Registry, SearchPath};
+pub use scheduler::{load_scheduler, SchedulerPlugin};
+pub use tracker::{load_tracker, TrackerPlugin};
+pub use usage::{plugin_usage, plugin_usage_since, PluginUsage};
+pub use wrap_policy::{load_wrap_policy, PolicyModule, WrapPolicyPlugin};
+
+/// Named values, as the WIT `entries` type.
+pub type Entries = Vec<(String, Value)>;

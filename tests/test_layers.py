@@ -1,0 +1,71 @@
+"""The layers hold: each workspace crate depends only on crates of a lower
+layer (so an import running back up does not compile, and cargo refuses a
+cycle outright), the architecture page names every crate, and no module
+cycle or cross-folder file circle is in any crate's import graph
+(tests/tools/import_graph.py)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Lower numbers are lower layers; a crate may depend on lower ones only.
+LAYER = {
+    "hearth-ops": 0,
+    "hearth-comm": 1,
+    "hearth-plugins": 1,
+    "hearth": 2,
+    "hearth-cli": 3,
+    # Tools above the library, never below it.
+    "hearth-testkit": 3,
+    "hearth-bench": 3,
+    "hearth-fuzz-entry": 3,
+}
+# Only this crate may depend on wasmtime (DESIGN: plugins alone knows it).
+WASMTIME_ONLY = "hearth-plugins"
+
+
+def metadata():
+    out = subprocess.run(
+        ["cargo", "metadata", "--no-deps", "--format-version", "1", "--offline"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+def test_every_crate_depends_only_on_lower_layers():
+    packages = metadata()["packages"]
+    names = {p["name"] for p in packages}
+    assert names == set(LAYER), f"crates changed: {sorted(names ^ set(LAYER))}; place them in LAYER"
+    upward = []
+    for p in packages:
+        for d in p["dependencies"]:
+            if d["name"] in names and d["kind"] is None and LAYER[d["name"]] >= LAYER[p["name"]]:
+                upward.append(f"{p['name']} -> {d['name']}")
+    assert not upward, f"dependencies that do not point down: {upward}"
+
+
+def test_only_the_plugin_crate_links_wasmtime():
+    for p in metadata()["packages"]:
+        wasm = [d["name"] for d in p["dependencies"] if d["name"].startswith("wasmtime") and d["kind"] is None]
+        assert not wasm or p["name"] == WASMTIME_ONLY, f"{p['name']} depends on {wasm}"
+
+
+def test_the_architecture_page_names_every_crate():
+    page = (ROOT / "docs" / "src" / "architecture.md").read_text()
+    missing = [name for name in LAYER if f"`{name}`" not in page]
+    assert not missing, f"docs/src/architecture.md does not describe {missing}"
+
+
+def test_no_module_cycle_or_cross_folder_file_circle():
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "tools" / "import_graph.py")],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
