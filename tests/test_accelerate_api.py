@@ -1,4 +1,5 @@
-"""README's "Accelerate's API, item by item" table is complete and true:
+"""The book's "Accelerate's API, item by item" table (docs/src/accelerate.md)
+is complete and true:
 every field of Accelerate's kwargs handlers and GradientAccumulationPlugin
 and every public method of `Accelerator` — listed from the installed
 Accelerate itself — has a row, and a `yes` row names hearth items that
@@ -13,13 +14,14 @@ from accelerate import Accelerator
 
 from conftest import ROOT
 
+PAGE = ROOT / "docs" / "src" / "accelerate.md"
 HANDLERS = ["AutocastKwargs", "DistributedDataParallelKwargs", "GradScalerKwargs", "InitProcessGroupKwargs",
             "FP8RecipeKwargs", "ProfileKwargs", "GradientAccumulationPlugin"]
 
 
 def table() -> dict[str, tuple[str, str]]:
-    text = (ROOT / "README.md").read_text()
-    section = text.split("### Accelerate's API, item by item", 1)[1].split("\n### ", 1)[0]
+    text = PAGE.read_text()
+    section = text.split("# Accelerate's API, item by item", 1)[1].split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():
         m = re.match(r"\| `([A-Za-z0-9_.]+)` \| (.*) \| (.*) \|$", line)
@@ -42,7 +44,7 @@ def source() -> str:
 def test_every_accelerate_item_has_a_row():
     rows = table()
     missing = [item for item in accelerate_items() if item not in rows]
-    assert not missing, f"add these to README's table: {missing}"
+    assert not missing, f"add these to the table in {PAGE.relative_to(ROOT)}: {missing}"
     for item, (_, status) in rows.items():
         assert status == "yes" or status.startswith("not yet") or re.match(r"not applicable: \S", status), \
             f"{item}: status must be yes, not yet or 'not applicable: why', not {status!r}"
