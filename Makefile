@@ -154,7 +154,7 @@ bench: build
 	$(PY) examples/bench/table.py $(or $(ROUNDS),7)
 
 # What a GPU machine with torch but no Rust needs, in .gpu/: there run
-# tests/gpu/checklist.sh OUT (shared/GPU-CHECKLIST.md; the GPU benchmark is
+# tests/gpu/checklist.sh OUT (docs/src/gpu-checklist.md; the GPU benchmark is
 # its `bench` step, examples/bench/gpu_gpt_vs_accelerate.py).
 gpu-bundle: python-test-env
 	tests/gpu/bundle.sh
