@@ -28,7 +28,7 @@ HEARTH := target/debug/hearth
 # Plugin crates are unit-tested natively (their .wasm is built for wasm32-wasip2).
 HOST_TARGET = $(shell rustc -vV | sed -n 's/host: //p')
 
-.PHONY: run test test-isa cpu-line setup system-packages wasm-target python-env python-test-env build plugins example-plugins bench bench-plugins bench-checkpoint bench-fsdp gpu-bundle lint soak fuzz
+.PHONY: run test test-isa cpu-line setup system-packages wasm-target python-env python-test-env build plugins example-plugins bench bench-plugins bench-checkpoint bench-fsdp gpu-bundle lint soak fuzz docs
 
 run: build
 	$(HEARTH) run examples/sort-digits.toml
@@ -154,7 +154,7 @@ bench: build
 	$(PY) examples/bench/table.py $(or $(ROUNDS),7)
 
 # What a GPU machine with torch but no Rust needs, in .gpu/: there run
-# tests/gpu/checklist.sh OUT (shared/GPU-CHECKLIST.md; the GPU benchmark is
+# tests/gpu/checklist.sh OUT (docs/src/gpu-checklist.md; the GPU benchmark is
 # its `bench` step, examples/bench/gpu_gpt_vs_accelerate.py).
 gpu-bundle: python-test-env
 	tests/gpu/bundle.sh
@@ -190,3 +190,14 @@ soak: build
 # each (default 600), on a nightly toolchain; prints executions and crashes.
 fuzz: build
 	fuzz/run.sh $(or $(FUZZ_SECONDS),600)
+
+# `make docs`: the book (docs/, mdBook) into target/book. mdBook is pinned;
+# cargo installs it (a few minutes, once) when it is missing or another
+# version. No feature is needed to build a book, so none is compiled in
+# (watch, serve and search are the defaults). Not part of `make test`.
+MDBOOK_VERSION := 0.5.4
+MDBOOK := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin/mdbook
+docs:
+	@[ "$$($(MDBOOK) --version 2>/dev/null)" = "mdbook v$(MDBOOK_VERSION)" ] || \
+		cargo install mdbook --locked --version $(MDBOOK_VERSION) --no-default-features
+	$(MDBOOK) build docs

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds what ../shared/GPU-CHECKLIST.md runs on a GPU machine that has
+# Builds what docs/src/gpu-checklist.md runs on a GPU machine that has
 # torch but no Rust: stripped release binaries of hearth (cuda feature) and
 # of the GPU test suites, and the Open MPI libraries hearth links, in
 # .gpu/ (git-ignored; carry it to the machine and run

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ../shared/GPU-CHECKLIST.md, run on a GPU machine with torch but no Rust,
+# docs/src/gpu-checklist.md, run on a GPU machine with torch but no Rust,
 # from the repository root, with the bundle tests/gpu/bundle.sh made in
 # .gpu/. Each step's output goes to OUT/<step>.log and a PASS/FAIL line to
 # stdout. Each step is stopped after STEP_TIMEOUT seconds (default 240), so

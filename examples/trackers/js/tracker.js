@@ -1,6 +1,6 @@
 // A hearth tracker in JavaScript: one JSON line per logged step in
 // /logs/steps.jsonl. Built into a WebAssembly component by componentize-js
-// (see build.mjs and README.md beside this file).
+// (see build.mjs and docs/src/plugins.md).
 import { log as hostLog } from 'hearth:plugin/log@0.2.0';
 import { getDirectories } from 'wasi:filesystem/preopens@0.2.12';
 

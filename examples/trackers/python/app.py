@@ -1,6 +1,6 @@
 """A hearth tracker in Python: one JSON line per logged step in
 /logs/steps.jsonl. Built into a WebAssembly component by componentize-py
-against hearth's WIT (see README.md beside this file)."""
+against hearth's WIT (see docs/src/plugins.md)."""
 import json
 
 from componentize_py_types import Err
