@@ -259,6 +259,26 @@ impl Drop for EnvironmentGuard {
     }
 }
 
+/// The name that tells this process's machine from the others for
+/// `save_on_each_node` and HYBRID_SHARD's groups: `HEARTH_NODE_NAME` when set, else the host name.
+pub fn node_name() -> String {
+    if let Some(name) = std::env::var("HEARTH_NODE_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+    {
+        return name;
+    }
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    if ok {
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        "localhost".into()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,7 +2,6 @@
 
 use super::builder::AcceleratorBuilder;
 use super::checkpointing::{ProjectConfiguration, Registered};
-use super::ddp::BackwardError;
 use super::optimizer::SharedOptimizer;
 use super::prepare::{Prepare, PrepareError};
 use super::{
@@ -12,6 +11,7 @@ use super::{
 use crate::data::Shard;
 use crate::models::Model;
 use crate::optim::Optimizer;
+use crate::parallel::BackwardError;
 use crate::precision::{GradScaler, GradScalerConfig, MixedPrecision};
 use hearth_comm::ProcessGroup;
 use hearth_ops::{self as ops, AutocastGuard};
@@ -61,7 +61,7 @@ pub struct Accelerator {
     pub(super) pending_save: Option<PendingSave>,
     /// The host buffers asynchronous saves copy the state into.
     pub(super) snapshot_buffers: super::checkpointing::SnapshotBuffers,
-    pub(super) ddp: super::ddp::DataParallel,
+    pub(super) ddp: crate::parallel::data_parallel::DataParallel,
     /// Set by [`set_trigger`](Self::set_trigger), read by `check_trigger`.
     pub(super) trigger: std::sync::atomic::AtomicBool,
     /// The builder's `profile_kwargs`, for [`profile`](Self::profile).
@@ -131,7 +131,7 @@ impl Accelerator {
             micro_steps: Default::default(),
             pending_save: None,
             snapshot_buffers: Default::default(),
-            ddp: super::ddp::DataParallel::new(s.ddp, s.fsdp, s.plugin_path),
+            ddp: crate::parallel::data_parallel::DataParallel::new(s.ddp, s.fsdp, s.plugin_path),
             trigger: Default::default(),
             profile_handler: s.profile,
         }

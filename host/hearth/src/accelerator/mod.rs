@@ -7,7 +7,7 @@
 mod builder;
 mod checkpointing;
 mod collectives;
-mod ddp;
+mod data_parallel;
 mod facade;
 mod grad;
 mod join;
@@ -24,6 +24,7 @@ mod sharding;
 mod state;
 mod trackers;
 
+pub use crate::parallel::{plan_units, policy_modules, policy_units, BackwardError, ShardingError};
 pub use builder::{
     accumulation_steps_from_env, AcceleratorBuilder, BuildError, DataLoaderConfiguration,
 };
@@ -31,7 +32,6 @@ pub use checkpointing::{
     node_name, Checkpointable, LoadStatePreHook, ProjectConfiguration, RemovableHandle,
     SaveStatePreHook, TrainerState,
 };
-pub use ddp::BackwardError;
 pub use facade::{Accelerator, AutocastKwargs, RngState};
 pub use grad::clip_grad_norm_;
 pub use join::JoinError;
@@ -43,7 +43,7 @@ pub use nested::{TensorTree, TreeShape};
 pub use optimizer::AcceleratedOptimizer;
 pub use prepare::{Prepare, PrepareError};
 pub use scheduler::{AcceleratedScheduler, LrSchedule};
-pub use sharding::{plan_units, policy_modules, policy_units, MemoryStats, ShardingError};
+pub use sharding::MemoryStats;
 pub use state::{GradientAccumulationPlugin, GradientState};
 pub use trackers::{TrackerHandle, TrackerHub, UnknownTracker};
 

@@ -17,10 +17,12 @@
 //! What is not ready when backward returns (a parameter without a gradient
 //! on this process, say) starts then; the round then waits for all of them.
 
-use super::ddp::{self, DdpOptions};
-use super::power_sgd::{self, PowerSgd};
+use super::ddp::bucket;
+use super::ddp::comm_hook::{self, Collective, CommHook};
+use super::ddp::power_sgd::PowerSgd;
+use super::ddp::DdpOptions;
 use super::sharded::UnitShard;
-use hearth_comm::{DistError, Pending, ProcessGroup};
+use hearth_comm::{DistError, ProcessGroup};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use tch::{Kind, Tensor};
@@ -101,39 +103,6 @@ pub struct GradientSync {
     stats: SyncStats,
 }
 
-/// A bucket's collective under way.
-pub(crate) enum Collective<'g> {
-    /// One all-reduce or reduce-scatter.
-    One(Pending<'g>),
-    /// An all-reduce whose last `flags` values are sums of 1s (counts of
-    /// processes), divided by the number of processes when waited for.
-    Counted { pending: Pending<'g>, flags: i64 },
-    /// PowerSGD's rounds (the rest run when it is waited for).
-    PowerSgd(power_sgd::InFlight<'g>),
-}
-
-impl Collective<'_> {
-    /// The result: for DDP the bucket's values and each flag's share.
-    fn wait(
-        self,
-        power_sgd: Option<&mut PowerSgd>,
-        group: &dyn ProcessGroup,
-    ) -> Result<Tensor, DistError> {
-        match (self, power_sgd) {
-            (Self::One(pending), _) => pending.wait(),
-            (Self::Counted { pending, flags }, _) => Ok(ddp::counts_to_shares(
-                pending.wait()?,
-                flags,
-                group.num_processes() as f64,
-            )),
-            (Self::PowerSgd(in_flight), Some(state)) => {
-                tch::no_grad(|| state.finish(group, in_flight))
-            }
-            (Self::PowerSgd(_), None) => unreachable!("PowerSGD started without its state"),
-        }
-    }
-}
-
 impl GradientSync {
     /// Makes every process start from rank 0's `parameters` (broadcast in
     /// buckets), hooks them so that a backward pass that syncs learns when their gradients
@@ -164,7 +133,7 @@ impl GradientSync {
             unused: Vec::new(),
             rebuilt: false,
             reduction: Reduction::AllReduce(options),
-            power_sgd: (options.comm_hook == ddp::CommHook::PowerSgd)
+            power_sgd: (options.comm_hook == CommHook::PowerSgd)
                 .then(|| PowerSgd::new(options.comm_state_option)),
             bucket_views: Vec::new(),
             stats: SyncStats::default(),
@@ -252,10 +221,10 @@ impl GradientSync {
         }
         for b in 0..self.buckets.len() {
             let bucket = self.bucket(b);
-            let mut flat = tch::no_grad(|| ddp::flatten(bucket.iter().map(|p| p.detach())));
+            let mut flat = tch::no_grad(|| bucket::flatten(bucket.iter().map(|p| p.detach())));
             group.broadcast(&mut flat, root)?;
             tch::no_grad(|| {
-                for (p, value) in bucket.iter().zip(ddp::unflatten(&flat, &bucket)) {
+                for (p, value) in bucket.iter().zip(bucket::unflatten(&flat, &bucket)) {
                     p.detach().copy_(&value);
                 }
             });
@@ -330,7 +299,7 @@ impl GradientSync {
         let Reduction::AllReduce(options) = &self.reduction else {
             unreachable!("only DDP cuts buckets by size")
         };
-        self.buckets = ddp::buckets(order, &self.params, options.bucket_cap_mb);
+        self.buckets = bucket::buckets(order, &self.params, options.bucket_cap_mb);
         self.bucket_views = if options.gradient_as_bucket_view {
             (self.buckets.iter())
                 .map(|b| {
@@ -566,7 +535,7 @@ impl<'s, 'g> Round<'s, 'g> {
                         None => reduced,
                     }
                     .to_kind(started.kind);
-                    let missing = ddp::write_means(
+                    let missing = bucket::write_means(
                         group,
                         &model.bucket(started.bucket),
                         &reduced,
@@ -607,9 +576,14 @@ impl<'s, 'g> Round<'s, 'g> {
         let (collective, kind) = match &model.reduction {
             Reduction::AllReduce(options) => {
                 let bucket = model.bucket(b);
-                let (collective, kind, bytes) = ddp::start(
+                let wire = comm_hook::Wire {
+                    hook: options.comm_hook,
+                    wrapper: options.comm_wrapper,
+                    flag_present: !options.allows_unused_parameters(),
+                };
+                let (collective, kind, bytes) = comm_hook::start(
                     self.group,
-                    *options,
+                    wire,
                     model.power_sgd.as_mut(),
                     b,
                     &bucket,
@@ -721,8 +695,7 @@ extern "C" fn gradient_accumulated(id: u64, index: u64) {
 mod tests {
     use super::super::ddp::CommHook;
     use super::*;
-    use hearth_comm::ReduceOp;
-    use hearth_comm::SingleProcess;
+    use hearth_comm::{Pending, ReduceOp, SingleProcess};
     use tch::Device;
 
     fn param(n: i64) -> Tensor {

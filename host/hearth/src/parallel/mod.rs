@@ -6,21 +6,26 @@
 //! unit-wise execution ([`Unitwise`]: activation checkpointing, and
 //! FULL_SHARD's gathering of each unit's parameters around its use). All
 //! run over a [`hearth_comm::ProcessGroup`]; none knows which backend
-//! carries its collectives.
+//! carries its collectives. `data_parallel` is what an `Accelerator` holds
+//! of them for its prepared models (registering, backward, join, sharded
+//! models' whole parameters on demand); the façade only calls it.
 
+pub(crate) mod data_parallel;
 mod ddp;
 mod fsdp;
 mod grad_sync;
-mod power_sgd;
 pub mod sharded;
 mod unitwise;
 
-pub use ddp::{BufferBroadcast, CommHook, CommWrapper, DdpOptions, FIRST_BUCKET_MB};
+pub use data_parallel::BackwardError;
+pub use ddp::{
+    BufferBroadcast, CommHook, CommWrapper, DdpOptions, PowerSgdOptions, FIRST_BUCKET_MB,
+};
 pub use fsdp::{
-    policy_name, BackwardPrefetch, FsdpError, FsdpPlugin, FsdpSettings, MixedPrecisionPolicy,
-    PolicyDtype, ShardingStrategy, StateDictType, FIELDS as FSDP_FIELDS, NO_WRAP, USE_FSDP_ENV,
+    plan_units, policy_modules, policy_name, policy_units, BackwardPrefetch, FsdpError, FsdpPlugin,
+    FsdpSettings, MixedPrecisionPolicy, PolicyDtype, ShardingError, ShardingStrategy,
+    StateDictType, FIELDS as FSDP_FIELDS, NO_WRAP, USE_FSDP_ENV,
 };
 pub(crate) use grad_sync::Round;
 pub use grad_sync::{GradientSync, SyncStats};
-pub use power_sgd::PowerSgdOptions;
 pub use unitwise::{FullShard, FullShardOptions, Prefetch, Unitwise, UnitwiseError};

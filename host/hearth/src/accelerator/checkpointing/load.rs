@@ -21,7 +21,10 @@ use tch::{Device, Tensor};
 impl Accelerator {
     /// FULL_SHARD models' whole parameters, gathered for a save to or a
     /// load from `dir` (a failure names it).
-    fn summon_for(&self, dir: &Path) -> Result<super::super::ddp::Summoned, CheckpointError> {
+    fn summon_for(
+        &self,
+        dir: &Path,
+    ) -> Result<crate::parallel::data_parallel::Summoned, CheckpointError> {
         self.ddp.summon().map_err(|e| gather_failed(dir, &e))
     }
 

@@ -66,25 +66,7 @@ pub struct ProjectConfiguration {
     pub save_on_each_node: bool,
 }
 
-/// The name that tells this process's machine from the others for
-/// `save_on_each_node`: `HEARTH_NODE_NAME` when set, else the host name.
-pub fn node_name() -> String {
-    if let Some(name) = std::env::var("HEARTH_NODE_NAME")
-        .ok()
-        .filter(|n| !n.is_empty())
-    {
-        return name;
-    }
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most buf.len() bytes into buf.
-    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    if ok {
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    } else {
-        "localhost".into()
-    }
-}
+pub use hearth_comm::environment::node_name;
 
 impl ProjectConfiguration {
     /// The folder of numbered checkpoints.

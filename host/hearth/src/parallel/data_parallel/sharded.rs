@@ -6,9 +6,9 @@
 //! wrapped to step shards.
 
 use super::DataParallel;
-use crate::accelerator::sharding::{plan_units, ShardingError};
 use crate::models::ModuleTree;
 use crate::optim::Optimizer;
+use crate::parallel::fsdp::{plan_units, ShardingError};
 use crate::parallel::sharded::{ShardedOptimizer, UnitShard};
 use crate::parallel::{FullShard, FullShardOptions, GradientSync, Prefetch, Unitwise};
 use hearth_comm::{HybridGroup, ProcessGroup};
@@ -17,7 +17,7 @@ use tch::Tensor;
 
 /// How a prepared model is sharded: what it must run with and its units.
 #[derive(Default)]
-pub(in crate::accelerator) struct ModelSharding {
+pub(crate) struct ModelSharding {
     /// The unit-wise execution the model must run with (FULL_SHARD,
     /// activation checkpointing).
     pub unitwise: Option<Rc<Unitwise>>,
@@ -28,7 +28,7 @@ pub(in crate::accelerator) struct ModelSharding {
 
 /// The HYBRID strategies' groups: the shards spread over each machine's
 /// processes, replicated across machines.
-pub(super) struct Hybrid {
+pub(crate) struct Hybrid {
     group: HybridGroup,
     /// Every process's (replica, rank among its machine's processes).
     places: Vec<(usize, usize)>,
@@ -46,7 +46,7 @@ impl DataParallel {
     /// out). Returns the unit-wise execution the model must run with
     /// (FULL_SHARD, activation checkpointing), which needs a model whose
     /// units hearth can run (`runs_units`), and its sharded units.
-    pub(super) fn register_model(
+    pub(crate) fn register_model(
         &self,
         group: &dyn ProcessGroup,
         tree: &ModuleTree,
@@ -195,19 +195,20 @@ impl DataParallel {
         if let Some(hybrid) = self.hybrid.get() {
             return Ok(hybrid);
         }
-        let (group, places) = HybridGroup::by_machine(world, &crate::accelerator::node_name())?;
+        let (group, places) =
+            HybridGroup::by_machine(world, &hearth_comm::environment::node_name())?;
         Ok(self.hybrid.get_or_init(|| Hybrid { group, places }))
     }
 
     /// Process `rank`'s place among the holders of shards: which copy of
     /// the shards it holds (its machine, under HYBRID; else 0) and its rank
     /// among the processes sharing them.
-    pub(in crate::accelerator) fn shard_place(&self, rank: usize) -> (usize, usize) {
+    pub(crate) fn shard_place(&self, rank: usize) -> (usize, usize) {
         self.hybrid.get().map_or((0, rank), |h| h.places[rank])
     }
 
     /// The unit-wise executions that shard (FULL_SHARD).
-    pub(in crate::accelerator) fn full_shards(&self) -> Vec<Rc<Unitwise>> {
+    pub(crate) fn full_shards(&self) -> Vec<Rc<Unitwise>> {
         self.unitwise
             .borrow()
             .iter()
@@ -218,7 +219,7 @@ impl DataParallel {
 
     /// Runs `f` with every FULL_SHARD model's parameters whole (FSDP's
     /// `summon_full_params`), then releases them.
-    pub(in crate::accelerator) fn with_full_params<R>(
+    pub(crate) fn with_full_params<R>(
         &self,
         f: impl FnOnce() -> R,
     ) -> Result<R, crate::parallel::UnitwiseError> {
@@ -233,7 +234,7 @@ impl DataParallel {
     /// whole; the others are taken as they are, copied by `copy` when given. With
     /// `keep` false the process only takes part in the gathers and gets
     /// nothing.
-    pub(in crate::accelerator) fn whole_copies(
+    pub(crate) fn whole_copies(
         &self,
         params: &[(String, Tensor)],
         keep: bool,
@@ -281,9 +282,7 @@ impl DataParallel {
 
     /// Gathers every FULL_SHARD model's parameters whole until the
     /// returned guard drops (every process must call it: it all-gathers).
-    pub(in crate::accelerator) fn summon(
-        &self,
-    ) -> Result<Summoned, crate::parallel::UnitwiseError> {
+    pub(crate) fn summon(&self) -> Result<Summoned, crate::parallel::UnitwiseError> {
         let summoned = Summoned {
             units: self.full_shards(),
             write_back: false,
@@ -297,7 +296,7 @@ impl DataParallel {
     /// Refuses to shard parameters an optimizer already holds: it was
     /// prepared before the model and would step the whole parameters,
     /// whose gradients sharding drops.
-    pub(in crate::accelerator) fn check_not_held(
+    pub(crate) fn check_not_held(
         &self,
         held: &[Tensor],
         parameters: &[(String, Tensor)],
@@ -320,7 +319,7 @@ impl DataParallel {
     /// `inner` as it steps: over the shards of the sharded parameters it
     /// holds (with a channel of its own among the processes), or
     /// unchanged when none of its parameters is sharded.
-    pub(in crate::accelerator) fn wrap_optimizer(
+    pub(crate) fn wrap_optimizer(
         &self,
         group: &dyn ProcessGroup,
         inner: Box<dyn Optimizer>,
@@ -374,7 +373,7 @@ impl DataParallel {
 
     /// The group sharded models reduce their gradients in: `world`, or the
     /// HYBRID group.
-    pub(super) fn shard_group<'a>(&'a self, world: &'a dyn ProcessGroup) -> &'a dyn ProcessGroup {
+    pub(crate) fn shard_group<'a>(&'a self, world: &'a dyn ProcessGroup) -> &'a dyn ProcessGroup {
         match self.hybrid.get() {
             Some(h) => &h.group,
             None => world,
@@ -383,7 +382,7 @@ impl DataParallel {
 }
 
 /// FULL_SHARD models' parameters held whole; released when dropped.
-pub(in crate::accelerator) struct Summoned {
+pub(crate) struct Summoned {
     units: Vec<Rc<Unitwise>>,
     write_back: bool,
 }
@@ -391,7 +390,7 @@ pub(in crate::accelerator) struct Summoned {
 impl Summoned {
     /// Releases them after copying this process's rows of the whole
     /// parameters (written meanwhile, by a load) into its shards.
-    pub(in crate::accelerator) fn write_back(mut self) {
+    pub(crate) fn write_back(mut self) {
         self.write_back = true;
     }
 }

@@ -11,7 +11,7 @@ use tch::Tensor;
 impl DataParallel {
     /// True when some prepared model is sharded (sharded models do not
     /// join: PyTorch's FSDP is not joinable either).
-    pub(in crate::accelerator) fn shards(&self) -> bool {
+    pub(crate) fn shards(&self) -> bool {
         self.models.borrow().iter().any(|m| !m.units().is_empty())
             || !self.unitwise.borrow().is_empty()
     }
@@ -21,7 +21,7 @@ impl DataParallel {
     /// others run (with zero gradients); then every process takes the
     /// parameters and buffers of the last process to join (the highest
     /// rank among the last), as PyTorch's `Join` with DDP does.
-    pub(in crate::accelerator) fn join(&self, group: &dyn ProcessGroup) -> Result<(), DistError> {
+    pub(crate) fn join(&self, group: &dyn ProcessGroup) -> Result<(), DistError> {
         let mut last = true;
         while any_active(group, false)? {
             last = false;
@@ -47,7 +47,7 @@ impl DataParallel {
 /// Whether some process is still training inside `join_uneven_inputs`:
 /// every process all-reduces whether it is (`active`), the joined ones
 /// to learn whether another gradient round is coming.
-pub(super) fn any_active(group: &dyn ProcessGroup, active: bool) -> Result<bool, DistError> {
+pub(crate) fn any_active(group: &dyn ProcessGroup, active: bool) -> Result<bool, DistError> {
     let mut flag = Tensor::from_slice(&[f32::from(u8::from(active))]);
     group.all_reduce(&mut flag, ReduceOp::Max)?;
     Ok(flag.double_value(&[0]) > 0.0)

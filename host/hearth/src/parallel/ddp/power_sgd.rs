@@ -25,7 +25,9 @@ use tch::{Kind, Tensor};
 
 /// PowerSGD's settings (PyTorch's `PowerSGDState` arguments, Accelerate's
 /// `comm_state_option`, spelled as there), PyTorch's defaults.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, serde::Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(default, deny_unknown_fields)]
 pub struct PowerSgdOptions {
     /// The rank of the approximation (1: P and Q are single columns).
@@ -419,7 +421,13 @@ impl PowerSgd {
                 pending,
                 flags,
                 world,
-            } => return Ok(super::ddp::counts_to_shares(pending.wait()?, flags, world)),
+            } => {
+                return Ok(super::bucket::counts_to_shares(
+                    pending.wait()?,
+                    flags,
+                    world,
+                ))
+            }
             InFlight::Compressed(c) => *c,
         };
         let shares = c.uncompressed_sum.wait()? / c.world;
@@ -480,7 +488,7 @@ fn flatten_or_empty(parts: &[Tensor], like: &Tensor) -> Tensor {
     if parts.is_empty() {
         Tensor::empty([0], (like.kind(), like.device()))
     } else {
-        super::ddp::flatten(parts.iter().map(Tensor::shallow_clone))
+        super::bucket::flatten(parts.iter().map(Tensor::shallow_clone))
     }
 }
 

@@ -1,4 +1,5 @@
-//! Data parallelism in the accelerator: prepared models start from rank 0's
+//! The data parallelism an `Accelerator` runs its prepared models under
+//! ([`DataParallel`]): prepared models start from rank 0's
 //! parameters, and `backward` averages their gradients across processes,
 //! overlapping the backward pass, unless inside `no_sync` (see
 //! [`crate::parallel::GradientSync`]). With FSDP's SHARD_GRAD_OP a model's
@@ -10,11 +11,8 @@
 //! The sharded side (FSDP: registering a model's units, HYBRID groups,
 //! whole parameters on demand, optimizers over shards) is in `sharded`.
 
-use super::sharding::ShardingError;
-use super::Accelerator;
-use crate::models::ModuleTree;
 use crate::parallel::sharded::UnitShard;
-use crate::parallel::{DdpOptions, FsdpSettings, GradientSync, Round, SyncStats, Unitwise};
+use crate::parallel::{DdpOptions, FsdpSettings, GradientSync, Round, Unitwise};
 use hearth_comm::{DistError, ProcessGroup};
 use hearth_plugins::SearchPath;
 use std::cell::{Cell, RefCell};
@@ -25,7 +23,7 @@ mod join;
 mod sharded;
 
 use sharded::Hybrid;
-pub(super) use sharded::{ModelSharding, Summoned};
+pub(crate) use sharded::{ModelSharding, Summoned};
 
 /// Why [`Accelerator::backward`] failed.
 #[derive(Debug, thiserror::Error)]
@@ -67,33 +65,33 @@ fn names_list(names: &[String]) -> String {
 }
 
 /// The gradient averaging of every prepared model, and whether it is on.
-pub(super) struct DataParallel {
-    options: DdpOptions,
-    pub(super) fsdp: Option<FsdpSettings>,
+pub(crate) struct DataParallel {
+    pub(crate) options: DdpOptions,
+    pub(crate) fsdp: Option<FsdpSettings>,
     plugin_path: SearchPath,
-    pub(super) models: RefCell<Vec<GradientSync>>,
+    pub(crate) models: RefCell<Vec<GradientSync>>,
     /// The units of every model sharded SHARD_GRAD_OP (handles), for the
     /// optimizers.
     units: RefCell<Vec<UnitShard>>,
     /// The unit-wise execution of every model that runs so.
-    pub(super) unitwise: RefCell<Vec<Rc<Unitwise>>>,
+    pub(crate) unitwise: RefCell<Vec<Rc<Unitwise>>>,
     /// The HYBRID strategies' groups, made with the first model.
     hybrid: std::cell::OnceCell<Hybrid>,
     /// Inside `no_sync`.
-    pub(super) no_sync: Cell<bool>,
+    pub(crate) no_sync: Cell<bool>,
     /// Inside `trigger_sync_in_backward`.
-    pub(super) forced: Cell<bool>,
+    pub(crate) forced: Cell<bool>,
     /// Inside `join_uneven_inputs` with joining on: each synchronising
     /// backward pass first tells joined processes it is coming, and
     /// buffers are not broadcast before forward passes.
-    pub(super) joining: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub(crate) joining: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// The buffers broadcast before every forward pass, for the final sync
     /// of a join.
-    pub(super) broadcast_buffers: RefCell<Vec<Tensor>>,
+    pub(crate) broadcast_buffers: RefCell<Vec<Tensor>>,
 }
 
 impl DataParallel {
-    pub(super) fn new(
+    pub(crate) fn new(
         options: DdpOptions,
         fsdp: Option<FsdpSettings>,
         plugin_path: SearchPath,
@@ -114,7 +112,7 @@ impl DataParallel {
     }
 
     /// Runs `f` with `flag` set, restoring it afterwards (even if `f` panics).
-    pub(super) fn while_set<R>(&self, flag: &Cell<bool>, f: impl FnOnce() -> R) -> R {
+    pub(crate) fn while_set<R>(&self, flag: &Cell<bool>, f: impl FnOnce() -> R) -> R {
         struct Restore<'a>(&'a Cell<bool>, bool);
         impl Drop for Restore<'_> {
             fn drop(&mut self) {
@@ -127,7 +125,7 @@ impl DataParallel {
 
     /// Forgets every prepared model (`free_memory`): their gradients are
     /// no longer averaged or reduce-scattered.
-    pub(super) fn forget(&self) {
+    pub(crate) fn forget(&self) {
         self.models.borrow_mut().clear();
         self.broadcast_buffers.borrow_mut().clear();
         self.units.borrow_mut().clear();
@@ -137,7 +135,7 @@ impl DataParallel {
     /// Makes every process start from rank 0's `parameters` and averages
     /// their gradients from now on; nothing in a world of one, nothing for
     /// parameters already registered (a model prepared twice).
-    pub(super) fn register(
+    pub(crate) fn register(
         &self,
         group: &dyn ProcessGroup,
         parameters: Vec<(String, Tensor)>,
@@ -166,7 +164,7 @@ impl DataParallel {
     /// Runs `backward` and averages the gradients of the prepared models,
     /// their buckets started as their gradients come in; outside a sync
     /// step (inside `no_sync`, not forced) only runs `backward`.
-    pub(super) fn backward(
+    pub(crate) fn backward(
         &self,
         group: &dyn ProcessGroup,
         backward: impl FnOnce() -> Result<(), TchError>,
@@ -204,97 +202,5 @@ impl DataParallel {
             });
         }
         Ok(())
-    }
-}
-
-impl Accelerator {
-    /// What gradient averaging across processes has done so far, over all
-    /// prepared models (all zero in a world of one).
-    pub fn gradient_sync_stats(&self) -> SyncStats {
-        let unitwise: Vec<SyncStats> = self
-            .ddp
-            .unitwise
-            .borrow()
-            .iter()
-            .map(|u| u.stats())
-            .collect();
-        self.ddp
-            .models
-            .borrow()
-            .iter()
-            .map(GradientSync::stats)
-            .chain(unitwise)
-            .fold(SyncStats::default(), |a, s| SyncStats {
-                syncs: a.syncs.max(s.syncs),
-                all_reduces: a.all_reduces + s.all_reduces,
-                reduce_scatters: a.reduce_scatters + s.reduce_scatters,
-                overlapped: a.overlapped + s.overlapped,
-                bytes: a.bytes + s.bytes,
-                gathers: a.gathers + s.gathers,
-                gather_bytes: a.gather_bytes + s.gather_bytes,
-                prefetched: a.prefetched + s.prefetched,
-                recomputed: a.recomputed + s.recomputed,
-                most_gathered: a.most_gathered.max(s.most_gathered),
-            })
-    }
-
-    /// Makes every process hold rank 0's `buffers` of a model being
-    /// prepared (as DDP does, and FSDP with `sync_module_states`); returns
-    /// what sends them again before each training forward pass under DDP
-    /// with `broadcast_buffers`.
-    pub(super) fn register_buffers(
-        &self,
-        buffers: Vec<Tensor>,
-    ) -> Result<Option<crate::parallel::BufferBroadcast>, super::PrepareError> {
-        let group = self.process_group();
-        if group.num_processes() == 1 || buffers.is_empty() {
-            return Ok(None);
-        }
-        let (once, every_forward) = match &self.ddp.fsdp {
-            Some(fsdp) => (fsdp.sync_module_states, false),
-            None => (true, self.ddp.options.broadcast_buffers),
-        };
-        if !once {
-            return Ok(None);
-        }
-        if !every_forward {
-            let broadcast = |b: &Tensor| group.broadcast(&mut b.shallow_clone(), 0);
-            tch::no_grad(|| buffers.iter().try_for_each(broadcast))
-                .map_err(super::PrepareError::Dist)?;
-            return Ok(None);
-        }
-        (self.ddp.broadcast_buffers.borrow_mut()).extend(buffers.iter().map(Tensor::shallow_clone));
-        let sync = crate::parallel::BufferBroadcast::new(group, buffers, self.ddp.joining.clone())
-            .map_err(super::PrepareError::Dist)?;
-        Ok(Some(sync))
-    }
-
-    /// Registers a prepared model's parameters for averaging, or shards
-    /// them when FSDP shards; returns how (see
-    /// [`DataParallel::register_model`]).
-    pub(super) fn register_for_sync(
-        &self,
-        tree: &ModuleTree,
-        parameters: Vec<(String, Tensor)>,
-        runs_units: bool,
-    ) -> Result<ModelSharding, super::PrepareError> {
-        let held: Vec<Tensor> = self
-            .optimizers
-            .iter()
-            .flat_map(|o| super::lock(o).inner.parameters())
-            .collect();
-        let result = self.ddp.check_not_held(&held, &parameters).and_then(|()| {
-            self.ddp.register_model(
-                self.process_group(),
-                tree,
-                parameters,
-                runs_units,
-                self.device(),
-            )
-        });
-        result.map_err(|e| match e {
-            ShardingError::Dist(e) => super::PrepareError::Dist(e),
-            e => super::PrepareError::Sharding(e),
-        })
     }
 }
