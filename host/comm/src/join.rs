@@ -21,7 +21,9 @@ use std::time::Duration;
 pub const NCCL_BUILT: bool = cfg!(feature = "cuda");
 
 /// A collectives library.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Backend {
     /// Open MPI: CPU tensors (GPU tensors are refused).

@@ -182,7 +182,7 @@ impl Default for Limits {
 
 /// A run config's `[plugin-limits.<name>]`: the limits a user raises for a
 /// plugin they trust (the keys of [`Limits`] that a manifest may not raise).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct LimitOverrides {
     /// See [`Limits::disk_mb`].

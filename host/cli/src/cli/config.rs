@@ -10,9 +10,13 @@ const DEFAULT_CONFIG: &str = include_str!("../../../../examples/sort-digits.toml
 /// Arguments of `hearth config`.
 #[derive(Debug, clap::Args)]
 #[command(
-    about = "Write a default training config (the sort-digits job) to edit, or with --launch the launch config `hearth launch` reads"
+    about = "Write a default training config (the sort-digits job) to edit, or with --launch the launch config `hearth launch` reads; `hearth config schema` prints the config's JSON Schema",
+    args_conflicts_with_subcommands = true
 )]
 pub(super) struct ConfigArgs {
+    /// `schema`: print the JSON Schema of a training config instead.
+    #[command(subcommand)]
+    action: Option<ConfigAction>,
     /// Where to write it (default: hearth.toml; with --launch, the default
     /// launch config, ~/.config/hearth/default_config.json).
     path: Option<PathBuf>,
@@ -28,7 +32,23 @@ pub(super) struct ConfigArgs {
     mixed_precision: hearth::precision::MixedPrecision,
 }
 
+/// What `hearth config` does besides writing a config.
+#[derive(Debug, clap::Subcommand)]
+enum ConfigAction {
+    /// Print the JSON Schema of a training config (for editors: Even
+    /// Better TOML and taplo validate and complete configs with it).
+    Schema,
+}
+
 pub(super) fn execute(args: ConfigArgs) -> Result<(), Failure> {
+    if let Some(ConfigAction::Schema) = args.action {
+        let schema = hearth::train::config::json_schema();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&schema).expect("a JSON value prints")
+        );
+        return Ok(());
+    }
     if args.launch {
         return match hearth::launch::write_basic_config(args.mixed_precision, args.path.as_deref())
             .map_err(Failure::failed)?

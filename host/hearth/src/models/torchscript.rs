@@ -23,7 +23,7 @@ pub struct TorchScriptModel {
 }
 
 /// What a TorchScript model's `forward` returns (`[model] output`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum ModelOutput {
     /// `forward(input_ids)` → `[batch, time, vocab]` logits; hearth takes

@@ -40,6 +40,22 @@ impl MixedPrecision {
     }
 }
 
+/// The spellings [`MixedPrecision::from_str`] takes, in any case (`fp32`
+/// is `no`; `fp8` is refused).
+impl schemars::JsonSchema for MixedPrecision {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "MixedPrecision".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "no, bf16 or fp16, in any case (fp32 is no)",
+            "type": "string",
+            "pattern": "^([Nn][Oo]|[Ff][Pp]32|[Bb][Ff]16|[Ff][Pp]16)$",
+        })
+    }
+}
+
 impl FromStr for MixedPrecision {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {

@@ -14,12 +14,13 @@
 use serde::Deserialize;
 
 /// One `[[checkpoint-hooks]]` entry.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 pub struct CheckpointHookSection {
     /// The plugin's name (`hearth plugins list` shows what is installed).
     pub name: String,
     /// The plugin's options: the rest of the table.
     #[serde(flatten)]
+    #[schemars(with = "serde_json::Map<String, serde_json::Value>")]
     pub options: toml::Table,
 }
 

@@ -6,7 +6,7 @@ use serde::Deserialize;
 use std::path::PathBuf;
 
 /// Which dataset.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum DataKind {
     /// Sort a string of digits (`data::SortDigits`), with an exact-match eval.
@@ -37,7 +37,7 @@ impl DataKind {
 }
 
 /// How training windows are drawn from `tokens` data.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Sampling {
     /// Each process draws window starts at random from its own stream
@@ -50,7 +50,7 @@ pub enum Sampling {
 }
 
 /// How a `.bin`'s ids are stored.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum BinDtype {
     /// 2 bytes (nanoGPT's, for vocabularies up to 65 536).
@@ -61,7 +61,7 @@ pub enum BinDtype {
 }
 
 /// The `[data]` section.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct DataSection {
     /// The dataset.

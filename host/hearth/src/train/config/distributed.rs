@@ -9,7 +9,7 @@ use hearth_comm::Backend;
 use serde::Deserialize;
 
 /// The `[distributed]` section.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct DistributedSection {
     /// `mpi` or `nccl` (default: NCCL on a GPU, MPI on the CPU).

@@ -6,7 +6,7 @@ use super::{ConfigError, Invalid};
 use serde::Deserialize;
 
 /// The `[eval]` section.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct EvalSection {
     /// Held-out examples for exact-match evals (default 1000).

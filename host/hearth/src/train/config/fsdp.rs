@@ -19,6 +19,37 @@ use serde::Deserialize;
 #[serde(transparent)]
 pub struct FsdpSection(pub toml::Table);
 
+/// The section's schema: every field of [`FsdpPlugin`] under its key, and
+/// no other key (a value is checked by [`FsdpSection::plugin`], which
+/// takes a field's spellings, Accelerate's numbers among them).
+impl schemars::JsonSchema for FsdpSection {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "FsdpSection".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let properties: serde_json::Map<String, serde_json::Value> = crate::parallel::FSDP_FIELDS
+            .iter()
+            .map(|(key, var)| {
+                let field = key.replace('-', "_");
+                let description = format!(
+                    "Accelerate's FSDP plugin field `{field}`; the variable {var} wins over it"
+                );
+                (
+                    key.to_string(),
+                    serde_json::json!({ "description": description }),
+                )
+            })
+            .collect();
+        schemars::json_schema!({
+            "description": "Sharded data parallelism (Accelerate's FullyShardedDataParallelPlugin); a section present turns FSDP on",
+            "type": "object",
+            "properties": properties,
+            "additionalProperties": false,
+        })
+    }
+}
+
 impl FsdpSection {
     /// The fields the section sets; an unknown key or a bad value is an
     /// error naming `fsdp.<key>`.

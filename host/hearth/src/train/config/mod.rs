@@ -42,7 +42,7 @@ use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
 /// A whole training config.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct TrainConfig {
     /// `[run]`: name, steps, seed, device, logging.
@@ -83,6 +83,19 @@ pub struct TrainConfig {
     /// The file this config was read from (paths in it are relative to its folder).
     #[serde(skip)]
     pub source: PathBuf,
+}
+
+/// The JSON Schema of a training config (`hearth config schema`), from
+/// these types' serde attributes and doc comments: editors that read JSON
+/// Schema (Even Better TOML, taplo) validate and complete `hearth` configs
+/// with it. A value the schema passes may still be refused by
+/// [`TrainConfig::from_file`]'s checks (a path that is missing, a key that
+/// only one `kind` takes).
+pub fn json_schema() -> serde_json::Value {
+    let mut schema =
+        serde_json::to_value(schemars::schema_for!(TrainConfig)).expect("a JSON Schema serialises");
+    schema["title"] = "hearth training config (hearth run CONFIG.toml)".into();
+    schema
 }
 
 impl TrainConfig {

@@ -5,7 +5,7 @@ use super::{only_for, ConfigError, Invalid};
 use serde::Deserialize;
 
 /// Which built-in model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum ModelKind {
     /// The GPT of the peer benchmark (`models::Gpt`).
@@ -18,7 +18,7 @@ pub enum ModelKind {
 }
 
 /// The `[model]` section.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ModelSection {
     /// `gpt`, `mlp` or `torchscript`.

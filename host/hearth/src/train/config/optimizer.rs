@@ -5,7 +5,7 @@ use super::{only_for, ConfigError, Invalid};
 use serde::Deserialize;
 
 /// Which optimizer.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum OptimizerKind {
     /// AdamW with decoupled weight decay (default).
@@ -18,7 +18,7 @@ pub enum OptimizerKind {
 }
 
 /// The `[optimizer]` section. Defaults are PyTorch's for the chosen kind.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct OptimizerSection {
     /// `adamw` (default), `adam` or `sgd`.

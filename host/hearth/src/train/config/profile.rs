@@ -10,7 +10,7 @@ use std::path::PathBuf;
 /// The `[profile]` section: the schedule of `torch.profiler.schedule` (in
 /// optimizer steps) and the recording options of Accelerate's
 /// `ProfileKwargs`. Default: wait 5 steps, warm up 1, record 3, once.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ProfileSection {
     /// Where `profile_<rank>.json` goes (relative to the current

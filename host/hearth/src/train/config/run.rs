@@ -5,7 +5,7 @@ use serde::Deserialize;
 use std::path::PathBuf;
 
 /// Where to train.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum DeviceChoice {
     /// The GPU when one is available, else the CPU (default).
@@ -18,7 +18,7 @@ pub enum DeviceChoice {
 }
 
 /// The `[run]` section.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct RunSection {
     /// Name of the run; its folder is `output-dir/name`.

@@ -12,12 +12,13 @@ use super::{ConfigError, Invalid};
 use serde::Deserialize;
 
 /// The `[scheduler]` table.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 pub struct SchedulerSection {
     /// The plugin's name (`hearth plugins list` shows what is installed).
     pub name: String,
     /// The plugin's options: the rest of the table.
     #[serde(flatten)]
+    #[schemars(with = "serde_json::Map<String, serde_json::Value>")]
     pub options: toml::Table,
 }
 

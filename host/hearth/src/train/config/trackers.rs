@@ -5,7 +5,7 @@
 use serde::Deserialize;
 
 /// One `[[trackers]]` entry.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct TrackerSection {
     /// The plugin's name (`hearth plugins list` shows what is installed).
