@@ -232,13 +232,29 @@ def hearth(hearth_bin, tmp_path):
     return run
 
 
+def mpi_env(**extra) -> dict:
+    """The environment of an mpirun (or `hearth launch`) job here: this
+    one's, without LD_LIBRARY_PATH (hearth finds libtorch by its rpath),
+    and with Open MPI allowed to run as root, as the tests do; `extra`
+    variables on top."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **extra)
+    return env
+
+
+def mpirun_command(n, *program) -> list:
+    """`mpirun` starting `program` on `n` processes here, more processes
+    than cores allowed, each line tagged with its rank (`ranked` reads
+    them)."""
+    return ["mpirun", "--oversubscribe", "--tag-output", "-n", str(n), *map(str, program)]
+
+
 def mpirun(hearth_bin, n, *args, cwd, machines=1, timeout=None):
     """`hearth` on `n` processes, spread over `machines` pretend machines
     (each process told its machine's name by HEARTH_NODE_NAME), within
     `timeout` seconds (`limit()` when not given); a rank's lines come as
     `[rank r] …` (`ranked`)."""
-    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env = mpi_env()
     command = ["mpirun", "--oversubscribe", "--tag-output"]
     for m in range(machines):
         if m:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import ROOT, make_plugin, mpirun, run_command, start, write_config
+from conftest import ROOT, make_plugin, mpi_env, mpirun, mpirun_command, run_command, start, write_config
 
 sys.path.insert(0, str(ROOT / "tests" / "oracles"))
 import peer_gpt  # noqa: E402
@@ -437,11 +437,9 @@ def test_a_process_killed_during_a_sharded_save_leaves_the_previous_checkpoint_l
     text = job(table, steps=200).replace("log-every = 2\n", "log-every = 2\nsave-every = 2\n").replace("d-model = 128", "d-model = 256")
     config = write_config(tmp_path, text)
     checkpoints = tmp_path / "out" / "fsdp" / "checkpoints"
-    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     caught = None
-    with start(["mpirun", "--oversubscribe", "--tag-output", "-n", "4", hearth_bin, "run", config, "--quiet", "--output-dir", tmp_path / "out"],
-               cwd=tmp_path, env=env) as job_:
+    with start(mpirun_command(4, hearth_bin, "run", config, "--quiet", "--output-dir", tmp_path / "out"),
+               cwd=tmp_path, env=mpi_env()) as job_:
         deadline = time.monotonic() + 300
         while caught is None and job_.proc.poll() is None and time.monotonic() < deadline:
             staging = [p for p in checkpoints.glob(".checkpoint_*.tmp-*") if p.is_dir()] if checkpoints.exists() else []

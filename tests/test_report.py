@@ -15,7 +15,7 @@ import numpy
 import pytest
 from PIL import Image
 
-from conftest import ROOT, run_command, run_hearth, start, write_config
+from conftest import ROOT, mpi_env, run_command, run_hearth, start, write_config
 
 CHART_SIZE = (960, 440)
 RUN_COLOUR = (31, 119, 180)  # the first run's colour (Tableau blue)
@@ -265,8 +265,7 @@ def test_the_progress_bar_shows_step_loss_throughput_and_eta(hearth_bin, tmp_pat
 
 def test_two_processes_name_the_slowest_rank(hearth, tmp_path):
     config = write_config(tmp_path, job("two", steps=20))
-    env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-    out = hearth("launch", "-n", "2", config, env=env, timeout=600)
+    out = hearth("launch", "-n", "2", config, env=mpi_env(), timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     lines = [l for l in (out.stdout + out.stderr).splitlines() if "step 10/20" in l]
     assert lines and all("slowest rank" in l and "ms/step" in l for l in lines), lines

@@ -2,12 +2,11 @@
 not finish within its limit is killed, all its processes, and the test
 fails naming itself, the command, and the last lines of each rank's
 output."""
-import os
 import time
 
 import pytest
 
-from conftest import start, tagged
+from conftest import mpi_env, mpirun_command, start, tagged
 
 
 def test_a_job_that_never_ends_fails_its_test_in_time_and_leaves_nothing_behind(tmp_path):
@@ -15,8 +14,8 @@ def test_a_job_that_never_ends_fails_its_test_in_time_and_leaves_nothing_behind(
     # reach of mpirun's process group: only its tag finds it.
     script = ('echo "rank $OMPI_COMM_WORLD_RANK started" >&2; '
               '[ "$OMPI_COMM_WORLD_RANK" = 0 ] || { touch ready; setsid -w sleep 600; }')
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    command = ["mpirun", "--oversubscribe", "--tag-output", "-n", "2", "sh", "-c", script]
+    env = mpi_env()
+    command = mpirun_command(2, "sh", "-c", script)
     with pytest.raises(pytest.fail.Exception) as failed:
         with start(command, cwd=tmp_path, env=env, timeout=3) as job:
             # However slow mpirun is to start the ranks.
