@@ -4,7 +4,7 @@
 //! examples, so they run without `LD_LIBRARY_PATH`, and passes on libtorch's
 //! version for `hearth env`.
 
-fn main() {
+pub fn main() {
     if let Some(dirs) = std::env::var_os("DEP_HEARTH_OPS_RPATH") {
         for dir in std::env::split_paths(&dirs) {
             println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.display());

@@ -108,8 +108,9 @@ pub use bindings::wrap_policy::exports::hearth::plugin::wrap_policy::Module;
 /// Named values, in the order the host sent them.
 pub type Entries = Vec<(String, Value)>;
 
-/// The version of the WIT package this SDK speaks.
-pub const WIT_VERSION: &str = "0.2.0";
+/// The version of the WIT package this SDK speaks (`wit/plugin.wit`'s
+/// `package` line, read at build time).
+pub const WIT_VERSION: &str = env!("HEARTH_WIT_VERSION");
 
 /// An experiment tracker (Accelerate's `GeneralTracker`). One value of the
 /// type lives for the whole plugin instance, created with `Default`.

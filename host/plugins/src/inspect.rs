@@ -7,8 +7,9 @@ use wasmtime::Engine;
 
 /// The WIT package plugins target.
 pub const WIT_PACKAGE: &str = "hearth:plugin";
-/// The version of the WIT package this host speaks.
-pub const WIT_VERSION: &str = "0.2.0";
+/// The version of the WIT package this host speaks (`wit/plugin.wit`'s
+/// `package` line, read at build time).
+pub const WIT_VERSION: &str = env!("HEARTH_WIT_VERSION");
 
 /// What a component exports, in hearth's terms.
 #[derive(Debug, Clone, PartialEq, Eq)]
