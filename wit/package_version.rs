@@ -16,6 +16,11 @@ pub fn emit(wit: &Path) {
         .lines()
         .find_map(|line| line.trim().strip_prefix("package hearth:plugin@"))
         .and_then(|rest| rest.strip_suffix(';'))
-        .unwrap_or_else(|| panic!("{} has no `package hearth:plugin@<version>;` line", wit.display()));
+        .unwrap_or_else(|| {
+            panic!(
+                "{} has no `package hearth:plugin@<version>;` line",
+                wit.display()
+            )
+        });
     println!("cargo:rustc-env=HEARTH_WIT_VERSION={version}");
 }
