@@ -6,7 +6,7 @@ use super::error::TrainError;
 use super::eval::Evaluation;
 use super::graphed::GraphStats;
 use super::setup::io_err;
-use crate::accelerator::{Accelerator, PreparedModel};
+use crate::accelerator::{Accelerator, MemoryStats, PreparedModel};
 use crate::models::Model;
 use serde::Serialize;
 use std::collections::HashMap;
