@@ -5,7 +5,7 @@ use super::RunOptions;
 use super::config::TrainConfig;
 use super::error::TrainError;
 use super::eval::{score, Evaluation, Plan as EvalPlan, Shard};
-use super::graphed::{GraphStats, GraphedStep, StepOutput};
+use super::graphed::{GraphedStep, StepOutput};
 use super::history::{History, HISTORY_NAME};
 use super::loss::batch_loss;
 use super::profile::RunProfile;
@@ -13,13 +13,11 @@ use super::progress::Progress;
 use super::setup::{self, eval_entries, io_err};
 use super::stream::DataStream;
 use crate::accelerator::{
-    AcceleratedOptimizer, AcceleratedScheduler, Accelerator, MemoryStats, PreparedModel,
+    AcceleratedOptimizer, AcceleratedScheduler, Accelerator, PreparedModel,
 };
 use crate::data::TokenDataset;
 use crate::models::Model;
 use hearth_plugins::{Entries, Registry, Value};
-use serde::Serialize;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tch::{Kind, Tensor};
