@@ -398,7 +398,7 @@ impl AcceleratorBuilder {
                 &self.init_method.clone().unwrap_or_default(),
             )?,
         };
-        Ok(Accelerator::new(super::facade::Settings {
+        Ok(Accelerator::new(Settings {
             device,
             group,
             mixed_precision,
@@ -419,4 +419,24 @@ impl AcceleratorBuilder {
             profile: self.profile,
         }))
     }
+}
+
+/// What the builder decided.
+pub(super) struct Settings {
+    pub device: tch::Device,
+    pub group: Box<dyn hearth_comm::ProcessGroup>,
+    pub mixed_precision: crate::precision::MixedPrecision,
+    pub accumulation: super::GradientAccumulationPlugin,
+    pub split_batches: bool,
+    pub even_batches: bool,
+    pub dispatch_batches: bool,
+    pub device_placement: bool,
+    pub non_blocking: bool,
+    pub scaler: crate::precision::GradScalerConfig,
+    pub cpu_loss_scaling: bool,
+    pub project: super::ProjectConfiguration,
+    pub ddp: crate::parallel::DdpOptions,
+    pub fsdp: Option<crate::parallel::FsdpSettings>,
+    pub plugin_path: hearth_plugins::SearchPath,
+    pub profile: Option<crate::profiling::ProfileKwargs>,
 }

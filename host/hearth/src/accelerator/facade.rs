@@ -72,26 +72,6 @@ pub struct Accelerator {
 pub(super) type PendingSave =
     std::thread::JoinHandle<Result<std::path::PathBuf, crate::checkpoint::CheckpointError>>;
 
-/// What the builder decided.
-pub(super) struct Settings {
-    pub device: Device,
-    pub group: Box<dyn ProcessGroup>,
-    pub mixed_precision: MixedPrecision,
-    pub accumulation: super::GradientAccumulationPlugin,
-    pub split_batches: bool,
-    pub even_batches: bool,
-    pub dispatch_batches: bool,
-    pub device_placement: bool,
-    pub non_blocking: bool,
-    pub scaler: GradScalerConfig,
-    pub cpu_loss_scaling: bool,
-    pub project: ProjectConfiguration,
-    pub ddp: crate::parallel::DdpOptions,
-    pub fsdp: Option<crate::parallel::FsdpSettings>,
-    pub plugin_path: hearth_plugins::SearchPath,
-    pub profile: Option<crate::profiling::ProfileKwargs>,
-}
-
 /// The random generators' states of a process (Accelerate saves them as
 /// `random_states_<rank>.pkl`): the CPU generator and one per CUDA device.
 #[derive(Debug)]
@@ -108,7 +88,7 @@ impl Accelerator {
         AcceleratorBuilder::default()
     }
 
-    pub(super) fn new(s: Settings) -> Self {
+    pub(super) fn new(s: super::builder::Settings) -> Self {
         let scales = s.scaler.enabled
             && (s.mixed_precision.scales_loss(s.device)
                 || (s.cpu_loss_scaling && s.mixed_precision == MixedPrecision::Fp16));

@@ -3,7 +3,7 @@
 
 use super::config::{OptimizerKind, TrainConfig};
 use super::error::TrainError;
-use super::runner::RunOptions;
+use super::RunOptions;
 use super::setup;
 use crate::parallel::{FsdpSettings, ShardingStrategy};
 use serde::Serialize;

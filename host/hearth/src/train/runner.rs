@@ -1,9 +1,11 @@
 //! The config-driven training loop behind `hearth run`.
 
+use super::results::{write_results, Finished, RunSummary, Trained};
+use super::RunOptions;
 use super::config::TrainConfig;
 use super::error::TrainError;
 use super::eval::{score, Evaluation, Plan as EvalPlan, Shard};
-use super::graphed::{GraphStats, GraphedStep, StepOutput};
+use super::graphed::{GraphedStep, StepOutput};
 use super::history::{History, HISTORY_NAME};
 use super::loss::batch_loss;
 use super::profile::RunProfile;
@@ -11,83 +13,14 @@ use super::progress::Progress;
 use super::setup::{self, eval_entries, io_err};
 use super::stream::DataStream;
 use crate::accelerator::{
-    AcceleratedOptimizer, AcceleratedScheduler, Accelerator, MemoryStats, PreparedModel,
+    AcceleratedOptimizer, AcceleratedScheduler, Accelerator, PreparedModel,
 };
 use crate::data::TokenDataset;
 use crate::models::Model;
 use hearth_plugins::{Entries, Registry, Value};
-use serde::Serialize;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tch::{Kind, Tensor};
-
-/// Overrides given on the command line (they win over the config file).
-#[derive(Debug, Clone, Default)]
-pub struct RunOptions {
-    /// Replaces `run.output-dir`.
-    pub output_dir: Option<PathBuf>,
-    /// Replaces `run.steps`.
-    pub steps: Option<u64>,
-    /// Forces the CPU (replaces `run.device`).
-    pub cpu: bool,
-    /// No progress bar.
-    pub quiet: bool,
-    /// Folders searched for plugins before `HEARTH_PLUGIN_PATH`, the
-    /// project's `plugins/` and the built-ins.
-    pub plugin_dirs: Vec<PathBuf>,
-    /// Continue from the newest complete checkpoint of the run folder.
-    pub resume: bool,
-    /// Continue from the newest complete checkpoint if this process's
-    /// `hearth launch` wrote it, else start afresh (a rank restarted by
-    /// `hearth launch --max-restarts`).
-    pub resume_if_any: bool,
-    /// Profile the run (as `[profile]` says, or its defaults) and write
-    /// the traces here (replaces `profile.output-trace-dir`).
-    pub profile: Option<PathBuf>,
-}
-
-/// What a finished run reports (also written as `summary.json`).
-#[derive(Debug, Clone, Serialize)]
-pub struct RunSummary {
-    /// The run folder.
-    pub run_dir: PathBuf,
-    /// The trained model's weights.
-    pub model_path: PathBuf,
-    /// Device trained on (`cpu`, `cuda:0`).
-    pub device: String,
-    /// Scalar parameters of the model.
-    pub num_parameters: i64,
-    /// Optimizer steps taken.
-    pub steps: u64,
-    /// Mean training loss over the last logging window.
-    pub final_loss: f64,
-    /// Training throughput in input tokens per second, measured after warm-up steps.
-    pub tokens_per_sec: f64,
-    /// The final held-out evaluation, when the dataset has one.
-    pub eval: Option<Evaluation>,
-    /// This process's rank (the summary file is the main process's).
-    pub process_index: usize,
-    /// Number of processes that trained together.
-    pub num_processes: usize,
-    /// What gradient averaging did on this process (the file holds the
-    /// main process's counts; `bytes` is what it sent; zeros for one process).
-    pub gradient_sync: crate::parallel::SyncStats,
-    /// Bytes of parameters, gradients and optimizer state this process
-    /// held at the last step (the main process's in the file).
-    pub memory: MemoryStats,
-    /// The FSDP settings the run sharded with, when `[fsdp]` is on.
-    pub fsdp: Option<crate::parallel::FsdpSettings>,
-    /// What the CUDA graph did, when `run.cuda-graph` is on.
-    pub cuda_graph: Option<GraphStats>,
-    /// This process's Chrome trace, when the run was profiled.
-    pub profile: Option<PathBuf>,
-    /// What calls into plugins cost in this process during the run, per
-    /// plugin (a scheduler's wall time is the training loop's; trackers'
-    /// CPU time is their own thread's). A process running several runs at
-    /// once counts all their calls.
-    pub plugin_calls: Vec<hearth_plugins::PluginUsage>,
-}
 
 /// Trains the model a config describes, evaluates it, and writes
 /// `model.safetensors`, `config.toml` and `summary.json` to the run folder.
@@ -121,7 +54,14 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
     }
     acc.end_training().map_err(TrainError::State)?;
     let plugin_calls = hearth_plugins::plugin_usage_since(&plugins_before);
-    write_results(&acc, config, &run_dir, job, trained, eval, plugin_calls)
+    let finished = Finished {
+        model: &job.model,
+        file_names: &job.file_names,
+        steps: job.steps,
+        cuda_graph: job.graphed.as_ref().map(GraphedStep::stats),
+        trained,
+    };
+    write_results(&acc, config, &run_dir, finished, eval, plugin_calls)
 }
 
 /// Trackers (main process only) and checkpoint hooks from the config.
@@ -146,14 +86,6 @@ fn attach_plugins(
         acc.register_checkpoint_hook(hook);
     }
     Ok(())
-}
-
-/// What the training loop measured.
-struct Trained {
-    final_loss: f64,
-    tokens_per_sec: f64,
-    /// This process's trace, when profiled.
-    profile: Option<PathBuf>,
 }
 
 /// The prepared training objects of a run.
@@ -620,64 +552,6 @@ fn slowest_rank(
         .into_iter()
         .enumerate()
         .max_by(|a, b| a.1.total_cmp(&b.1)))
-}
-
-/// Saves the weights (`model.safetensors`, or shards and their index) and,
-/// from the main process, the config copy and `summary.json`.
-fn write_results(
-    acc: &Accelerator,
-    config: &TrainConfig,
-    run_dir: &std::path::Path,
-    job: Job,
-    trained: Trained,
-    eval: Option<Evaluation>,
-    plugin_calls: Vec<hearth_plugins::PluginUsage>,
-) -> Result<RunSummary, TrainError> {
-    // Started from pretrained weights: saved under their names, beside
-    // copies of their folder's configuration and tokenizer.
-    let (names, map) = (&job.file_names, config.model.init_names());
-    let saved = acc.save_model_named(&job.model, run_dir, config.run.max_shard_size(), |n| {
-        names
-            .get(n)
-            .cloned()
-            .unwrap_or_else(|| map.unprefix(n).to_string())
-    })?;
-    if let (Some(from), true) = (&config.model.init_from, acc.is_main_process()) {
-        crate::checkpoint::pretrained::copy_companions(&config.resolve(from), run_dir)
-            .map_err(io_err(run_dir))?;
-    }
-    let model_path = saved
-        .map(|s| s.index.unwrap_or_else(|| s.files[0].clone()))
-        .unwrap_or_else(|| run_dir.join(crate::checkpoint::SAFE_WEIGHTS_NAME));
-    let summary = RunSummary {
-        run_dir: run_dir.to_path_buf(),
-        model_path,
-        device: format!("{:?}", acc.device()).to_lowercase(),
-        num_parameters: job.model.num_parameters(),
-        steps: job.steps,
-        final_loss: trained.final_loss,
-        tokens_per_sec: trained.tokens_per_sec,
-        eval,
-        process_index: acc.process_index(),
-        num_processes: acc.num_processes(),
-        gradient_sync: acc.gradient_sync_stats(),
-        memory: acc.memory_stats(),
-        fsdp: acc.fsdp_settings().cloned(),
-        cuda_graph: job.graphed.as_ref().map(GraphedStep::stats),
-        profile: trained.profile,
-        plugin_calls,
-    };
-    if acc.is_main_process() {
-        std::fs::create_dir_all(run_dir).map_err(io_err(run_dir))?;
-        let config_copy = run_dir.join("config.toml");
-        if let Ok(text) = std::fs::read_to_string(&config.source) {
-            std::fs::write(&config_copy, text).map_err(io_err(&config_copy))?;
-        }
-        let summary_path = run_dir.join("summary.json");
-        let json = serde_json::to_string_pretty(&summary).expect("summary serialises");
-        std::fs::write(&summary_path, json).map_err(io_err(&summary_path))?;
-    }
-    Ok(summary)
 }
 
 /// Whether the newest complete checkpoint in `folder` was written by the

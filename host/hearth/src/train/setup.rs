@@ -5,7 +5,7 @@
 use super::config::{DataKind, DeviceChoice, ModelKind, OptimizerKind, TrainConfig};
 use super::error::TrainError;
 use super::eval::Evaluation;
-use super::runner::RunOptions;
+use super::RunOptions;
 use crate::accelerator::{Accelerator, AcceleratorBuilder, GradientAccumulationPlugin};
 use crate::data::documents::{self, DocumentFormat, DocumentsSpec, LoadedTokenizer};
 use crate::data::{RandomTokens, SortDigits, TextFile, TokenDataset, Tokens, TokensSpec};
