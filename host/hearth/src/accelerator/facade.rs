@@ -12,7 +12,7 @@ use crate::data::Shard;
 use crate::models::Model;
 use crate::optim::Optimizer;
 use crate::parallel::BackwardError;
-use crate::precision::{GradScaler, GradScalerConfig, MixedPrecision};
+use crate::precision::{GradScaler, MixedPrecision};
 use hearth_comm::ProcessGroup;
 use hearth_ops::{self as ops, AutocastGuard};
 use std::sync::{Arc, Mutex};

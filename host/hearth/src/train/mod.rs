@@ -26,6 +26,6 @@ pub use graphed::{GraphStats, WARMUP_STEPS as CUDA_GRAPH_WARMUP_STEPS};
 pub use history::{read_history, History, Record, HISTORY_NAME};
 pub use loss::lm_loss;
 pub use plan::{module_tree, plan, PerProcess, Plan, PlannedModule};
-pub use run_options::RunOptions;
 pub use results::RunSummary;
+pub use run_options::RunOptions;
 pub use runner::run;

@@ -3,8 +3,8 @@
 
 use super::config::{OptimizerKind, TrainConfig};
 use super::error::TrainError;
-use super::RunOptions;
 use super::setup;
+use super::RunOptions;
 use crate::parallel::{FsdpSettings, ShardingStrategy};
 use serde::Serialize;
 use tch::Tensor;

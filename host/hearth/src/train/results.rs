@@ -85,12 +85,13 @@ pub(super) fn write_results(
     // Started from pretrained weights: saved under their names, beside
     // copies of their folder's configuration and tokenizer.
     let (names, map) = (finished.file_names, config.model.init_names());
-    let saved = acc.save_model_named(finished.model, run_dir, config.run.max_shard_size(), |n| {
-        names
-            .get(n)
-            .cloned()
-            .unwrap_or_else(|| map.unprefix(n).to_string())
-    })?;
+    let saved =
+        acc.save_model_named(finished.model, run_dir, config.run.max_shard_size(), |n| {
+            names
+                .get(n)
+                .cloned()
+                .unwrap_or_else(|| map.unprefix(n).to_string())
+        })?;
     if let (Some(from), true) = (&config.model.init_from, acc.is_main_process()) {
         crate::checkpoint::pretrained::copy_companions(&config.resolve(from), run_dir)
             .map_err(io_err(run_dir))?;

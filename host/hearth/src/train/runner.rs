@@ -1,7 +1,5 @@
 //! The config-driven training loop behind `hearth run`.
 
-use super::results::{write_results, Finished, RunSummary, Trained};
-use super::RunOptions;
 use super::config::TrainConfig;
 use super::error::TrainError;
 use super::eval::{score, Evaluation, Plan as EvalPlan, Shard};
@@ -10,11 +8,11 @@ use super::history::{History, HISTORY_NAME};
 use super::loss::batch_loss;
 use super::profile::RunProfile;
 use super::progress::Progress;
+use super::results::{write_results, Finished, RunSummary, Trained};
 use super::setup::{self, eval_entries, io_err};
 use super::stream::DataStream;
-use crate::accelerator::{
-    AcceleratedOptimizer, AcceleratedScheduler, Accelerator, PreparedModel,
-};
+use super::RunOptions;
+use crate::accelerator::{AcceleratedOptimizer, AcceleratedScheduler, Accelerator, PreparedModel};
 use crate::data::TokenDataset;
 use crate::models::Model;
 use hearth_plugins::{Entries, Registry, Value};
