@@ -37,7 +37,7 @@ for level in avx2 avx512; do [ -z "$(lacks $level)" ] && native=$level; done
 
 # The numeric tests, one command a line.
 TESTS=(
-    "cargo test -q -p hearth-ops --lib"
+    "cargo test -q -p hearth-ops --features cuda --lib"
     "cargo test -q -p hearth --lib -- parallel::unitwise parallel::power_sgd optim::"
     "cargo test -q -p hearth --test api -- pytorch_parity::"
     "cargo test -q -p hearth --test distributed -- sharding:: fsdp_mixed_precision:: mpi::ddp_on_two_ranks mpi::bf16_compression mpi::process_helpers_on_three_ranks_match_accelerate mpi::ddp_kwargs::power_sgd_gives_pytorchs mpi::join::join_uneven_inputs"
