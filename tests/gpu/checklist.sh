@@ -6,8 +6,10 @@
 # one hang cannot eat a whole device lease; with ARCHIVE=FILE.tgz set, the
 # logs so far are packed there after every step (a lease returns few files).
 # Usage: tests/gpu/checklist.sh OUT [STEP...]   (steps: env cuda parity run
-# graph launch fsdp bench offload; default all; BENCH_ROUNDS, default 3;
-# BENCH_SIZES, default the script's; PARITY_FILTER, a test name filter)
+# graph launch fsdp bench offload profile; default all but profile;
+# BENCH_ROUNDS, default 3; BENCH_SIZES, default the script's; PEERS, the
+# bench's peers; RUN_MPS, the run step's mixed precisions, default all three;
+# PROFILE_SIZES, default gpt2; PARITY_FILTER, a test name filter)
 set -u
 OUT=${1:?usage: checklist.sh OUT [STEP...]}; shift
 STEPS=${*:-env cuda parity run graph launch fsdp bench offload}
@@ -51,7 +53,7 @@ for s in $STEPS; do case $s in
 env) step env "$H" env ;;
 cuda) step cuda .gpu/bin/cuda --include-ignored --test-threads=1 --nocapture ;;
 parity) step parity .gpu/bin/api --include-ignored --test-threads=1 ${PARITY_FILTER:-pytorch_parity::} ;;
-run) for mp in no bf16 fp16; do step run-$mp sort_digits $mp; grep -iE "accuracy|tokens/s" "$OUT/run-$mp.log" | tail -2; done ;;
+run) for mp in ${RUN_MPS:-no bf16 fp16}; do step run-$mp sort_digits $mp; grep -iE "accuracy|tokens/s" "$OUT/run-$mp.log" | tail -2; done ;;
 graph) step graph sort_digits bf16 true; grep -iE "accuracy|tokens/s" "$OUT/graph.log" | tail -2; grep -o '"cuda_graph": {[^}]*}' /tmp/sd-bf16/sort-digits/summary.json | tr -d '\n ' ;;
 launch)
     # NCCL by name: a world of one otherwise needs no collectives.
@@ -69,6 +71,7 @@ fsdp)
     grep -oE "\"(prefetched|gathers|gather_bytes|reduce_scatters)\": ?[0-9]+" /tmp/fsdp/sort-digits/summary.json | tr "\n" " " >> "$OUT/fsdp.log"
     grep -iE "nccl|accuracy|shard|prefetched" "$OUT/fsdp.log" | head -6 ;;
 bench) STEP_TIMEOUT=${BENCH_TIMEOUT:-${STEP_TIMEOUT:-240}} step bench python3 examples/bench/gpu_gpt_vs_accelerate.py "${BENCH_ROUNDS:-3}" ${BENCH_SIZES:-}; grep -E "^[a-z0-9-]+:|hearth |accelerate |ratio" "$OUT/bench.log" ;;
+profile) step profile python3 examples/bench/gpu_gpt_vs_accelerate.py --profile /tmp/profile ${PROFILE_SIZES:-gpt2}; grep -vE "^\s*$" "$OUT/profile.log" | tail -45 ;;
 offload) step offload python3 examples/bench/gpu_offload_memory.py 6; cat "$OUT/offload.log" ;;
 *) echo "unknown step $s" ;;
 esac; done

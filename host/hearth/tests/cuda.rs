@@ -593,3 +593,128 @@ warmup-steps = 5
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Half-precision logits on a GPU (float16 by `_log_softmax` reading them
+/// as they are, bfloat16 cast first; `lm_loss`) are scored as float32 ones:
+/// the loss and the logits' gradient are those of casting them to float32
+/// first, as autocast does, to within one rounding of the gradient to the
+/// logits' precision.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn half_logits_are_scored_on_cuda_as_float32_ones() {
+    let device = cuda();
+    tch::manual_seed(3);
+    for kind in [Kind::BFloat16, Kind::Half] {
+        let logits = (Tensor::randn([4, 96, 1000], (Kind::Float, device)) * 4.0).to_kind(kind);
+        let targets = Tensor::randint(1000, [4, 96], (Kind::Int64, device));
+        let _ = targets.narrow(1, 0, 7).fill_(hearth::data::IGNORE_INDEX);
+        let ours = logits.detach().set_requires_grad(true);
+        let loss = hearth::train::lm_loss(&ours, &targets);
+        loss.backward();
+        let cast = logits.detach().set_requires_grad(true);
+        let reference = cast
+            .to_kind(Kind::Float)
+            .view([-1, 1000])
+            .cross_entropy_loss::<Tensor>(
+                &targets.view([-1]),
+                None,
+                tch::Reduction::Mean,
+                hearth::data::IGNORE_INDEX,
+                0.0,
+            );
+        reference.backward();
+        assert_eq!(loss.kind(), Kind::Float, "{kind:?}: a float32 loss");
+        let (a, b) = (
+            f64::try_from(&loss).unwrap(),
+            f64::try_from(&reference).unwrap(),
+        );
+        assert!((a - b).abs() <= 1e-6 * b.abs(), "{kind:?}: loss {a} vs {b}");
+        let (ga, gb) = (ours.grad(), cast.grad());
+        assert_eq!(ga.kind(), kind, "the gradient in the logits' precision");
+        let diff = f64::try_from(
+            (ga.to_kind(Kind::Float) - gb.to_kind(Kind::Float))
+                .abs()
+                .max(),
+        )
+        .unwrap();
+        let scale = f64::try_from(gb.to_kind(Kind::Float).abs().max()).unwrap();
+        assert!(
+            diff <= scale / 128.0,
+            "{kind:?}: gradients differ by {diff} (largest {scale})"
+        );
+    }
+}
+
+/// An asynchronous save stages a GPU's tensors in pinned host memory; from
+/// the second save on the copies are queued without waiting, and training
+/// goes on at once. Steps queued right behind the copies change the
+/// weights in place, yet the checkpoint holds the weights of its moment.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn an_async_save_on_cuda_holds_the_weights_of_its_moment() {
+    use hearth::accelerator::ProjectConfiguration;
+    use tch::nn::{self, Module};
+    let device = cuda();
+    let dir = hearth_testkit::scratch("cuda-async");
+    let mut acc = Accelerator::builder()
+        .project_config(ProjectConfiguration {
+            project_dir: dir.to_path_buf(),
+            automatic_checkpoint_naming: true,
+            async_save: true,
+            ..Default::default()
+        })
+        .build()
+        .unwrap();
+    tch::manual_seed(5);
+    let vs = nn::VarStore::new(Device::Cpu);
+    // 64 MiB of weights and twice that of Adam's state: copies that take
+    // long enough for a missing wait to show.
+    let big = nn::linear(vs.root() / "big", 4096, 4096, Default::default());
+    let opt = Adam::new(vs.trainable_variables(), AdamHyper::adamw(1e-3));
+    let (vs, mut opt) = acc.prepare((vs, opt)).unwrap();
+    let x = Tensor::randn([64, 4096], (Kind::Float, device));
+    let mut step = |acc: &mut Accelerator| {
+        let loss = big.forward(&x).square().mean(Kind::Float);
+        acc.backward(&loss).unwrap();
+        opt.step().unwrap();
+        opt.zero_grad();
+    };
+    let weights = |vs: &nn::VarStore| {
+        hearth::models::sorted_variables(vs)
+            .into_iter()
+            .map(|(n, t)| (n, t.to_device(Device::Cpu)))
+            .collect::<Vec<_>>()
+    };
+    step(&mut acc);
+    let first = acc.save_state(None).unwrap();
+    acc.wait_for_checkpoint().unwrap();
+    step(&mut acc);
+    let at_save = weights(&vs);
+    let second = acc.save_state(None).unwrap();
+    for _ in 0..20 {
+        step(&mut acc);
+    }
+    acc.wait_for_checkpoint().unwrap();
+    let saved = |dir: &std::path::Path| {
+        let mut named = Tensor::read_safetensors(dir.join("model.safetensors")).unwrap();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        named
+    };
+    let (first, second) = (saved(&first), saved(&second));
+    assert_eq!(second.len(), at_save.len());
+    for ((name, saved), (expected_name, expected)) in second.iter().zip(&at_save) {
+        assert_eq!(name, expected_name);
+        assert!(
+            saved.equal(expected),
+            "{name}: the checkpoint holds other weights than at its save"
+        );
+    }
+    assert!(
+        !first[1].1.equal(&second[1].1),
+        "the two saves hold different weights"
+    );
+    assert!(
+        !at_save[1].1.equal(&weights(&vs)[1].1),
+        "training went on changing them"
+    );
+}

@@ -234,6 +234,14 @@ char *hearth_to_pinned_host(at::Tensor *t, at::Tensor **out) {
   });
 }
 
+// Copies `src` into `dst` without waiting for the device (`copy_(src,
+// non_blocking=true)`, which tch does not bind): from a GPU into pinned host
+// memory the copy is queued on the current stream and done once the stream
+// reaches it.
+char *hearth_copy_non_blocking(at::Tensor *dst, at::Tensor *src) {
+  return guarded([&] { dst->copy_(*src, /*non_blocking=*/true); });
+}
+
 // Drops the gradients of `n` tensors (PyTorch's zero_grad(set_to_none=True)).
 char *hearth_clear_grads(at::Tensor **tensors, size_t n) {
   return guarded([&] {

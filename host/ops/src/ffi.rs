@@ -74,6 +74,7 @@ extern "C" {
     pub fn hearth_use_deterministic_algorithms(on: i32) -> *mut c_char;
     pub fn hearth_deterministic_algorithms() -> i32;
     pub fn hearth_to_pinned_host(t: *mut C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
+    pub fn hearth_copy_non_blocking(dst: *mut C_tensor, src: *mut C_tensor) -> *mut c_char;
     pub fn hearth_randperm(n: i64, seed: u64, out: *mut *mut C_tensor) -> *mut c_char;
     pub fn hearth_randn_seeded(
         dims: *const i64,

@@ -31,8 +31,8 @@ pub use foreach::{
 pub use fused::{gelu, self_attention, self_attention_is_fused};
 pub use jit::{JitStructure, ScriptModule};
 pub use rng::{
-    deterministic_algorithms, empty_device_cache, randn_seeded, randperm, rng_state, set_rng_state,
-    to_pinned_host, use_deterministic_algorithms,
+    copy_non_blocking, deterministic_algorithms, empty_device_cache, randn_seeded, randperm,
+    rng_state, set_rng_state, to_pinned_host, use_deterministic_algorithms,
 };
 
 /// What hearth sets up before `main` (an ELF constructor, in every program

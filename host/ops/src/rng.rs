@@ -94,6 +94,17 @@ pub fn to_pinned_host(t: &Tensor) -> Result<Tensor, TchError> {
     Ok(unsafe { Tensor::from_ptr(out) })
 }
 
+/// Copies `src` into `dst` without waiting for the device (PyTorch's
+/// `dst.copy_(src, non_blocking=True)`): from a GPU into pinned host
+/// memory the copy is only queued, and `dst` holds it once the device has
+/// been waited for (`tch::Cuda::synchronize`).
+pub fn copy_non_blocking(dst: &Tensor, src: &Tensor) -> Result<(), TchError> {
+    // SAFETY: both are live handles borrowed for the call.
+    check(unsafe {
+        ffi::hearth_copy_non_blocking(dst.as_ptr() as *mut C_tensor, src.as_ptr() as *mut C_tensor)
+    })
+}
+
 /// Releases the GPU's cached, unused memory (`torch.cuda.empty_cache`);
 /// nothing without a GPU.
 pub fn empty_device_cache() -> Result<(), TchError> {

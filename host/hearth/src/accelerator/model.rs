@@ -115,6 +115,23 @@ impl<M: Model + 'static> PreparedModel<M> {
     }
 }
 
+impl<M: Model + 'static> PreparedModel<M> {
+    /// The forward pass under autocast, with its outputs left in the
+    /// precision autocast gave them (no `convert_to_fp32`): for a loss that
+    /// upcasts inside its own kernel, as [`crate::train::lm_loss`] does on
+    /// a GPU, sparing a float32 copy of the logits and its gradient.
+    pub fn forward_t_unconverted(&self, tokens: &Tensor, train: bool) -> Tensor {
+        match self.precision.autocast_kind(self.device) {
+            Some(kind) => {
+                let _guard =
+                    AutocastGuard::new(self.device, kind).expect("autocast kinds are valid");
+                self.run(tokens, train)
+            }
+            None => self.run(tokens, train),
+        }
+    }
+}
+
 impl<M: Model + 'static> Model for PreparedModel<M> {
     fn module_tree(&self) -> &ModuleTree {
         self.inner.module_tree()
@@ -132,13 +149,10 @@ impl<M: Model + 'static> Model for PreparedModel<M> {
         self.num_parameters
     }
     fn forward_t(&self, tokens: &Tensor, train: bool) -> Tensor {
+        let out = self.forward_t_unconverted(tokens, train);
         match self.precision.autocast_kind(self.device) {
-            Some(kind) => {
-                let _guard =
-                    AutocastGuard::new(self.device, kind).expect("autocast kinds are valid");
-                self.run(tokens, train).to_fp32()
-            }
-            None => self.run(tokens, train),
+            Some(_) => out.to_fp32(),
+            None => out,
         }
     }
 }

@@ -175,17 +175,16 @@ pub(crate) fn score(
                 let row = |t: &Tensor| t.narrow(0, 0, 1).to_device(device);
                 let first = &batches[0];
                 let _ = batch_loss(
-                    model,
+                    |x| model.forward_t(x, false),
                     output,
                     &row(&first.inputs),
                     &row(&first.targets),
-                    false,
                 );
                 continue;
             };
             let targets = batch.targets.to_device(device);
             let inputs = batch.inputs.to_device(device);
-            let (loss, n) = batch_loss(model, output, &inputs, &targets, false);
+            let (loss, n) = batch_loss(|x| model.forward_t(x, false), output, &inputs, &targets);
             // A batch with nothing to score adds nothing (its mean is NaN);
             // a NaN loss of a batch that scores something shows.
             let weighted = loss.to_kind(Kind::Double) * &n;

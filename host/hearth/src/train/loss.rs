@@ -2,22 +2,42 @@
 //! that computes its own.
 
 use crate::data::IGNORE_INDEX;
-use crate::models::Model;
 use crate::models::{pack_labels, ModelOutput};
 use tch::{Kind, Reduction, Tensor};
 
 /// Mean next-token cross-entropy of `[batch, time, vocab]` logits against
 /// `[batch, time]` targets, ignoring [`IGNORE_INDEX`] targets (PyTorch's
 /// `F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))`).
+///
+/// float16 logits on a GPU (a model under `mixed-precision = "fp16"`) go
+/// through `_log_softmax(half_to_float=true)`, which reads them as they are
+/// and writes float32 log-probabilities in one kernel, and whose backward
+/// writes the gradient in float16: the values of casting to float32 first
+/// (what autocast does), without the two casting passes over a `[tokens,
+/// vocab]` tensor (at GPT-2's vocabulary, 2.4 GB each way per 8 k tokens).
+/// libtorch has that variant for float16 on CUDA only; bfloat16 logits, and
+/// half-precision ones elsewhere, are cast to float32 first.
 pub fn lm_loss(logits: &Tensor, targets: &Tensor) -> Tensor {
     let vocab = logits.size()[2];
-    logits.reshape([-1, vocab]).cross_entropy_loss::<Tensor>(
-        &targets.reshape([-1]),
-        None,
-        Reduction::Mean,
-        IGNORE_INDEX,
-        0.0,
-    )
+    let flat = logits.reshape([-1, vocab]);
+    let targets = targets.reshape([-1]);
+    if flat.kind() == Kind::Half && flat.device().is_cuda() {
+        return flat.internal_log_softmax(1, true).g_nll_loss::<Tensor>(
+            &targets,
+            None,
+            Reduction::Mean,
+            IGNORE_INDEX,
+        );
+    }
+    // Elsewhere half-precision logits are scored in float32, as autocast's
+    // float32 list has it.
+    let half = matches!(flat.kind(), Kind::Half | Kind::BFloat16);
+    let flat = if half {
+        flat.to_kind(Kind::Float)
+    } else {
+        flat
+    };
+    flat.cross_entropy_loss::<Tensor>(&targets, None, Reduction::Mean, IGNORE_INDEX, 0.0)
 }
 
 /// transformers' causal-LM labels for `targets` (the next tokens of the
@@ -31,24 +51,23 @@ pub fn causal_labels(targets: &Tensor) -> Tensor {
 }
 
 /// The mean loss of one batch and the number of targets it averages
-/// (a scalar tensor, so nothing waits for the device): the model's logits
-/// scored by [`lm_loss`], or the loss a model with `output = "loss"`
-/// returns for the inputs and [`causal_labels`].
+/// (a scalar tensor, so nothing waits for the device): the logits
+/// `forward` gives scored by [`lm_loss`], or the loss a model with
+/// `output = "loss"` returns for the inputs and [`causal_labels`].
 pub fn batch_loss(
-    model: &dyn Model,
+    forward: impl Fn(&Tensor) -> Tensor,
     output: ModelOutput,
     inputs: &Tensor,
     targets: &Tensor,
-    train: bool,
 ) -> (Tensor, Tensor) {
     match output {
         ModelOutput::Logits => {
-            let loss = lm_loss(&model.forward_t(inputs, train), targets);
+            let loss = lm_loss(&forward(inputs), targets);
             (loss, targets.ne(IGNORE_INDEX).sum(Kind::Int64))
         }
         ModelOutput::Loss => {
             let labels = causal_labels(targets);
-            let loss = model.forward_t(&pack_labels(inputs, &labels), train);
+            let loss = forward(&pack_labels(inputs, &labels));
             let scored = labels.narrow(1, 1, labels.size()[1] - 1);
             (loss, scored.ne(IGNORE_INDEX).sum(Kind::Int64))
         }

@@ -14,7 +14,7 @@ use super::stream::DataStream;
 use super::RunOptions;
 use crate::accelerator::{AcceleratedOptimizer, AcceleratedScheduler, Accelerator, PreparedModel};
 use crate::data::TokenDataset;
-use crate::models::Model;
+use crate::models::{Model, ModelOutput};
 use hearth_plugins::{Entries, Registry, Value};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -522,7 +522,19 @@ fn update(
 ) -> Result<StepOutput, TrainError> {
     let loss = {
         let _span = crate::profiling::span("hearth::forward");
-        batch_loss(model, config.model.output(), inputs, targets, true).0
+        // Logits stay in autocast's precision: `lm_loss` upcasts them in
+        // its own kernel. A model's own loss is converted as Accelerate does.
+        let output = config.model.output();
+        batch_loss(
+            |x| match output {
+                ModelOutput::Logits => model.forward_t_unconverted(x, true),
+                ModelOutput::Loss => model.forward_t(x, true),
+            },
+            output,
+            inputs,
+            targets,
+        )
+        .0
     };
     acc.backward(&loss)?;
     let mut grad_norm = None;

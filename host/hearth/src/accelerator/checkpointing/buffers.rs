@@ -11,6 +11,14 @@
 //! cold pages too. Reusing the buffers makes every save after the first
 //! copy into memory already in use. The price is one copy of the state
 //! held between saves, freed by `end_training`.
+//!
+//! A GPU's tensors are staged in page-locked (pinned) host memory, which
+//! the GPU copies into by DMA at full speed, and every copy after the first
+//! save's is queued without waiting (`non_blocking`); the session waits for
+//! the device once, when it ends, before the writer thread reads anything
+//! (torch.distributed.checkpoint's async staging pins its cache the same
+//! way). A copy into ordinary memory goes through a small pinned bounce
+//! buffer, chunk by chunk, with a wait per chunk.
 
 use std::sync::Mutex;
 use tch::{Device, Tensor};
@@ -18,7 +26,13 @@ use tch::{Device, Tensor};
 /// The buffers of the last asynchronous save, in the order it copied.
 #[derive(Default)]
 pub(crate) struct SnapshotBuffers {
-    buffers: Mutex<Vec<Tensor>>,
+    buffers: Mutex<Vec<Buffer>>,
+}
+
+/// One host buffer, and whether it is pinned (made for a GPU's tensor).
+struct Buffer {
+    tensor: Tensor,
+    pinned: bool,
 }
 
 impl SnapshotBuffers {
@@ -28,6 +42,7 @@ impl SnapshotBuffers {
         Session {
             buffers: self.buffers.lock().unwrap_or_else(|p| p.into_inner()),
             next: 0,
+            queued_on: Vec::new(),
         }
     }
 
@@ -45,43 +60,75 @@ impl SnapshotBuffers {
         let buffers = self.buffers.lock().unwrap_or_else(|p| p.into_inner());
         buffers
             .iter()
-            .map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as u64)
+            .map(|b| (b.tensor.numel() * b.tensor.kind().elt_size_in_bytes()) as u64)
             .sum()
     }
 }
 
 /// The copies of one save.
 pub(crate) struct Session<'a> {
-    buffers: std::sync::MutexGuard<'a, Vec<Tensor>>,
+    buffers: std::sync::MutexGuard<'a, Vec<Buffer>>,
     next: usize,
+    /// The GPUs with copies queued but not waited for.
+    queued_on: Vec<i64>,
 }
 
 impl Session<'_> {
     /// A contiguous CPU copy of `t`, in the buffer the previous save used
-    /// at this position when it has the same shape and kind.
+    /// at this position when it has the same shape and kind (and, for a
+    /// GPU's tensor, is pinned). A GPU's copy may still be in flight until
+    /// the session ends.
     pub(crate) fn copy(&mut self, t: &Tensor) -> Tensor {
         let source = t.detach();
         let at = self.next;
         self.next += 1;
-        let reusable = self
-            .buffers
-            .get(at)
-            .filter(|b| b.size() == source.size() && b.kind() == source.kind());
-        let buffer = match reusable {
-            Some(b) => b.shallow_clone(),
+        let gpu = match source.device() {
+            Device::Cuda(index) => Some(index as i64),
+            _ => None,
+        };
+        let reusable = self.buffers.get(at).filter(|b| {
+            b.tensor.size() == source.size()
+                && b.tensor.kind() == source.kind()
+                && (gpu.is_none() || b.pinned)
+        });
+        if let Some(buffer) = reusable {
+            let buffer = buffer.tensor.shallow_clone();
+            match gpu {
+                Some(index) => {
+                    hearth_ops::copy_non_blocking(&buffer, &source).unwrap_or_else(|e| {
+                        panic!("copying a GPU tensor to pinned host memory: {e}")
+                    });
+                    if !self.queued_on.contains(&index) {
+                        self.queued_on.push(index);
+                    }
+                }
+                None => {
+                    buffer.shallow_clone().copy_(&source);
+                }
+            }
+            return buffer;
+        }
+        let fresh = match gpu {
+            // The first save of a GPU's tensor: a pinned copy, made at once.
+            Some(_) => hearth_ops::to_pinned_host(&source)
+                .unwrap_or_else(|e| panic!("copying a GPU tensor to pinned host memory: {e}")),
             None => {
                 let fresh = Tensor::empty(source.size(), (source.kind(), Device::Cpu));
                 advise_huge_pages(&fresh);
-                if at < self.buffers.len() {
-                    self.buffers[at] = fresh.shallow_clone();
-                } else {
-                    self.buffers.push(fresh.shallow_clone());
-                }
+                fresh.shallow_clone().copy_(&source);
                 fresh
             }
         };
-        buffer.shallow_clone().copy_(&source);
-        buffer
+        let kept = Buffer {
+            tensor: fresh.shallow_clone(),
+            pinned: gpu.is_some(),
+        };
+        if at < self.buffers.len() {
+            self.buffers[at] = kept;
+        } else {
+            self.buffers.push(kept);
+        }
+        fresh
     }
 }
 
@@ -112,8 +159,13 @@ fn advise_huge_pages(t: &Tensor) {
 }
 
 impl Drop for Session<'_> {
-    /// Buffers past the last one this save used are freed (the state shrank).
+    /// Waits for the copies still queued on a GPU, so the buffers hold the
+    /// state before anyone reads them; buffers past the last one this save
+    /// used are freed (the state shrank).
     fn drop(&mut self) {
+        for &index in &self.queued_on {
+            tch::Cuda::synchronize(index);
+        }
         let used = self.next;
         self.buffers.truncate(used);
     }
