@@ -12,8 +12,10 @@ import signal
 import subprocess
 import threading
 import time
+import tomllib
 
 import pytest
+import tomli_w
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -270,33 +272,31 @@ def write_config(folder: pathlib.Path, text: str, name: str = "job.toml") -> pat
     return path
 
 
+TINY_JOB = ROOT / "tests" / "fixtures" / "tiny-job.toml"
+
+
+def tiny_job(**tables) -> str:
+    """The canonical tiny job (tests/fixtures/tiny-job.toml, which Rust's
+    hearth_testkit::TinyJob reads too) as TOML text, each table given
+    updated with its dict (`run={"steps": 24}`; a key set to None is
+    removed; a table the file lacks is added, a list of dicts as an array
+    of tables)."""
+    job = tomllib.loads(TINY_JOB.read_text())
+    for name, keys in tables.items():
+        if isinstance(keys, list):
+            job[name] = keys
+            continue
+        table = job.setdefault(name, {})
+        for key, value in keys.items():
+            if value is None:
+                table.pop(key, None)
+            else:
+                table[key] = value
+    return tomli_w.dumps(job)
+
+
 # A short GPT job for the plugin tests: logs at steps 10, 20, 30 and 40.
-SHORT_JOB = """
-[run]
-name = "short"
-project = "trackers-test"
-steps = 40
-seed = 3
-log-every = 10
-
-[model]
-kind = "gpt"
-d-model = 32
-layers = 1
-heads = 2
-
-[data]
-kind = "sort-digits"
-digits = 4
-batch-size = 16
-
-[optimizer]
-kind = "adamw"
-lr = 2e-3
-
-[eval]
-samples = 20
-"""
+SHORT_JOB = tiny_job(run={"name": "short", "project": "trackers-test"})
 LOGGED_STEPS = [10, 20, 30, 40]
 
 

@@ -12,34 +12,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from conftest import run_hearth, start, write_config
+from conftest import run_hearth, start, tiny_job, write_config
 
-JOB = """
-[run]
-name = "r"
-steps = 40
-seed = 5
-log-every = 10
-save-every = 10
-gradient-accumulation-steps = 2
-[model]
-kind = "gpt"
-d-model = 32
-layers = 1
-heads = 2
-[data]
-kind = "sort-digits"
-digits = 4
-batch-size = 8
-[optimizer]
-kind = "adamw"
-lr = 3e-3
-max-grad-norm = 1.0
-[eval]
-samples = 20
-[[trackers]]
-name = "jsonl"
-"""
+JOB = tiny_job(
+    run={"name": "r", "seed": 5, "save-every": 10, "gradient-accumulation-steps": 2},
+    data={"batch-size": 8},
+    optimizer={"lr": 3e-3, "max-grad-norm": 1.0},
+    trackers=[{"name": "jsonl"}],
+)
 
 
 def losses(run_dir):

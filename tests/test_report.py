@@ -15,7 +15,7 @@ import numpy
 import pytest
 from PIL import Image
 
-from conftest import ROOT, mpi_env, run_command, run_hearth, start, write_config
+from conftest import ROOT, mpi_env, run_command, run_hearth, start, tiny_job, write_config
 
 CHART_SIZE = (960, 440)
 RUN_COLOUR = (31, 119, 180)  # the first run's colour (Tableau blue)
@@ -23,34 +23,14 @@ SECOND_COLOUR = (255, 127, 14)
 
 
 def job(name: str, lr: float = 2e-3, steps: int = 40, extra: str = "") -> str:
-    return f"""
-[run]
-name = "{name}"
-steps = {steps}
-seed = 1
-log-every = 10
-save-every = 20
-{extra}
-[model]
-kind = "gpt"
-d-model = 32
-layers = 1
-heads = 2
-
-[data]
-kind = "sort-digits"
-digits = 4
-batch-size = 16
-
-[optimizer]
-kind = "adamw"
-lr = {lr}
-max-grad-norm = 1.0
-
-[eval]
-samples = 40
-every = 20
-"""
+    """The tiny job as `name`, evaluated and saved every 20 steps; `extra`:
+    lines for its [run] table."""
+    text = tiny_job(
+        run={"name": name, "steps": steps, "seed": 1, "save-every": 20},
+        optimizer={"lr": lr, "max-grad-norm": 1.0},
+        eval={"samples": 40, "every": 20},
+    )
+    return text.replace("[run]\n", "[run]\n" + extra, 1)
 
 
 class Page(html.parser.HTMLParser):

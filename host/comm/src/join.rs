@@ -32,16 +32,15 @@ pub enum Backend {
     Nccl,
 }
 
-impl std::str::FromStr for Backend {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "mpi" => Ok(Self::Mpi),
-            "nccl" => Ok(Self::Nccl),
-            other => Err(format!(
-                "unknown backend `{other}`; expected `mpi` or `nccl`"
-            )),
-        }
+hearth_ops::spelled_enum! {
+    Backend: "backend" {
+        Mpi = "mpi",
+        Nccl = "nccl",
+    }
+    refused |s| {
+        "gloo" | "ucc" | "xccl" => format!(
+            "hearth has no {s} backend (PyTorch's); use mpi for CPU processes or nccl for GPUs"
+        ),
     }
 }
 
@@ -63,60 +62,19 @@ pub enum DistributedType {
     Fsdp,
 }
 
-impl DistributedType {
-    /// Accelerate's spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::No => "NO",
-            Self::MultiCpu => "MULTI_CPU",
-            Self::MultiGpu => "MULTI_GPU",
-            Self::Fsdp => "FSDP",
-        }
+hearth_ops::spelled_enum! {
+    DistributedType: "distributed type" {
+        No = "NO",
+        MultiCpu = "MULTI_CPU",
+        MultiGpu = "MULTI_GPU",
+        Fsdp = "FSDP",
     }
-}
-
-impl std::fmt::Display for DistributedType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for DistributedType {
-    type Err = String;
-    /// Accelerate's spellings, in any case.
-    fn from_str(s: &str) -> Result<Self, String> {
-        // Accelerate's values for devices and engines hearth does not drive.
-        const ELSEWHERE: [&str; 10] = [
-            "MULTI_NPU",
-            "MULTI_MLU",
-            "MULTI_SDAA",
-            "MULTI_MUSA",
-            "MULTI_XPU",
-            "DEEPSPEED",
-            "XLA",
-            "MEGATRON_LM",
-            "MULTI_HPU",
-            "MULTI_NEURON",
-        ];
-        hearth_ops::spelling::parse_spelling(
-            s,
-            &[Self::No, Self::MultiCpu, Self::MultiGpu, Self::Fsdp],
-            Self::as_str,
-            &ELSEWHERE,
-            || {
-                format!(
-                "distributed type {s:?} is Accelerate's for a device or engine hearth does not drive; hearth runs NO, MULTI_CPU, MULTI_GPU or FSDP"
-            )
-            },
-            || format!("unknown distributed type {s:?}; expected NO, MULTI_CPU, MULTI_GPU or FSDP"),
-        )
-    }
-}
-
-impl TryFrom<String> for DistributedType {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
-        s.parse()
+    // Accelerate's values for devices and engines hearth does not drive.
+    refused |s| {
+        "MULTI_NPU" | "MULTI_MLU" | "MULTI_SDAA" | "MULTI_MUSA" | "MULTI_XPU" | "DEEPSPEED" | "XLA"
+            | "MEGATRON_LM" | "MULTI_HPU" | "MULTI_NEURON" => format!(
+            "distributed type {s:?} is Accelerate's for a device or engine hearth does not drive; hearth runs NO, MULTI_CPU, MULTI_GPU or FSDP"
+        ),
     }
 }
 
@@ -385,7 +343,11 @@ mod tests {
         assert!("gloo"
             .parse::<Backend>()
             .unwrap_err()
-            .contains("`mpi` or `nccl`"));
+            .contains("use mpi for CPU processes or nccl for GPUs"));
+        assert!("tcp"
+            .parse::<Backend>()
+            .unwrap_err()
+            .contains("use mpi or nccl"));
         assert_eq!("NCCL".parse::<Backend>(), Ok(Backend::Nccl));
     }
 }

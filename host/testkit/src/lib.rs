@@ -1,7 +1,8 @@
 //! Helpers hearth's integration tests share: the repository root, the
 //! project's Python (the venv with torch and accelerate, the oracles),
 //! mpirun jobs whose ranks are children of the test binary itself, and
-//! running a command with a time limit, so that no test can hang.
+//! running a command with a time limit, so that no test can hang, and the
+//! canonical tiny job ([`TinyJob`]).
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -11,12 +12,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod tiny_job;
+pub use tiny_job::TinyJob;
+
 /// The repository root.
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .ancestors()
         .nth(2)
-        .expect("host/hearth is two folders below the repository root")
+        .expect("host/testkit is two folders below the repository root")
         .to_path_buf()
 }
 

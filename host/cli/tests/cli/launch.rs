@@ -405,34 +405,19 @@ fn a_spawned_job_shares_a_random_token_of_its_own() {
     );
 }
 
-/// A two-rank job long enough to be killed in the middle.
-const ELASTIC_JOB: &str = r#"
-[run]
-name = "elastic"
-steps = 300
-seed = 3
-log-every = 100
-save-every = 10
-keep-checkpoints = 3
-
-[model]
-kind = "gpt"
-d-model = 32
-layers = 1
-heads = 2
-
-[data]
-kind = "sort-digits"
-digits = 6
-batch-size = 16
-
-[optimizer]
-kind = "adamw"
-lr = 3e-3
-
-[eval]
-samples = 20
-"#;
+/// A two-rank job long enough to be killed in the middle: the tiny job,
+/// 300 steps, a checkpoint every 10.
+fn elastic_job() -> String {
+    common::TinyJob::new()
+        .set("run", "name", "elastic")
+        .set("run", "steps", 300)
+        .set("run", "log-every", 100)
+        .set("run", "save-every", 10)
+        .set("run", "keep-checkpoints", 3)
+        .set("data", "digits", 6)
+        .set("optimizer", "lr", 3e-3)
+        .toml()
+}
 
 /// Issue 18, elastic restart: `hearth launch --max-restarts 2` starts
 /// both ranks again when one is killed (SIGKILL, after the run's first
@@ -443,7 +428,7 @@ samples = 20
 fn a_killed_rank_restarts_the_job_from_its_newest_checkpoint_to_the_unbroken_weights() {
     let dir = common::scratch("elastic");
     let config = dir.join("elastic.toml");
-    std::fs::write(&config, ELASTIC_JOB).unwrap();
+    std::fs::write(&config, elastic_job()).unwrap();
     let (whole, broken) = (dir.join("whole"), dir.join("broken"));
     let run = |out: &std::path::Path, restarts: &str| {
         common::start(&mut hearth(&[

@@ -19,39 +19,24 @@ fn hearth_run(n: usize, config: &std::path::Path, args: &[&str]) -> Output {
     common::ranked(run)
 }
 
-/// A short `hearth run` job for two ranks.
-const TWO_RANK_JOB: &str = r#"
-[run]
-name = "two"
-steps = 24
-seed = 3
-log-every = 12
-save-every = 12
-
-[model]
-kind = "gpt"
-d-model = 32
-layers = 1
-heads = 2
-
-[data]
-kind = "sort-digits"
-digits = 6
-batch-size = 16
-
-[optimizer]
-kind = "adamw"
-lr = 3e-3
-
-[eval]
-samples = 50
-"#;
+/// A short `hearth run` job for two ranks: the tiny job, 24 steps, saving
+/// halfway.
+fn two_rank_job() -> common::TinyJob {
+    common::TinyJob::new()
+        .set("run", "name", "two")
+        .set("run", "steps", 24)
+        .set("run", "log-every", 12)
+        .set("run", "save-every", 12)
+        .set("data", "digits", 6)
+        .set("optimizer", "lr", 3e-3)
+        .set("eval", "samples", 50)
+}
 
 #[test]
 fn hearth_run_on_two_ranks_resumes_to_the_weights_of_an_unbroken_run() {
     let dir = scratch("run");
     let config = dir.join("job.toml");
-    std::fs::write(&config, TWO_RANK_JOB).unwrap();
+    std::fs::write(&config, two_rank_job().toml()).unwrap();
     let (whole, broken) = (dir.join("whole"), dir.join("broken"));
     let out = hearth_run(
         2,
@@ -125,7 +110,7 @@ fn gradient_sync(run_dir: &std::path::Path) -> serde_json::Value {
 fn hearth_run_takes_its_backend_and_gradient_averaging_from_its_config() {
     let dir = scratch("run-distributed");
     let (plain, tuned) = (dir.join("plain.toml"), dir.join("tuned.toml"));
-    let job = TWO_RANK_JOB.replace("save-every = 12\n", "");
+    let job = two_rank_job().remove("run", "save-every").toml();
     std::fs::write(&plain, &job).unwrap();
     let distributed = "[distributed]\nbackend = \"mpi\"\ntimeout = 120\nbucket-cap-mb = 0.01\ncomm-hook = \"bf16\"\n";
     std::fs::write(&tuned, format!("{job}\n{distributed}")).unwrap();

@@ -3,8 +3,6 @@
 //! `GradScalerKwargs` defaults).
 
 use hearth_ops::{amp_unscale_, amp_update_scale_};
-use std::fmt;
-use std::str::FromStr;
 use tch::{Device, Kind, TchError, Tensor};
 
 /// Which precision the forward pass runs in (Accelerate's
@@ -56,25 +54,14 @@ impl schemars::JsonSchema for MixedPrecision {
     }
 }
 
-impl FromStr for MixedPrecision {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "no" | "fp32" => Ok(Self::No),
-            "bf16" => Ok(Self::Bf16),
-            "fp16" => Ok(Self::Fp16),
-            "fp8" => Err(fp8_refusal(None)),
-            other => Err(format!(
-                "mixed precision is \"no\", \"bf16\" or \"fp16\", not {other:?}"
-            )),
-        }
+hearth_ops::spelled_enum! {
+    MixedPrecision: "mixed precision" {
+        No = "no" ("fp32"),
+        Bf16 = "bf16",
+        Fp16 = "fp16",
     }
-}
-
-impl TryFrom<String> for MixedPrecision {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
-        s.parse()
+    refused |_s| {
+        "fp8" => fp8_refusal(None),
     }
 }
 
@@ -141,16 +128,6 @@ impl Default for Fp8RecipeKwargs {
             opt_level: "O2".into(),
             use_mxfp8_block_scaling: false,
         }
-    }
-}
-
-impl fmt::Display for MixedPrecision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::No => "no",
-            Self::Bf16 => "bf16",
-            Self::Fp16 => "fp16",
-        })
     }
 }
 

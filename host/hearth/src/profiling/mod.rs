@@ -93,16 +93,10 @@ pub enum ProfilerActivity {
     Cuda,
 }
 
-impl std::str::FromStr for ProfilerActivity {
-    type Err = ProfileError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "cpu" => Ok(Self::Cpu),
-            "cuda" => Ok(Self::Cuda),
-            other => Err(ProfileError::Activity(format!(
-                "invalid profiler activity {other:?}: must be one of [\"cpu\", \"cuda\"]"
-            ))),
-        }
+hearth_ops::spelled_enum! {
+    ProfilerActivity: "profiler activity" {
+        Cpu = "cpu",
+        Cuda = "cuda",
     }
 }
 

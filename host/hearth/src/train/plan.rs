@@ -152,7 +152,7 @@ pub fn plan(
         per_process: per,
         strategy: settings
             .as_ref()
-            .map_or("DDP".into(), |s| s.sharding_strategy.name().into()),
+            .map_or("DDP".into(), |s| s.sharding_strategy.as_str().into()),
         policy: settings.map_or("none".into(), |s| s.auto_wrap_policy),
         processes,
     })

@@ -338,7 +338,7 @@ impl Job {
             match acc.fsdp_settings() {
                 Some(f) => format!(
                     ", FSDP {} ({}{})",
-                    f.sharding_strategy.name(),
+                    f.sharding_strategy.as_str(),
                     f.auto_wrap_policy,
                     match f.mixed_precision_policy {
                         Some(p) => format!(

@@ -72,7 +72,7 @@ impl Setup {
         Self {
             strategy: match parts[1] {
                 "none" => None,
-                s => Some(ShardingStrategy::parse(s).unwrap()),
+                s => Some(s.parse::<ShardingStrategy>().unwrap()),
             },
             batch: parts[2].parse().unwrap(),
             accumulation: parts[3].parse().unwrap(),
@@ -88,7 +88,7 @@ impl Setup {
     fn mode(&self) -> String {
         format!(
             "fsdp:{}:{}:{}:{}:{}:{}:{}",
-            self.strategy.map_or("none", |s| s.name()),
+            self.strategy.map_or("none", |s| s.as_str()),
             self.batch,
             self.accumulation,
             self.precision,

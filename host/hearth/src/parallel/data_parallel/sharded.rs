@@ -69,7 +69,7 @@ impl DataParallel {
                     true => "HYBRID_SHARD_ZERO2",
                     false => "SHARD_GRAD_OP",
                 };
-                (strategy.name(), zero2)
+                (strategy.as_str(), zero2)
             } else {
                 ("activation checkpointing", "no activation checkpointing")
             };

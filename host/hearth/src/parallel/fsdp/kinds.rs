@@ -19,43 +19,17 @@ pub enum ShardingStrategy {
     HybridShardZero2,
 }
 
+hearth_ops::spelled_enum! {
+    ShardingStrategy: "sharding strategy" {
+        FullShard = "FULL_SHARD" ("1"),
+        ShardGradOp = "SHARD_GRAD_OP" ("2"),
+        NoShard = "NO_SHARD" ("3"),
+        HybridShard = "HYBRID_SHARD" ("4"),
+        HybridShardZero2 = "HYBRID_SHARD_ZERO2" ("5"),
+    }
+}
+
 impl ShardingStrategy {
-    const ALL: [(Self, &'static str); 5] = [
-        (Self::FullShard, "FULL_SHARD"),
-        (Self::ShardGradOp, "SHARD_GRAD_OP"),
-        (Self::NoShard, "NO_SHARD"),
-        (Self::HybridShard, "HYBRID_SHARD"),
-        (Self::HybridShardZero2, "HYBRID_SHARD_ZERO2"),
-    ];
-
-    /// Accelerate's name (`"SHARD_GRAD_OP"`).
-    pub fn name(self) -> &'static str {
-        Self::ALL
-            .iter()
-            .find(|(s, _)| *s == self)
-            .expect("listed")
-            .1
-    }
-
-    /// From a name (any case) or Accelerate's number, 1–5.
-    pub fn parse(value: &str) -> Result<Self, String> {
-        let value = value.trim();
-        if let Ok(n) = value.parse::<usize>() {
-            if (1..=5).contains(&n) {
-                return Ok(Self::ALL[n - 1].0);
-            }
-        }
-        Self::ALL
-            .iter()
-            .find(|(_, name)| name.eq_ignore_ascii_case(value))
-            .map(|(s, _)| *s)
-            .ok_or_else(|| {
-                format!(
-                    "`{value}` is not a sharding strategy; use one of FULL_SHARD (1), SHARD_GRAD_OP (2), NO_SHARD (3), HYBRID_SHARD (4), HYBRID_SHARD_ZERO2 (5)"
-                )
-            })
-    }
-
     /// True when gradients and optimizer state are sharded.
     pub fn shards(self) -> bool {
         self != Self::NoShard
@@ -87,16 +61,11 @@ pub enum BackwardPrefetch {
     NoPrefetch,
 }
 
-impl BackwardPrefetch {
-    pub(super) fn parse(value: &str) -> Result<Self, String> {
-        match value.trim().to_ascii_uppercase().as_str() {
-            "BACKWARD_PRE" => Ok(Self::BackwardPre),
-            "BACKWARD_POST" => Ok(Self::BackwardPost),
-            "NO_PREFETCH" => Ok(Self::NoPrefetch),
-            _ => Err(format!(
-                "`{value}` is not a prefetch mode; use BACKWARD_PRE, BACKWARD_POST or NO_PREFETCH"
-            )),
-        }
+hearth_ops::spelled_enum! {
+    BackwardPrefetch: "prefetch mode" {
+        BackwardPre = "BACKWARD_PRE",
+        BackwardPost = "BACKWARD_POST",
+        NoPrefetch = "NO_PREFETCH",
     }
 }
 
@@ -112,16 +81,11 @@ pub enum StateDictType {
     LocalStateDict,
 }
 
-impl StateDictType {
-    pub(super) fn parse(value: &str) -> Result<Self, String> {
-        match value.trim().to_ascii_uppercase().as_str() {
-            "FULL_STATE_DICT" | "1" => Ok(Self::FullStateDict),
-            "LOCAL_STATE_DICT" | "2" => Ok(Self::LocalStateDict),
-            "SHARDED_STATE_DICT" | "3" => Ok(Self::ShardedStateDict),
-            _ => Err(format!(
-                "`{value}` is not a state dict type; use FULL_STATE_DICT, SHARDED_STATE_DICT or LOCAL_STATE_DICT"
-            )),
-        }
+hearth_ops::spelled_enum! {
+    StateDictType: "state dict type" {
+        FullStateDict = "FULL_STATE_DICT" ("1"),
+        ShardedStateDict = "SHARDED_STATE_DICT" ("3"),
+        LocalStateDict = "LOCAL_STATE_DICT" ("2"),
     }
 }
 

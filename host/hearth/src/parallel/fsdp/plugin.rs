@@ -201,7 +201,9 @@ impl FsdpPlugin {
     /// environment variable would give it; lists are comma-separated.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
         match key {
-            "sharding-strategy" => self.sharding_strategy = Some(ShardingStrategy::parse(value)?),
+            "sharding-strategy" => {
+                self.sharding_strategy = Some(value.parse::<ShardingStrategy>()?)
+            }
             "fsdp-version" => {
                 self.fsdp_version = Some(match value.trim() {
                     "1" => 1,
@@ -225,13 +227,15 @@ impl FsdpPlugin {
                         .map_err(|_| format!("`{value}` is not a whole number of parameters"))?,
                 )
             }
-            "backward-prefetch" => self.backward_prefetch = Some(BackwardPrefetch::parse(value)?),
+            "backward-prefetch" => {
+                self.backward_prefetch = Some(value.parse::<BackwardPrefetch>()?)
+            }
             "forward-prefetch" => self.forward_prefetch = Some(parse_bool(value)?),
             "limit-all-gathers" => self.limit_all_gathers = Some(parse_bool(value)?),
             "mixed-precision-policy" => self.mixed_precision_policy = Some(value.to_string()),
             "cpu-offload" => self.cpu_offload = Some(parse_bool(value)?),
             "ignored-modules" => self.ignored_modules = Some(parse_list(value)),
-            "state-dict-type" => self.state_dict_type = Some(StateDictType::parse(value)?),
+            "state-dict-type" => self.state_dict_type = Some(value.parse::<StateDictType>()?),
             "sync-module-states" => self.sync_module_states = Some(parse_bool(value)?),
             "use-orig-params" => self.use_orig_params = Some(parse_bool(value)?),
             "activation-checkpointing" => self.activation_checkpointing = Some(parse_bool(value)?),
@@ -390,7 +394,7 @@ impl FsdpPlugin {
                     "with {} the whole parameters stay float32 in hearth, so the policy would not \
                      apply; use FULL_SHARD or HYBRID_SHARD, or leave it unset and use `[run] \
                      mixed-precision` (autocast)",
-                    strategy.name()
+                    strategy.as_str()
                 ),
             ));
         }
@@ -444,18 +448,19 @@ mod tests {
     #[test]
     fn strategies_parse_by_name_or_accelerates_number() {
         assert_eq!(
-            ShardingStrategy::parse("2"),
+            "2".parse::<ShardingStrategy>(),
             Ok(ShardingStrategy::ShardGradOp)
         );
         assert_eq!(
-            ShardingStrategy::parse("no_shard"),
+            "no_shard".parse::<ShardingStrategy>(),
             Ok(ShardingStrategy::NoShard)
         );
         assert_eq!(
-            ShardingStrategy::parse("5"),
+            "5".parse::<ShardingStrategy>(),
             Ok(ShardingStrategy::HybridShardZero2)
         );
-        assert!(ShardingStrategy::parse("6")
+        assert!("6"
+            .parse::<ShardingStrategy>()
             .unwrap_err()
             .contains("SHARD_GRAD_OP (2)"));
     }

@@ -181,7 +181,7 @@ fn child_join_sharded() {
     use tch::nn;
     let mut acc = common::child_builder()
         .fsdp(FsdpPlugin {
-            sharding_strategy: Some(ShardingStrategy::parse("SHARD_GRAD_OP").unwrap()),
+            sharding_strategy: Some("SHARD_GRAD_OP".parse::<ShardingStrategy>().unwrap()),
             auto_wrap_policy: Some("transformer-based".into()),
             transformer_cls_names_to_wrap: Some(vec!["Layer".into()]),
             ..Default::default()
