@@ -34,7 +34,7 @@ run: build
 	$(HEARTH) run examples/sort-digits.toml
 
 test: cpu-line build example-plugins
-	cargo test --workspace
+	cargo test
 	cd plugins && cargo test --quiet --target $(HOST_TARGET)
 	cd guest-sdk && cargo test --quiet --target $(HOST_TARGET)
 	$(PY) -m pytest tests -q --timeout 1800
@@ -93,14 +93,14 @@ build: system-packages wasm-target
 	@mkdir -p target
 	@$(MAKE) --no-print-directory $(PY_GOAL) > $(PIP_LOG) 2>&1 & pip=$$!; \
 	$(MAKE) --no-print-directory plugins || { kill $$pip; exit 1; }; \
-	[ -e $(VENV)/libtorch ] || cargo build --workspace --keep-going --quiet 2>/dev/null || true; \
+	[ -e $(VENV)/libtorch ] || cargo build --keep-going --quiet 2>/dev/null || true; \
 	wait $$pip || { cat $(PIP_LOG); echo "setup: installing the Python packages failed"; exit 1; }
 	@grep -v "Nothing to be done" $(PIP_LOG) || true
 	@# A copied or moved checkout keeps a link into the old one's venv.
 	@case "$$(readlink $(VENV)/libtorch)" in "$(CURDIR)/$(VENV)/"*) ;; *) \
 		echo "setup: pointing $(VENV)/libtorch at this checkout's torch"; \
 		ln -sfn "$$($(PY) -c 'import os, torch; print(os.path.dirname(torch.__file__))')" $(VENV)/libtorch;; esac
-	cargo build --workspace
+	cargo build
 
 # The built-in plugins (plugins/*) for wasm32-wasip2, installed as
 # target/plugins/<name>/{plugin.toml,<component>} where hearth finds them.

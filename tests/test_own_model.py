@@ -16,7 +16,7 @@ FSDP = {
 
 
 def test_your_own_model_under_full_shard_trains_ddps_weights(tmp_path, monkeypatch):
-    assert EXAMPLE.exists(), "cargo test --workspace (make test) builds the examples"
+    assert EXAMPLE.exists(), "cargo test (make test) builds the examples"
     ddp = mpirun(EXAMPLE, 2, tmp_path / "ddp", cwd=tmp_path, timeout=300)
     assert ddp.returncode == 0, ddp.stderr
     for key, value in FSDP.items():
