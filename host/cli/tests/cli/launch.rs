@@ -408,14 +408,10 @@ fn a_spawned_job_shares_a_random_token_of_its_own() {
 /// A two-rank job long enough to be killed in the middle: the tiny job,
 /// 300 steps, a checkpoint every 10.
 fn elastic_job() -> String {
-    common::TinyJob::new()
-        .set("run", "name", "elastic")
-        .set("run", "steps", 300)
+    super::six_digit_job("elastic", 300)
         .set("run", "log-every", 100)
         .set("run", "save-every", 10)
         .set("run", "keep-checkpoints", 3)
-        .set("data", "digits", 6)
-        .set("optimizer", "lr", 3e-3)
         .toml()
 }
 

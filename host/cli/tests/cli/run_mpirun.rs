@@ -22,13 +22,9 @@ fn hearth_run(n: usize, config: &std::path::Path, args: &[&str]) -> Output {
 /// A short `hearth run` job for two ranks: the tiny job, 24 steps, saving
 /// halfway.
 fn two_rank_job() -> common::TinyJob {
-    common::TinyJob::new()
-        .set("run", "name", "two")
-        .set("run", "steps", 24)
+    super::six_digit_job("two", 24)
         .set("run", "log-every", 12)
         .set("run", "save-every", 12)
-        .set("data", "digits", 6)
-        .set("optimizer", "lr", 3e-3)
         .set("eval", "samples", 50)
 }
 
