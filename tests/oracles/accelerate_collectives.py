@@ -6,6 +6,7 @@ writes the same keys from the same inputs."""
 import json
 import os
 import sys
+import time
 
 import torch
 from accelerate import Accelerator
@@ -58,6 +59,41 @@ def main(out):
             names = [f"ex{v}" for v in batch.tolist()]
             objects.append(acc.gather_for_metrics(names, use_gather_object=True))
         res[f"dispatch:{int(drop)}"] = {"batches": batches, "metrics": metrics, "objects": objects}
+
+    # Which processes run a function, and who goes first: rank 0 writes a
+    # file after a pause; every process then looks for it.
+    res["runs"] = {
+        "main": acc.on_main_process(lambda: r)(),
+        "local_main": acc.on_local_main_process(lambda: r)(),
+        "last": acc.on_last_process(lambda: r)(),
+        "process_1": acc.on_process(lambda: r, process_index=1)(),
+        "local_process_1": acc.on_local_process(lambda: r, local_process_index=1)(),
+    }
+    for kind, first in (("main", acc.main_process_first), ("local_main", acc.local_main_process_first)):
+        marker = os.path.join(out, f"first-{kind}")
+        with first():
+            if r == 0:
+                time.sleep(0.3)
+                open(marker, "w").write("rank 0")
+            res[f"seen_first:{kind}"] = os.path.exists(marker)
+
+    # no_sync keeps each process's own gradient (rank r's is r + 1);
+    # trigger_sync_in_backward inside it averages this backward pass's.
+    layer = torch.nn.Linear(2, 1, bias=False)
+    torch.nn.init.zeros_(layer.weight)
+    model = acc.prepare(layer)
+
+    def gradient():
+        acc.backward(model(torch.ones(1, 2)).sum() * (r + 1))
+        grad = layer.weight.grad.view(-1).tolist()
+        layer.weight.grad = None
+        return grad
+
+    with acc.no_sync(model):
+        res["no_sync"] = gradient()
+    with acc.no_sync(model), acc.trigger_sync_in_backward(model):
+        res["trigger_sync_in_backward"] = gradient()
+    res["synced"] = gradient()
 
     with open(os.path.join(out, f"rank_{r}.json"), "w") as f:
         json.dump(res, f)

@@ -176,17 +176,55 @@ fn child_process_helpers() {
     } else {
         vec![]
     };
-    // The main process goes first: it writes a file the others then read.
-    let marker = std::path::PathBuf::from(std::env::var(OUT).unwrap()).join("first");
-    let seen_first = acc
-        .main_process_first(|| {
+    // Which processes run a function, and who goes first: rank 0 writes a
+    // file after a pause; every process then looks for it.
+    let runs = serde_json::json!({
+        "main": acc.on_main_process(|| r),
+        "local_main": acc.on_local_main_process(|| r),
+        "last": acc.on_last_process(|| r),
+        "process_1": acc.on_process(1, || r),
+        "local_process_1": acc.on_local_process(1, || r),
+    });
+    let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
+    let mut first = serde_json::Map::new();
+    for kind in ["main", "local_main"] {
+        let marker = out.join(format!("first-{kind}"));
+        let look = || {
             if r == 0 {
                 std::thread::sleep(Duration::from_millis(300));
                 std::fs::write(&marker, "rank 0").unwrap();
             }
             marker.exists()
-        })
-        .unwrap();
+        };
+        let seen = match kind {
+            "main" => acc.main_process_first(look),
+            _ => acc.local_main_process_first(look),
+        };
+        first.insert(format!("seen_first:{kind}"), seen.unwrap().into());
+    }
+    // no_sync keeps each process's own gradient (rank r's is r + 1);
+    // trigger_sync_in_backward inside it averages this backward pass's.
+    let vs = tch::nn::VarStore::new(Device::Cpu);
+    let no_bias = tch::nn::LinearConfig {
+        bias: false,
+        ws_init: tch::nn::Init::Const(0.0),
+        ..Default::default()
+    };
+    let layer = tch::nn::linear(vs.root() / "layer", 2, 1, no_bias);
+    let _vs = acc.prepare(vs).unwrap();
+    let gradient = || {
+        use tch::nn::Module;
+        let loss = layer.forward(&Tensor::ones([1, 2], (Kind::Float, Device::Cpu)));
+        acc.backward(&(loss.sum(Kind::Float) * (r as f64 + 1.0)))
+            .unwrap();
+        let grad = values(&layer.ws.grad());
+        let _ = layer.ws.grad().zero_();
+        grad
+    };
+    acc.print(format!("printed by rank {r}"));
+    let no_sync = acc.no_sync(gradient);
+    let forced = acc.no_sync(|| acc.trigger_sync_in_backward(gradient));
+    let synced = gradient();
     // dispatch_batches: rank 0 reads 11 examples in batches of 2.
     let mut dispatched = serde_json::Map::new();
     for drop_last in [false, true] {
@@ -206,15 +244,14 @@ fn child_process_helpers() {
             serde_json::json!({"batches": batches, "metrics": metrics, "objects": objects}),
         );
     }
-    let last = acc.on_last_process(|| r);
-    let second = acc.on_process(1, || r);
-    let result = serde_json::json!({
+    let mut result = serde_json::json!({
         "rank": r, "world": n, "split": split, "split_tensor": split_tensor, "pad": pad,
         "triggers": triggers, "own_draw": own_draw, "synced_draw": synced_draw,
-        "reduce_scatter": scattered, "seen_first": seen_first, "last": last, "second": second,
+        "reduce_scatter": scattered, "runs": runs, "no_sync": no_sync,
+        "trigger_sync_in_backward": forced, "synced": synced,
     });
-    let mut result = result;
     result.as_object_mut().unwrap().extend(dispatched);
+    result.as_object_mut().unwrap().extend(first);
     write_result(r, &result);
 }
 
@@ -686,6 +723,12 @@ fn process_helpers_on_three_ranks_match_accelerate() {
             "triggers",
             "dispatch:0",
             "dispatch:1",
+            "runs",
+            "seen_first:main",
+            "seen_first:local_main",
+            "no_sync",
+            "trigger_sync_in_backward",
+            "synced",
         ] {
             assert_eq!(ours[r][key], theirs[r][key], "rank {r}: {key}");
         }
@@ -702,22 +745,20 @@ fn process_helpers_on_three_ranks_match_accelerate() {
         }
         assert_eq!(ours[r]["synced_draw"], ours[0]["synced_draw"]);
         assert_ne!(ours[r]["own_draw"], ours[(r + 1) % 3]["own_draw"]);
+        // Not both wrong the same way: the values worked out by hand.
+        assert_eq!(ours[r]["seen_first:local_main"], true);
         assert_eq!(
-            ours[r]["seen_first"], true,
-            "rank {r} ran before rank 0 wrote"
+            ours[r]["no_sync"],
+            serde_json::json!(vec![r as f64 + 1.0; 2])
         );
         assert_eq!(
-            ours[r]["last"],
+            ours[r]["trigger_sync_in_backward"],
+            serde_json::json!([2.0, 2.0])
+        );
+        assert_eq!(
+            ours[r]["runs"]["last"],
             if r == 2 {
                 2.into()
-            } else {
-                serde_json::Value::Null
-            }
-        );
-        assert_eq!(
-            ours[r]["second"],
-            if r == 1 {
-                1.into()
             } else {
                 serde_json::Value::Null
             }
@@ -726,18 +767,24 @@ fn process_helpers_on_three_ranks_match_accelerate() {
 }
 
 #[test]
-fn reduce_scatter_gives_each_rank_its_share_of_the_sum() {
+fn reduce_scatter_gives_each_rank_its_share_of_the_sum_and_print_prints_once() {
     let dir = scratch("scatter");
-    mpirun_ok(
+    let run = mpirun(
         2,
         &hearth_testkit::child!("child_process_helpers"),
         "helpers",
         &dir,
     );
+    assert!(run.status.success(), "{}", common::tails(&run));
     let ranks = results(&dir, 2);
     // [1, 2] + [3, 4] = [4, 6]: rank 0 gets [4], rank 1 [6].
     assert_eq!(ranks[0]["reduce_scatter"], serde_json::json!([4.0]));
     assert_eq!(ranks[1]["reduce_scatter"], serde_json::json!([6.0]));
+    // `Accelerator::print` prints on the machine's first process only.
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let printed: Vec<&str> = stdout.lines().filter(|l| l.contains("printed by rank")).collect();
+    assert_eq!(printed.len(), 1, "{stdout}");
+    assert!(printed[0].ends_with("printed by rank 0"), "{stdout}");
 }
 
 #[test]
