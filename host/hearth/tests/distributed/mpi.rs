@@ -782,7 +782,10 @@ fn reduce_scatter_gives_each_rank_its_share_of_the_sum_and_print_prints_once() {
     assert_eq!(ranks[1]["reduce_scatter"], serde_json::json!([6.0]));
     // `Accelerator::print` prints on the machine's first process only.
     let stdout = String::from_utf8_lossy(&run.stdout);
-    let printed: Vec<&str> = stdout.lines().filter(|l| l.contains("printed by rank")).collect();
+    let printed: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains("printed by rank"))
+        .collect();
     assert_eq!(printed.len(), 1, "{stdout}");
     assert!(printed[0].ends_with("printed by rank 0"), "{stdout}");
 }
