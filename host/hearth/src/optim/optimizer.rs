@@ -35,6 +35,22 @@ impl ParamGroup {
     }
 }
 
+/// Named parameters in PyTorch's usual two groups for a no-decay list
+/// (`[{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]`): those
+/// whose name contains none of `exempt` first, then, when any matched, the
+/// ones that do, without weight decay. `[optimizer] no-decay` is this.
+pub fn no_decay_groups(named: Vec<(String, Tensor)>, exempt: &[&str]) -> Vec<ParamGroup> {
+    let (exempted, decayed): (Vec<_>, Vec<_>) = named
+        .into_iter()
+        .partition(|(name, _)| exempt.iter().any(|s| name.contains(s)));
+    let tensors = |v: Vec<(String, Tensor)>| v.into_iter().map(|(_, t)| t).collect();
+    let mut groups = vec![ParamGroup::new(tensors(decayed))];
+    if !exempted.is_empty() {
+        groups.push(ParamGroup::new(tensors(exempted)).weight_decay(0.0));
+    }
+    groups
+}
+
 /// What an optimizer can be built over: one list of tensors (one group),
 /// one [`ParamGroup`], or several.
 pub trait IntoParamGroups {

@@ -16,7 +16,7 @@ use hearth::checkpoint::save_safetensors;
 use hearth::data::{SortDigits, TokenDataset};
 use hearth::models::{Gpt, GptConfig, Model};
 use hearth::ops::{AdamHyper, SgdHyper};
-use hearth::optim::{Adam, Optimizer, ParamGroup, Sgd};
+use hearth::optim::{no_decay_groups, Adam, Optimizer, Sgd};
 use hearth::train::lm_loss;
 use rand::SeedableRng;
 use std::process::Command;
@@ -241,17 +241,9 @@ fn adamw_param_groups_match_pytorch() {
             "groups": [{"match": "", "exclude": ["bias", "ln"]}, {"match": ["bias", "ln"], "lr": 0.003, "weight_decay": 0.0}]}"#,
         None,
         |p| {
-            let exempt = |n: &str| n.contains("bias") || n.contains("ln");
-            let (no_decay, decay): (Vec<_>, Vec<_>) = p.into_iter().partition(|(n, _)| exempt(n));
-            Box::new(Adam::new(
-                vec![
-                    ParamGroup::new(tensors(decay)),
-                    ParamGroup::new(tensors(no_decay))
-                        .lr(3e-3)
-                        .weight_decay(0.0),
-                ],
-                hyper,
-            ))
+            let mut groups = no_decay_groups(p, &["bias", "ln"]);
+            groups[1].lr = Some(3e-3);
+            Box::new(Adam::new(groups, hyper))
         },
     );
 }
@@ -302,15 +294,9 @@ fn sgd_param_groups_match_pytorch() {
             "groups": [{"match": "", "exclude": ["bias"]}, {"match": ["bias"], "lr": 0.05, "weight_decay": 0.0}]}"#,
         None,
         |p| {
-            let (biases, rest): (Vec<_>, Vec<_>) =
-                p.into_iter().partition(|(n, _)| n.contains("bias"));
-            Box::new(Sgd::new(
-                vec![
-                    ParamGroup::new(tensors(rest)),
-                    ParamGroup::new(tensors(biases)).lr(0.05).weight_decay(0.0),
-                ],
-                hyper,
-            ))
+            let mut groups = no_decay_groups(p, &["bias"]);
+            groups[1].lr = Some(0.05);
+            Box::new(Sgd::new(groups, hyper))
         },
     );
 }

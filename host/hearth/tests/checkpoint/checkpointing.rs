@@ -12,7 +12,7 @@ use hearth::checkpoint::{CheckpointError, MANIFEST_NAME};
 use hearth::data::{DataLoader, MapStyle};
 use hearth::models::{Model, ModuleTree, Unit};
 use hearth::ops::AdamHyper;
-use hearth::optim::{Adam, ParamGroup};
+use hearth::optim::Adam;
 use hearth::plugins::PluginError;
 use hearth_testkit as common;
 use std::path::Path;
@@ -89,14 +89,8 @@ fn setup_with(project: &Path, init: i64, async_save: bool) -> Run {
         .add_fn(|x| x.tanh())
         .add(nn::linear(vs.root() / "2", 16, 1, Default::default()));
     let named = hearth::models::sorted_variables(&vs);
-    let (bias, weight): (Vec<_>, Vec<_>) =
-        named.into_iter().partition(|(n, _)| n.ends_with("bias"));
-    let take = |v: Vec<(String, Tensor)>| v.into_iter().map(|(_, t)| t).collect::<Vec<_>>();
     let opt = Adam::new(
-        vec![
-            ParamGroup::new(take(weight)),
-            ParamGroup::new(take(bias)).weight_decay(0.0),
-        ],
+        hearth::optim::no_decay_groups(named, &["bias"]),
         AdamHyper::adamw(1e-2),
     );
     let schedule: Box<dyn LrSchedule> = Box::new(Decay);

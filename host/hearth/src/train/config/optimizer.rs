@@ -61,16 +61,8 @@ impl OptimizerSection {
     /// Splits named parameters into the groups `no_decay` describes: the
     /// rest first, then (when any matched) those without weight decay.
     pub fn param_groups(&self, named: Vec<(String, tch::Tensor)>) -> Vec<crate::optim::ParamGroup> {
-        let (exempt, decayed): (Vec<_>, Vec<_>) = named
-            .into_iter()
-            .partition(|(name, _)| self.no_decay.iter().any(|s| name.contains(s.as_str())));
-        let take =
-            |v: Vec<(String, tch::Tensor)>| v.into_iter().map(|(_, t)| t).collect::<Vec<_>>();
-        let mut groups = vec![crate::optim::ParamGroup::new(take(decayed))];
-        if !exempt.is_empty() {
-            groups.push(crate::optim::ParamGroup::new(take(exempt)).weight_decay(0.0));
-        }
-        groups
+        let exempt: Vec<&str> = self.no_decay.iter().map(String::as_str).collect();
+        crate::optim::no_decay_groups(named, &exempt)
     }
     /// AdamW betas.
     pub fn betas(&self) -> (f64, f64) {
