@@ -27,3 +27,13 @@ pub mod train;
 pub use hearth_comm as comm;
 pub use hearth_ops as ops;
 pub use hearth_plugins as plugins;
+
+/// Unit tests that seed or draw from libtorch's global generator hold this
+/// lock: the harness runs tests on several threads, and a draw on another
+/// thread between a test's seed and its own draws changes what it gets
+/// (the unit-wise dropout replay test compares two seeded runs).
+#[cfg(test)]
+pub(crate) fn global_rng() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -164,6 +164,7 @@ mod tests {
 
     #[test]
     fn same_seed_same_order_and_the_epoch_changes_it() {
+        let _rng = crate::global_rng();
         let a = epoch_order(16, true, 42, 0);
         assert_eq!(a, epoch_order(16, true, 42, 0));
         assert_ne!(a, epoch_order(16, true, 42, 1));
@@ -174,6 +175,7 @@ mod tests {
 
     #[test]
     fn drawing_an_order_leaves_the_global_generator_alone() {
+        let _rng = crate::global_rng();
         use tch::{Device, Kind, Tensor};
         tch::manual_seed(5);
         let expected = Tensor::rand([3], (Kind::Float, Device::Cpu));
@@ -184,6 +186,7 @@ mod tests {
 
     #[test]
     fn world_of_two_whole_batches_even() {
+        let _rng = crate::global_rng();
         // 10 items, batch 3: [0,1,2] [3,4,5] [6,7,8] [9]; Accelerate pads the
         // short tail from the start so both ranks get two full batches.
         let all = batches(&(0..10).collect::<Vec<_>>(), 3, false);

@@ -233,6 +233,7 @@ mod tests {
 
     #[test]
     fn parameter_names_are_pytorchs() {
+        let _rng = crate::global_rng();
         let names: Vec<String> = tiny()
             .named_parameters()
             .into_iter()
@@ -256,6 +257,7 @@ mod tests {
 
     #[test]
     fn module_tree_counts_every_parameter_once() {
+        let _rng = crate::global_rng();
         let model = tiny();
         let tree = model.module_tree();
         assert_eq!(tree.modules()[0].num_params as i64, model.num_parameters());
@@ -271,6 +273,7 @@ mod tests {
 
     #[test]
     fn forward_is_causal() {
+        let _rng = crate::global_rng();
         let model = tiny();
         let a = Tensor::from_slice(&[1i64, 2, 3, 4]).view([1, 4]);
         let b = Tensor::from_slice(&[1i64, 2, 3, 9]).view([1, 4]);
@@ -287,6 +290,7 @@ mod tests {
 
     #[test]
     fn an_unmaterialised_gpt_has_the_names_shapes_and_tree_of_an_initialised_one() {
+        let _rng = crate::global_rng();
         let config = TINY;
         let shapes = |m: &Gpt| -> Vec<(String, Vec<i64>, bool)> {
             m.named_parameters()

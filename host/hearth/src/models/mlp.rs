@@ -130,6 +130,7 @@ mod tests {
 
     #[test]
     fn sees_only_its_context_window() {
+        let _rng = crate::global_rng();
         let config = MlpConfig {
             vocab_size: 10,
             context: 2,

@@ -321,6 +321,7 @@ mod tests {
 
     #[test]
     fn inferred_modules_follow_the_variables_and_linear_weights_come_first() {
+        let _rng = crate::global_rng();
         let vs = tch::nn::VarStore::new(Device::Cpu);
         for name in ["layers.0", "layers.1", "layers.2", "head"] {
             let path = name
@@ -357,6 +358,7 @@ mod tests {
 
     #[test]
     fn a_tensor_under_two_names_is_counted_once_and_reported_as_tied() {
+        let _rng = crate::global_rng();
         let shared = Tensor::ones([4, 3], (Kind::Float, Device::Cpu));
         let variables = vec![
             ("emb.weight".to_string(), shared.shallow_clone()),

@@ -614,6 +614,7 @@ mod tests {
 
     #[test]
     fn a_parameter_is_under_its_module_only() {
+        let _rng = crate::global_rng();
         assert!(under("blocks.1.fc.weight", &["blocks.1"]));
         assert!(!under("blocks.10.fc.weight", &["blocks.1"]));
         assert!(under("tok.weight", &["tok", "pos"]));
@@ -694,6 +695,7 @@ mod tests {
 
     #[test]
     fn unit_wise_backward_gives_one_backward_passs_gradients_dropout_replayed() {
+        let _rng = crate::global_rng();
         let x = Tensor::randn([4, 8], (Kind::Float, Device::Cpu));
         let whole = net();
         tch::manual_seed(5);
@@ -720,6 +722,7 @@ mod tests {
 
     #[test]
     fn grad_mode_is_seen() {
+        let _rng = crate::global_rng();
         assert!(grad_enabled());
         assert!(!tch::no_grad(grad_enabled));
     }

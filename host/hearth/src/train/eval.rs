@@ -305,6 +305,7 @@ mod tests {
 
     #[test]
     fn the_shards_of_any_world_add_up_to_the_whole_evaluation() {
+        let _rng = crate::global_rng();
         // Two digits to sort, briefly trained: some answers right, not all.
         let digits = SortDigits::new(2);
         let model = train(gpt(&digits), &digits, 40);
@@ -391,6 +392,7 @@ mod tests {
     /// pass fewer left the others waiting until the collective timeout.
     #[test]
     fn every_shard_runs_as_many_forward_passes() {
+        let _rng = crate::global_rng();
         let passes = |model: &Gpt, run: &dyn Fn(&dyn Model, Shard), count: usize| -> Vec<usize> {
             (0..count)
                 .map(|index| {

@@ -506,6 +506,7 @@ mod tests {
 
     #[test]
     fn seeds_are_numpys_random_state_randint() {
+        let _rng = crate::global_rng();
         // numpy.random.RandomState(s).randint(1_000_000_000) for s = 0 and
         // 7, as numpy gives them (the PowerSGD oracle test checks the rest).
         let mut zero = NumpyRandomState::new(0);
@@ -516,6 +517,7 @@ mod tests {
 
     #[test]
     fn a_start_below_two_with_error_feedback_is_refused_as_pytorch_refuses_it() {
+        let _rng = crate::global_rng();
         let options = PowerSgdOptions {
             start_power_sgd_iter: 1,
             ..Default::default()
@@ -558,6 +560,7 @@ mod tests {
 
     #[test]
     fn gram_schmidt_and_qr_give_orthonormal_columns() {
+        let _rng = crate::global_rng();
         for rank in [1, 2, 3] {
             // A private generator: the global one is other tests'.
             let m = hearth_ops::randn_seeded(&[&[2, 7, rank]], Kind::Double, 7).unwrap();
