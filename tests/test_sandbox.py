@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import LOGGED_STEPS, SHORT_JOB, make_plugin, run_hearth, tracker_tables, write_config
+from conftest import LOGGED_STEPS, ROOT, SHORT_JOB, make_plugin, run_hearth, tracker_tables, write_config
 
 HOSTILE = {
     "trap": "",
@@ -174,6 +174,44 @@ def test_malformed_plugins_are_refused_at_load(hearth, fixture_wasm, tmp_path, f
     assert run.returncode == 2
     assert f"plugin `{fixture}`" in run.stderr and reason in run.stderr, run.stderr
     assert not (tmp_path / "runs" / "short" / "model.safetensors").exists()
+
+
+def test_a_manifest_declaring_another_world_version_is_refused(hearth, tmp_path):
+    """A component built for 0.2.0 whose plugin.toml says 1.0.0: the version
+    is compared with the component's own, at check and at load."""
+    plugins = tmp_path / "third-party"
+    built = ROOT / "target" / "plugins" / "jsonl" / "jsonl.wasm"
+    folder = make_plugin(plugins, "claims-one", built)
+    manifest = folder / "plugin.toml"
+    manifest.write_text(manifest.read_text().replace("tracker-plugin@0.2.0", "tracker-plugin@1.0.0"))
+    reason = ("declares world hearth:plugin/tracker-plugin@1.0.0, but the component was built for "
+              "hearth:plugin@0.2.0")
+
+    check = hearth("plugins", "check", folder)
+    assert check.returncode == 2 and "plugin `claims-one`" in check.stderr and reason in check.stderr, check.stderr
+    config = write_config(tmp_path, SHORT_JOB + tracker_tables("claims-one"))
+    run = hearth("run", "--plugin-dir", plugins, config)
+    assert run.returncode == 2 and reason in run.stderr, run.stderr
+
+
+def test_a_broken_manifest_stops_only_the_runs_that_use_it(hearth, tmp_path):
+    plugins = tmp_path / "third-party"
+    (plugins / "half-written").mkdir(parents=True)
+    manifest = plugins / "half-written" / "plugin.toml"
+    manifest.write_text('name = "half"\nkind = "tracker"\n')
+
+    listed = hearth("plugins", "list", "--plugin-dir", plugins)
+    assert listed.returncode == 0, listed.stderr
+    assert f"not loadable: `half` ({manifest})" in listed.stdout and "jsonl" in listed.stdout, listed.stdout
+
+    unused = hearth("run", "--plugin-dir", plugins, write_config(tmp_path, SHORT_JOB + tracker_tables("jsonl")))
+    assert unused.returncode == 0, unused.stderr
+    assert f"skipping plugin folder {manifest.parent}" in unused.stderr, unused.stderr
+    assert (tmp_path / "runs" / "short" / "trackers" / "jsonl" / "metrics.jsonl").exists()
+
+    used = hearth("run", "--plugin-dir", plugins, write_config(tmp_path, SHORT_JOB + tracker_tables("half"), "uses.toml"))
+    assert used.returncode == 2
+    assert f"invalid plugin manifest {manifest}" in used.stderr and "missing field" in used.stderr, used.stderr
 
 
 def test_an_unknown_tracker_is_named(hearth, tmp_path):

@@ -62,22 +62,30 @@ pub fn report(engine: &Engine, component: &Component) -> ComponentReport {
 /// Whether a plugin built for WIT `version` can run on this host (semver:
 /// the same major, and while the major is 0, the same minor).
 pub fn compatible(version: &str) -> bool {
+    same_line(version, WIT_VERSION)
+}
+
+/// Whether WIT versions `a` and `b` can stand for each other (semver: the
+/// same major, and while the major is 0, the same minor).
+fn same_line(a: &str, b: &str) -> bool {
     let parse = |v: &str| -> Option<(u64, u64)> {
         let mut it = v.split('.');
         Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
     };
-    match (parse(version), parse(WIT_VERSION)) {
-        (Some((maj, min)), Some((hmaj, hmin))) => maj == hmaj && (maj != 0 || min == hmin),
+    match (parse(a), parse(b)) {
+        (Some((maj, min)), Some((bmaj, bmin))) => maj == bmaj && (maj != 0 || min == bmin),
         _ => false,
     }
 }
 
-/// Checks that the component exports `kind`'s interface at a compatible
-/// version and imports nothing the host does not grant.
+/// Checks that the component exports `kind`'s interface at a version this
+/// host speaks and the manifest declares (`declared`, the version of its
+/// `world` key), and imports nothing the host does not grant.
 pub fn check_world(
     name: &str,
     path: &std::path::Path,
     kind: PluginKind,
+    declared: &str,
     report: &ComponentReport,
 ) -> Result<(), PluginError> {
     let refuse = |reason: String| PluginError::Refused {
@@ -87,7 +95,16 @@ pub fn check_world(
     };
     let wanted = kind.interface();
     match report.exports.iter().find(|(i, _)| i == wanted) {
-        Some((_, version)) if compatible(version) => {}
+        Some((_, version)) if compatible(version) => {
+            if !same_line(declared, version) {
+                return Err(refuse(format!(
+                    "its plugin.toml declares world {WIT_PACKAGE}/{}@{declared}, but the component was built for \
+                     {WIT_PACKAGE}@{version}; set `world = \"{WIT_PACKAGE}/{}@{version}\"` in plugin.toml",
+                    kind.world(),
+                    kind.world()
+                )));
+            }
+        }
         Some((_, version)) => {
             return Err(refuse(format!(
                 "it was built for {WIT_PACKAGE}@{version}, and this host speaks {WIT_PACKAGE}@{WIT_VERSION}; \

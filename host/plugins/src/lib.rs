@@ -36,7 +36,7 @@ pub use engine::PluginEngine;
 pub use error::PluginError;
 pub use inspect::{ComponentReport, WIT_PACKAGE, WIT_VERSION};
 pub use manifest::{LimitOverrides, Limits, Manifest, PluginKind};
-pub use registry::{Found, PluginSource, Registry, SearchPath};
+pub use registry::{Broken, Found, PluginSource, Registry, SearchPath};
 pub use scheduler::{load_scheduler, SchedulerPlugin};
 pub use tracker::{load_tracker, TrackerPlugin};
 pub use usage::{plugin_usage, plugin_usage_since, PluginUsage};

@@ -115,18 +115,68 @@ pub struct Found {
     pub source: PluginSource,
 }
 
+/// A plugin folder whose `plugin.toml` was refused. It does not stop a run
+/// that does not use it (a warning names it); a run that asks for it by
+/// name gets the manifest's error.
+#[derive(Debug, Clone)]
+pub struct Broken {
+    /// The name it goes by: its `name` key if that much reads, else its
+    /// folder's name.
+    pub name: String,
+    /// Its `plugin.toml`.
+    pub path: PathBuf,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl Broken {
+    fn new(dir: &Path, error: PluginError) -> Self {
+        let path = dir.join("plugin.toml");
+        let message = match error {
+            PluginError::Manifest { message, .. } => message,
+            other => other.to_string(),
+        };
+        let named = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|text| text.parse::<toml::Table>().ok())
+            .and_then(|t| t.get("name")?.as_str().map(str::to_string));
+        let folder = || {
+            dir.file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned()
+        };
+        Self {
+            name: named.unwrap_or_else(folder),
+            path,
+            message,
+        }
+    }
+
+    /// The manifest's error, as reading it gave it.
+    pub fn error(&self) -> PluginError {
+        PluginError::Manifest {
+            path: self.path.clone(),
+            message: self.message.clone(),
+        }
+    }
+}
+
 /// All plugins on a search path.
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
     plugins: Vec<Found>,
+    broken: Vec<Broken>,
     searched: String,
 }
 
 impl Registry {
     /// Reads every manifest on the path. A `--plugin-dir` that does not
-    /// exist is an error; other missing folders are skipped.
+    /// exist is an error; other missing folders are skipped. A manifest
+    /// that does not read is set aside with a warning ([`Registry::broken`]).
     pub fn discover(path: &SearchPath) -> Result<Self, PluginError> {
         let mut plugins: Vec<Found> = Vec::new();
+        let mut broken: Vec<Broken> = Vec::new();
         let mut seen: HashMap<String, PathBuf> = HashMap::new();
         for (source, dir) in path.dirs() {
             if !dir.is_dir() {
@@ -142,7 +192,17 @@ impl Registry {
                 continue;
             }
             for plugin_dir in plugin_folders(dir)? {
-                let manifest = Manifest::read(&plugin_dir)?;
+                let manifest = match Manifest::read(&plugin_dir) {
+                    Ok(manifest) => manifest,
+                    Err(e) => {
+                        tracing::warn!(
+                            "skipping plugin folder {}: {e}; a run that uses it stops with this error",
+                            plugin_dir.display()
+                        );
+                        broken.push(Broken::new(&plugin_dir, e));
+                        continue;
+                    }
+                };
                 if let Some(first) = seen.get(&manifest.name) {
                     return Err(PluginError::Duplicate {
                         name: manifest.name,
@@ -159,8 +219,14 @@ impl Registry {
         }
         Ok(Self {
             plugins,
+            broken,
             searched: path.describe(),
         })
+    }
+
+    /// The plugin folders whose manifests were refused, in search order.
+    pub fn broken(&self) -> &[Broken] {
+        &self.broken
     }
 
     /// Every plugin, in search order.
@@ -168,15 +234,19 @@ impl Registry {
         &self.plugins
     }
 
-    /// The plugin called `name`.
+    /// The plugin called `name`; for one whose manifest was refused, that
+    /// error.
     pub fn find(&self, name: &str) -> Result<&Found, PluginError> {
-        self.plugins
-            .iter()
-            .find(|f| f.manifest.name == name)
-            .ok_or_else(|| PluginError::NotFound {
-                name: name.into(),
-                searched: self.searched.clone(),
-            })
+        if let Some(found) = self.plugins.iter().find(|f| f.manifest.name == name) {
+            return Ok(found);
+        }
+        if let Some(broken) = self.broken.iter().find(|b| b.name == name) {
+            return Err(broken.error());
+        }
+        Err(PluginError::NotFound {
+            name: name.into(),
+            searched: self.searched.clone(),
+        })
     }
 }
 
@@ -252,6 +322,32 @@ mod tests {
         .to_string();
         assert!(
             err.contains("`same`") && err.contains("/x") && err.contains("/y"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_broken_manifest_is_set_aside_and_named_only_when_asked_for() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b) = two_folders(&tmp);
+        plugin(&a, "good", "good");
+        std::fs::create_dir(b.join("bad")).unwrap();
+        std::fs::write(
+            b.join("bad/plugin.toml"),
+            "name = \"bad\"\nkind = \"tracker\"\n",
+        )
+        .unwrap();
+        let reg = Registry::discover(&SearchPath::only([
+            (PluginSource::Flag, a),
+            (PluginSource::BuiltIn, b.clone()),
+        ]))
+        .unwrap();
+        assert!(reg.find("good").is_ok());
+        assert_eq!(reg.broken().len(), 1);
+        let err = reg.find("bad").unwrap_err().to_string();
+        assert!(
+            err.contains(&b.join("bad/plugin.toml").display().to_string())
+                && err.contains("missing field"),
             "{err}"
         );
     }

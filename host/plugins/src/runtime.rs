@@ -69,7 +69,7 @@ impl Prepared {
         let engine = PluginEngine::global();
         let component = engine.compile(name, &path, &bytes)?;
         let report = report(engine.engine(), &component);
-        check_world(name, &path, kind, &report)?;
+        check_world(name, &path, kind, manifest.world_version(), &report)?;
 
         let mut linker = Linker::new(engine.engine());
         let runtime = |e: wasmtime::Error| PluginError::Runtime {

@@ -145,20 +145,28 @@ pub(super) fn execute(args: PluginsArgs) -> Result<(), Failure> {
             let reg = registry(&args)?;
             if reg.plugins().is_empty() {
                 println!("no plugins found");
-                return Ok(());
+            } else {
+                let mut t = super::table(&["name", "version", "kind", "world", "found in"]);
+                for f in reg.plugins() {
+                    let m = &f.manifest;
+                    t.add_row(vec![
+                        m.name.clone(),
+                        m.version.to_string(),
+                        m.kind.to_string(),
+                        m.world.clone(),
+                        format!("{} ({})", m.dir.display(), f.source),
+                    ]);
+                }
+                println!("{t}");
             }
-            let mut t = super::table(&["name", "version", "kind", "world", "found in"]);
-            for f in reg.plugins() {
-                let m = &f.manifest;
-                t.add_row(vec![
-                    m.name.clone(),
-                    m.version.to_string(),
-                    m.kind.to_string(),
-                    m.world.clone(),
-                    format!("{} ({})", m.dir.display(), f.source),
-                ]);
+            for b in reg.broken() {
+                println!(
+                    "not loadable: `{}` ({}): {}",
+                    b.name,
+                    b.path.display(),
+                    b.message
+                );
             }
-            println!("{t}");
         }
         PluginsCommand::Inspect { name } => {
             let reg = registry(&args)?;
