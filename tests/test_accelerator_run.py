@@ -3,40 +3,27 @@ precision, Adam with parameter groups, and a TorchScript model exported
 from PyTorch, trained by hearth and loaded back into PyTorch."""
 import json
 import math
+import tomllib
 
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from conftest import write_config
+from conftest import tiny_job, write_config
 
-GPT_JOB = """
-[run]
-name = "r"
-steps = STEPS
-seed = 4
-log-every = 10
-EXTRA
-[model]
-kind = "gpt"
-d-model = 32
-layers = 1
-heads = 2
-[data]
-kind = "sort-digits"
-digits = 4
-batch-size = BATCH
-[optimizer]
-kind = "OPT"
-lr = LR
-[eval]
-samples = 20
-"""
+def gpt_job(steps=20, batch=16, extra="", opt="adamw", lr=3e-3, model=None):
+    """The tiny job (tests/fixtures/tiny-job.toml) with these settings;
+    `extra` is TOML for its [run] table, `model` replaces its [model]."""
+    run = {"name": "r", "steps": steps, "seed": 4, **tomllib.loads(extra)}
+    tables = {"run": run, "data": {"batch-size": batch}, "optimizer": {"kind": opt, "lr": lr}}
+    if model is not None:
+        tables["model"] = {"d-model": None, "layers": None, "heads": None, **model}
+    return tiny_job(**tables)
 
 
-def gpt_job(steps=20, batch=16, extra="", opt="adamw", lr=3e-3):
-    text = GPT_JOB.replace("STEPS", str(steps)).replace("BATCH", str(batch)).replace("EXTRA", extra)
-    return text.replace("OPT", opt).replace("LR", str(lr))
+def torchscript(path=None):
+    """A [model] table for a TorchScript file (none: the path left out)."""
+    return {"kind": "torchscript"} | ({"path": path} if path else {})
 
 
 def train(hearth, tmp_path, name, text, env=None):
@@ -94,7 +81,8 @@ def test_fp16_on_the_cpu_trains_in_float32_like_accelerate(hearth, tmp_path):
 
 
 def test_adam_with_a_no_decay_group_runs(hearth, tmp_path):
-    text = gpt_job(opt="adam").replace("lr = 0.003", 'lr = 0.003\nweight-decay = 0.1\nno-decay = ["bias", "ln"]')
+    text = tiny_job(run={"name": "r", "steps": 20, "seed": 4},
+                    optimizer={"kind": "adam", "lr": 3e-3, "weight-decay": 0.1, "no-decay": ["bias", "ln"]})
     run, _ = train(hearth, tmp_path, "adam", text)
     assert json.loads((run / "summary.json").read_text())["final_loss"] < math.log(11)
 
@@ -158,9 +146,7 @@ def test_a_torchscript_model_trains_and_its_weights_load_back_into_pytorch(heart
     model = TinyLM()
     init = {k: v.clone() for k, v in model.state_dict().items()}
     torch.jit.script(model).save(str(tmp_path / "tiny.pt"))
-    text = gpt_job(steps=150, batch=32).replace(
-        '[model]\nkind = "gpt"\nd-model = 32\nlayers = 1\nheads = 2', '[model]\nkind = "torchscript"\npath = "tiny.pt"'
-    )
+    text = gpt_job(steps=150, batch=32, model=torchscript("tiny.pt"))
     run, _ = train(hearth, tmp_path, "ts", text)
 
     trained = load_file(run / "model.safetensors")
@@ -206,9 +192,7 @@ def test_a_torchscript_model_that_cannot_train_is_refused_at_load_naming_it(hear
         ("pooled.pt", PooledLM(), "[2, 11]"),
     ]:
         torch.jit.script(model).save(str(tmp_path / name))
-        text = gpt_job().replace(
-            '[model]\nkind = "gpt"\nd-model = 32\nlayers = 1\nheads = 2', f'[model]\nkind = "torchscript"\npath = "{name}"'
-        )
+        text = gpt_job(model=torchscript(name))
         out = hearth("run", write_config(tmp_path, text), "-q")
         assert out.returncode == 2, (name, out.returncode, out.stderr)
         assert name in out.stderr and "forward pass" in out.stderr and says in out.stderr, out.stderr
@@ -217,13 +201,11 @@ def test_a_torchscript_model_that_cannot_train_is_refused_at_load_naming_it(hear
 
 def test_a_torchscript_path_that_is_not_a_module_is_a_clear_error(hearth, tmp_path):
     (tmp_path / "junk.pt").write_bytes(b"not a module")
-    text = gpt_job().replace(
-        '[model]\nkind = "gpt"\nd-model = 32\nlayers = 1\nheads = 2', '[model]\nkind = "torchscript"\npath = "junk.pt"'
-    )
+    text = gpt_job(model=torchscript("junk.pt"))
     out = hearth("run", write_config(tmp_path, text), "-q")
     assert out.returncode != 0
     assert "junk.pt" in out.stderr and "torch.jit.script" in out.stderr
-    text = gpt_job().replace('kind = "gpt"', 'kind = "torchscript"')
+    text = gpt_job(model={"kind": "torchscript"})
     out = hearth("run", write_config(tmp_path, text), "-q")
     assert out.returncode == 2 and "model.path" in out.stderr
 

@@ -9,36 +9,18 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from conftest import write_config
+from conftest import tiny_job, write_config
 
-JOB = """
-[run]
-name = "h"
-steps = 20
-seed = 11
-log-every = 10
-save-every = 10
-[model]
-kind = "gpt"
-d-model = 32
-layers = 1
-heads = 2
-[data]
-kind = "sort-digits"
-digits = 4
-batch-size = 8
-[optimizer]
-kind = "adamw"
-lr = 3e-3
-[eval]
-samples = 10
-[[checkpoint-hooks]]
-name = "reduced-precision"
-dtype = "f16"
-tensors = ["blocks.*.weight", "head.weight"]
-[[checkpoint-hooks]]
-name = "manifest-sha256"
-"""
+JOB = tiny_job(
+    run={"name": "h", "steps": 20, "seed": 11, "save-every": 10},
+    data={"batch-size": 8},
+    optimizer={"lr": 3e-3},
+    eval={"samples": 10},
+    **{"checkpoint-hooks": [
+        {"name": "reduced-precision", "dtype": "f16", "tensors": ["blocks.*.weight", "head.weight"]},
+        {"name": "manifest-sha256"},
+    ]},
+)
 
 
 def test_hooked_checkpoints_hold_what_the_hooks_promise(hearth, tmp_path):

@@ -1,23 +1,15 @@
 """The command line: help, and bad input that must be refused with a message
 naming the file and the key, exit status 2, and nothing written."""
-from conftest import write_config
+from conftest import tiny_job, write_config
 
-GOOD = """
-[run]
-name = "t"
-steps = 2
-[model]
-kind = "gpt"
-d-model = 16
-layers = 1
-heads = 2
-[data]
-kind = "sort-digits"
-digits = 3
-batch-size = 4
-[optimizer]
-lr = 0.01
-"""
+# The tiny job, cut to 2 steps of a smaller model.
+SMALL = {"run": {"name": "t", "steps": 2}, "model": {"d-model": 16}, "data": {"digits": 3, "batch-size": 4},
+         "optimizer": {"lr": 0.01}}
+
+
+def job(**changes) -> str:
+    """SMALL with `changes` applied table by table (a key set to None is removed)."""
+    return tiny_job(**{t: SMALL.get(t, {}) | changes.get(t, {}) for t in SMALL.keys() | changes.keys()})
 
 
 def test_help_lists_commands_and_run_flags(hearth):
@@ -31,7 +23,7 @@ def test_help_lists_commands_and_run_flags(hearth):
 
 
 def test_misspelled_key_names_the_key_and_the_file(hearth, tmp_path):
-    config = write_config(tmp_path, GOOD.replace("lr = 0.01", "lerning-rate = 0.01"))
+    config = write_config(tmp_path, job(optimizer={"lr": None, "lerning-rate": 0.01}))
     out = hearth("run", config)
     assert out.returncode == 2, out.stderr
     assert "lerning-rate" in out.stderr and str(config) in out.stderr
@@ -39,13 +31,13 @@ def test_misspelled_key_names_the_key_and_the_file(hearth, tmp_path):
 
 
 def test_wrong_type_names_the_key(hearth, tmp_path):
-    config = write_config(tmp_path, GOOD.replace("steps = 2", 'steps = "two"'))
+    config = write_config(tmp_path, job(run={"steps": "two"}))
     out = hearth("run", config)
     assert out.returncode == 2 and "steps" in out.stderr and str(config) in out.stderr
 
 
 def test_key_of_another_kind_is_refused(hearth, tmp_path):
-    config = write_config(tmp_path, GOOD.replace("digits = 3", "digits = 3\nvocab-size = 9"))
+    config = write_config(tmp_path, job(data={"vocab-size": 9}))
     out = hearth("run", config)
     assert out.returncode == 2 and "data.vocab-size" in out.stderr and "random-tokens" in out.stderr
 
@@ -56,7 +48,7 @@ def test_missing_config_file_is_named(hearth, tmp_path):
 
 
 def test_missing_text_file_is_named(hearth, tmp_path):
-    text = GOOD.replace('kind = "sort-digits"\ndigits = 3', 'kind = "text-file"\npath = "corpus.txt"\nseq-len = 8')
+    text = job(data={"kind": "text-file", "digits": None, "path": "corpus.txt", "seq-len": 8})
     out = hearth("run", write_config(tmp_path, text))
     assert out.returncode == 2, out.stderr
     assert str(tmp_path / "corpus.txt") in out.stderr
