@@ -11,8 +11,8 @@ use hearth::data::{DataLoader, Dataset};
 use hearth::ops::AdamHyper;
 use hearth::optim::Adam;
 use hearth::plugins::{load_scheduler, Registry, SearchPath};
-use tch::nn::{self, Module};
-use tch::{Device, Kind, Reduction, Tensor};
+use hearth::tch::nn::{self, Module};
+use hearth::tch::{Device, Kind, Reduction, Tensor};
 
 /// 512 points of y = sin(3x) on [-1, 1].
 struct Sine(Tensor, Tensor);

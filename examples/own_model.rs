@@ -19,8 +19,8 @@ use hearth::data::{DataLoader, Dataset};
 use hearth::models::{declaration_order, Model, ModuleTree, Unit};
 use hearth::ops::AdamHyper;
 use hearth::optim::Adam;
-use tch::nn::{self, Module};
-use tch::{Device, Kind, Reduction, Tensor};
+use hearth::tch::nn::{self, Module};
+use hearth::tch::{Device, Kind, Reduction, Tensor};
 
 /// One layer: a Linear under `path`, then tanh (none on the last).
 struct Layer {

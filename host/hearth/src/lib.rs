@@ -27,6 +27,10 @@ pub mod train;
 pub use hearth_comm as comm;
 pub use hearth_ops as ops;
 pub use hearth_plugins as plugins;
+/// The `tch` hearth is built against (`=0.24.0`, the pair of libtorch
+/// 2.11): write `hearth::tch::Tensor` and pin no `tch` of your own, so the
+/// two can never differ.
+pub use tch;
 
 /// Unit tests that seed or draw from libtorch's global generator hold this
 /// lock: the harness runs tests on several threads, and a draw on another
