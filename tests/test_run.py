@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from conftest import ROOT, write_config
+from conftest import ROOT, tiny_job, write_config
 
 sys.path.insert(0, str(ROOT / "tests" / "oracles"))
 import peer_gpt  # noqa: E402
@@ -89,30 +89,15 @@ lr = 0.003
 
 
 def test_same_seed_same_weights_and_another_seed_differs(hearth, tmp_path):
-    text = """
-[run]
-name = "r"
-steps = 20
-seed = SEED
-[model]
-kind = "gpt"
-d-model = 32
-layers = 1
-heads = 2
-[data]
-kind = "random-tokens"
-vocab-size = 50
-seq-len = 16
-batch-size = 4
-[optimizer]
-kind = "sgd"
-lr = 0.1
-momentum = 0.9
-"""
+    def job(seed):
+        return tiny_job(run={"name": "r", "steps": 20, "seed": seed},
+                        data={"kind": "random-tokens", "digits": None, "vocab-size": 50, "seq-len": 16, "batch-size": 4},
+                        optimizer={"kind": "sgd", "lr": 0.1, "momentum": 0.9})
+
     paths = []
     for i, seed in enumerate([1, 1, 2]):
         out_dir = tmp_path / f"out{i}"
-        out = hearth("run", write_config(tmp_path, text.replace("SEED", str(seed)), f"c{i}.toml"), "--output-dir", out_dir, "-q")
+        out = hearth("run", write_config(tmp_path, job(seed), f"c{i}.toml"), "--output-dir", out_dir, "-q")
         assert out.returncode == 0, out.stderr
         paths.append(out_dir / "r" / "model.safetensors")
     a, b, c = (load_file(p) for p in paths)
