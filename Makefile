@@ -177,6 +177,7 @@ lint: setup
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --workspace --all-targets --no-default-features -- -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 	for ws in plugins tests/plugins; do (cd $$ws && cargo fmt --all --check && cargo clippy --release -- -D warnings); done
 	cd guest-sdk && cargo fmt --check && cargo clippy --target wasm32-wasip2 -- -D warnings
 

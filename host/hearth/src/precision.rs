@@ -38,7 +38,7 @@ impl MixedPrecision {
     }
 }
 
-/// The spellings [`MixedPrecision::from_str`] takes, in any case (`fp32`
+/// The spellings `MixedPrecision::from_str` takes, in any case (`fp32`
 /// is `no`; `fp8` is refused).
 impl schemars::JsonSchema for MixedPrecision {
     fn schema_name() -> std::borrow::Cow<'static, str> {

@@ -1,5 +1,5 @@
 //! Which code runs hearth's own CPU kernels (the fused GELU and
-//! self-attention of [`super::fused`]): chosen once per process from what
+//! self-attention of `fused`): chosen once per process from what
 //! the CPU has, libtorch's CPU level and `HEARTH_CPU_KERNELS`.
 
 use std::ffi::c_char;

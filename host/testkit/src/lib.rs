@@ -494,7 +494,7 @@ pub fn ranked(out: Output) -> Output {
 }
 
 /// The last 20 lines of each rank's stdout and stderr in `out`, and of
-/// those no rank is named on ([`lines`]), under a heading each.
+/// those no rank is named on (`lines`), under a heading each.
 pub fn tails(out: &Output) -> String {
     let names = ["stdout", "stderr"];
     let mut streams = BTreeMap::<(Option<usize>, usize), Vec<String>>::new();

@@ -35,8 +35,8 @@ enum CheckpointCommand {
     /// with model.safetensors.index.json past --max-shard-size (Accelerate's
     /// `accelerate merge-weights`).
     Merge {
-        /// The checkpoint folder (one model), or its pytorch_model_fsdp_<i>
-        /// or optimizer_<i> folder.
+        /// The checkpoint folder (one model), or its pytorch_model_fsdp_N
+        /// or optimizer_N folder.
         checkpoint_directory: PathBuf,
         /// The folder to write the merged weights into.
         output_path: PathBuf,

@@ -10,7 +10,7 @@ use std::time::Duration;
 /// Arguments of `hearth report`.
 #[derive(Debug, Args)]
 pub(super) struct ReportArgs {
-    /// Run folders written by `hearth run` (<output-dir>/<name>); several
+    /// Run folders written by `hearth run` (OUTPUT_DIR/NAME); several
     /// are overlaid, each in its own colour.
     #[arg(required = true, value_name = "RUN_DIR")]
     runs: Vec<PathBuf>,

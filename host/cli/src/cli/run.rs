@@ -28,7 +28,7 @@ pub(super) struct RunArgs {
     /// Continue from the newest complete checkpoint in the run folder (see run.save-every).
     #[arg(long)]
     resume: bool,
-    /// Record some steps with libtorch's profiler (as [profile] says, by default steps 7 to 9) and write profile_<rank>.json here.
+    /// Record some steps with libtorch's profiler (as the config's profile table says, by default steps 7 to 9) and write profile_RANK.json here.
     #[arg(long, value_name = "DIR")]
     profile: Option<PathBuf>,
 }

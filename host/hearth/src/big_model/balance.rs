@@ -65,7 +65,7 @@ fn reserve(tree: &ModuleTree, sizes: &ModuleSizes, no_split: &[String]) -> u64 {
 
 /// Accelerate's `get_balanced_memory(model, max_memory,
 /// no_split_module_classes, dtype, low_zero)`: each GPU but the last is
-/// capped at its share of the model plus a reserve (see [`reserve`]); with
+/// capped at its share of the model plus a reserve (see `reserve`); with
 /// `low_zero`, GPU 0 gets only what the others cannot hold (it is left
 /// free for other work, as transformers' `"balanced_low_0"`).
 ///

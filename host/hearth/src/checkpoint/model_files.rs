@@ -248,7 +248,7 @@ pub(crate) fn weight_files(path: &Path) -> Result<Vec<WeightFile>, CheckpointErr
         .collect())
 }
 
-/// Loads the weights at `path` (see [`weight_files`]: file, index or
+/// Loads the weights at `path` (see `weight_files`: file, index or
 /// folder) into `model` — each model tensor is overwritten in place, on its
 /// own device. Files are memory-mapped and read tensor by tensor. A tensor
 /// whose shape or dtype differs is an error naming it, the file and both

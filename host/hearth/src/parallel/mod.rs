@@ -1,5 +1,5 @@
 //! The data-parallel strategies, side by side, over the gradient round
-//! they share ([`GradientSync`]): DDP ([`ddp`]: every process holds the
+//! they share ([`GradientSync`]): DDP (`ddp`: every process holds the
 //! whole model and averages gradients in buckets) and sharding
 //! ([`sharded`]: FSDP's SHARD_GRAD_OP, each process holding its shard of
 //! the gradients and optimizer state), configured by [`FsdpPlugin`]; and

@@ -217,7 +217,7 @@ impl Accelerator {
 
     /// Runs `hook` in every later `save_state` before the models are
     /// written (Accelerate's `register_save_state_pre_hook`; see
-    /// [`SaveStatePreHook`]) until the returned handle is dropped or removed.
+    /// [`SaveStatePreHook`](super::SaveStatePreHook)) until the returned handle is dropped or removed.
     pub fn register_save_state_pre_hook(
         &self,
         hook: impl FnMut(&mut Vec<Vec<(String, Tensor)>>, &Path) + Send + 'static,
@@ -227,7 +227,7 @@ impl Accelerator {
 
     /// Runs `hook` in every later `load_state` before the models are read
     /// (Accelerate's `register_load_state_pre_hook`; see
-    /// [`LoadStatePreHook`]) until the returned handle is dropped or removed.
+    /// [`LoadStatePreHook`](super::LoadStatePreHook)) until the returned handle is dropped or removed.
     pub fn register_load_state_pre_hook(
         &self,
         hook: impl FnMut(&mut Vec<usize>, &Path) + Send + 'static,

@@ -10,7 +10,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use tch::{TchError, Tensor};
 
-/// Why [`Accelerator::backward`] failed.
+/// Why [`Accelerator::backward`](crate::accelerator::Accelerator::backward) failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BackwardError {
     /// libtorch's backward pass failed.

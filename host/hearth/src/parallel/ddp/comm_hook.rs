@@ -12,7 +12,7 @@ use tch::{Kind, Tensor};
 /// `DDPCommunicationHookType`): the 16-bit hooks cast to half or bfloat16,
 /// divide by the number of processes, sum, and cast back — half the bytes
 /// on the wire, at 16-bit precision; PowerSGD sends low-rank factors of
-/// each matrix (see [`super::power_sgd`]).
+/// each matrix (see `power_sgd`).
 #[derive(
     Debug,
     Clone,
@@ -33,7 +33,7 @@ pub enum CommHook {
     Fp16,
     /// bfloat16 on the wire (`bf16_compress_hook`).
     Bf16,
-    /// PowerSGD (`powerSGD_hook`), set by [`DdpOptions::comm_state_option`].
+    /// PowerSGD (`powerSGD_hook`), set by [`DdpOptions::comm_state_option`](crate::parallel::DdpOptions::comm_state_option).
     PowerSgd,
     /// Refused: PyTorch's `batched_powerSGD_hook` fails its own check.
     BatchedPowerSgd,

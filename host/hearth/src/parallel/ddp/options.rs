@@ -13,7 +13,7 @@ use tch::Tensor;
 pub struct DdpOptions {
     /// Gradients are averaged in buckets of about this many MiB (25, as
     /// PyTorch's default; left at 25, the first bucket holds at most
-    /// [`FIRST_BUCKET_MB`] as DDP's does).
+    /// [`FIRST_BUCKET_MB`](crate::parallel::FIRST_BUCKET_MB) as DDP's does).
     pub bucket_cap_mb: f64,
     /// Compression of the gradients on the wire.
     pub comm_hook: CommHook,

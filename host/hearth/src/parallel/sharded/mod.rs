@@ -1,5 +1,5 @@
 //! Sharding (FSDP's `SHARD_GRAD_OP`, ZeRO-2): each unit's parameters are
-//! laid out in FSDP2's dim-0 shards ([`layout`]); backward reduce-scatters
+//! laid out in FSDP2's dim-0 shards (`layout`); backward reduce-scatters
 //! a unit's gradients as soon as they are all in, so each process keeps
 //! only the gradient rows it owns; the optimizer steps those rows and its
 //! state exists only for them ([`ShardedOptimizer`]); after the step the
