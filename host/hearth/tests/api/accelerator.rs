@@ -796,10 +796,16 @@ fn split_batches_that_do_not_divide_are_refused() {
     assert!(err.to_string().contains("batch size 3"), "{err}");
 }
 
-#[test]
-fn clipping_waits_for_the_sync_step_under_fp16() {
-    // Clipping on a micro-batch that does not sync must neither unscale nor
-    // clip: the next micro-batch's gradients still arrive scaled.
+/// fp16 with CPU loss scaling, 2 accumulation steps, and SGD (lr 1) over a
+/// zero parameter of `n` elements: the setup of the unscale and clipping
+/// tests.
+fn fp16_sgd_over_two_micro_batches(
+    n: i64,
+) -> (
+    Accelerator,
+    Tensor,
+    hearth::accelerator::AcceleratedOptimizer,
+) {
     let mut acc = Accelerator::builder()
         .cpu(true)
         .mixed_precision(MixedPrecision::Fp16)
@@ -807,10 +813,18 @@ fn clipping_waits_for_the_sync_step_under_fp16() {
         .gradient_accumulation_steps(2)
         .build()
         .unwrap();
-    let p = Tensor::zeros([1], (Kind::Float, Device::Cpu)).set_requires_grad(true);
-    let mut opt = acc
+    let p = Tensor::zeros([n], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let opt = acc
         .prepare(Sgd::new(vec![p.shallow_clone()], sgd(1.0, 0.0)))
         .unwrap();
+    (acc, p, opt)
+}
+
+#[test]
+fn clipping_waits_for_the_sync_step_under_fp16() {
+    // Clipping on a micro-batch that does not sync must neither unscale nor
+    // clip: the next micro-batch's gradients still arrive scaled.
+    let (acc, p, mut opt) = fp16_sgd_over_two_micro_batches(1);
     let mut norms = Vec::new();
     for _ in 0..2 {
         acc.accumulate(|| {
@@ -835,17 +849,7 @@ fn clipping_waits_for_the_sync_step_under_fp16() {
 /// micro-batch that does not sync it does nothing.
 #[test]
 fn unscale_gradients_divides_by_the_scale_once_and_only_at_a_sync_step() {
-    let mut acc = Accelerator::builder()
-        .cpu(true)
-        .mixed_precision(MixedPrecision::Fp16)
-        .cpu_loss_scaling(true)
-        .gradient_accumulation_steps(2)
-        .build()
-        .unwrap();
-    let p = Tensor::zeros([1], (Kind::Float, Device::Cpu)).set_requires_grad(true);
-    let mut opt = acc
-        .prepare(Sgd::new(vec![p.shallow_clone()], sgd(1.0, 0.0)))
-        .unwrap();
+    let (acc, p, mut opt) = fp16_sgd_over_two_micro_batches(1);
     let mut seen = Vec::new();
     for _ in 0..2 {
         acc.accumulate(|| {
@@ -906,17 +910,7 @@ fn a_group_mixing_dtypes_steps_like_separate_groups() {
 
 #[test]
 fn clip_grad_value_clamps_the_unscaled_gradients_at_the_sync_step_only() {
-    let mut acc = Accelerator::builder()
-        .cpu(true)
-        .mixed_precision(MixedPrecision::Fp16)
-        .cpu_loss_scaling(true)
-        .gradient_accumulation_steps(2)
-        .build()
-        .unwrap();
-    let p = Tensor::zeros([2], (Kind::Float, Device::Cpu)).set_requires_grad(true);
-    let mut opt = acc
-        .prepare(Sgd::new(vec![p.shallow_clone()], sgd(1.0, 0.0)))
-        .unwrap();
+    let (acc, p, mut opt) = fp16_sgd_over_two_micro_batches(2);
     let mut grads = Vec::new();
     for _ in 0..2 {
         acc.accumulate(|| {
