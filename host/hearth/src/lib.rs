@@ -33,11 +33,35 @@ pub use hearth_plugins as plugins;
 pub use tch;
 
 /// Unit tests that seed or draw from libtorch's global generator hold this
-/// lock: the harness runs tests on several threads, and a draw on another
-/// thread between a test's seed and its own draws changes what it gets
-/// (the unit-wise dropout replay test compares two seeded runs).
+/// lock, and so do the fixtures that draw (`models::tiny_gpt` initialises
+/// its weights): the harness runs tests on several threads, and a draw on
+/// another thread between a test's seed and its own draws changes what it
+/// gets (the unit-wise dropout replay test compares two seeded runs). A
+/// thread that holds it may take it again, so a locked test can call a
+/// locked fixture.
 #[cfg(test)]
-pub(crate) fn global_rng() -> std::sync::MutexGuard<'static, ()> {
+pub(crate) fn global_rng() -> GlobalRng {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+    let held = HELD.with(|h| h.get());
+    let guard = (!held).then(|| LOCK.lock().unwrap_or_else(|p| p.into_inner()));
+    HELD.with(|h| h.set(true));
+    GlobalRng(guard)
+}
+
+#[cfg(test)]
+thread_local! {
+    static HELD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The guard of [`global_rng`]: the outermost one on a thread releases it.
+#[cfg(test)]
+pub(crate) struct GlobalRng(Option<std::sync::MutexGuard<'static, ()>>);
+
+#[cfg(test)]
+impl Drop for GlobalRng {
+    fn drop(&mut self) {
+        if self.0.is_some() {
+            HELD.with(|h| h.set(false));
+        }
+    }
 }

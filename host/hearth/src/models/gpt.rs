@@ -212,6 +212,7 @@ pub(crate) fn tiny_gpt() -> Gpt {
         layers: 2,
         heads: 2,
     };
+    let _rng = crate::global_rng();
     Gpt::new(config, Device::Cpu)
 }
 
