@@ -18,6 +18,8 @@ import pytest
 import tomli_w
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+# The WIT package version hearth speaks, from its one source.
+WIT_VERSION = re.search(r"package hearth:plugin@([^;]+);", (ROOT / "wit" / "plugin.wit").read_text()).group(1)
 
 # The variable that marks every process a test starts, and theirs: what finds
 # those that left the command's session (torchrun's workers, `script`'s
@@ -325,6 +327,6 @@ def make_plugin(parent: pathlib.Path, name: str, wasm: pathlib.Path, kind="track
     (folder / f"{name}.wasm").write_bytes(wasm.read_bytes())
     (folder / "plugin.toml").write_text(
         f'name = "{name}"\nversion = "0.1.0"\nkind = "{kind}"\n'
-        f'world = "hearth:plugin/{kind}-plugin@0.2.0"\ncomponent = "{name}.wasm"\n{limits}'
+        f'world = "hearth:plugin/{kind}-plugin@{WIT_VERSION}"\ncomponent = "{name}.wasm"\n{limits}'
     )
     return folder

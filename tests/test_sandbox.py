@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import LOGGED_STEPS, ROOT, SHORT_JOB, make_plugin, run_hearth, tracker_tables, write_config
+from conftest import LOGGED_STEPS, ROOT, SHORT_JOB, make_plugin, run_hearth, tracker_tables, write_config, WIT_VERSION
 
 HOSTILE = {
     "trap": "",
@@ -88,14 +88,15 @@ def test_nothing_outside_the_trackers_folders_is_touched(hostile_run):
 def test_a_trap_drops_the_instance_and_a_fresh_one_goes_on(hostile_run):
     out = hostile_run["out"]
     (line,) = warnings(out, "trap")
-    assert "failed in log: trapped: wasm trap: wasm `unreachable` instruction executed" in line
+    assert "failed in log at step 10: trapped: wasm trap: wasm `unreachable` instruction executed" in line
     assert "training goes on" in line
     assert "fixture trap at step 10" in out.stderr  # its panic message, via its stderr
     seen = (hostile_run["run"] / "trackers" / "trap" / "seen.txt").read_text().split("\n")
-    # start, the trap at step 10, then start replayed on a fresh instance.
+    # start, the trap at step 10, then start on a fresh instance.
     assert seen[:3] == ["start", "trapped", "start"]
-    # Steps 20-40 arrive, and the eval values logged at step 40.
-    assert [l for l in seen if l.startswith("log")] == ["log 20", "log 30", "log 40", "log 40"]
+    # Step 10 comes again (the fault contract), then 20-40 and the eval
+    # values logged at step 40.
+    assert [l for l in seen if l.startswith("log")] == ["log 10", "log 20", "log 30", "log 40", "log 40"]
 
 
 def test_an_endless_loop_hits_the_deadline_and_is_disabled(hostile_run):
@@ -154,7 +155,7 @@ CORE_MODULE = b"\0asm\x01\0\0\0"
     [
         ("core-module", "it is a core WebAssembly module, not a component"),
         ("wrong-world", 'plugin.toml says kind = "tracker"'),
-        ("other-major", "it was built for hearth:plugin@1.0.0, and this host speaks hearth:plugin@0.2.0"),
+        ("other-major", f"it was built for hearth:plugin@1.0.0, and this host speaks hearth:plugin@{WIT_VERSION}"),
     ],
 )
 def test_malformed_plugins_are_refused_at_load(hearth, fixture_wasm, tmp_path, fixture, reason):
@@ -177,15 +178,15 @@ def test_malformed_plugins_are_refused_at_load(hearth, fixture_wasm, tmp_path, f
 
 
 def test_a_manifest_declaring_another_world_version_is_refused(hearth, tmp_path):
-    """A component built for 0.2.0 whose plugin.toml says 1.0.0: the version
+    """A component built for this WIT version whose plugin.toml says 1.0.0: the version
     is compared with the component's own, at check and at load."""
     plugins = tmp_path / "third-party"
     built = ROOT / "target" / "plugins" / "jsonl" / "jsonl.wasm"
     folder = make_plugin(plugins, "claims-one", built)
     manifest = folder / "plugin.toml"
-    manifest.write_text(manifest.read_text().replace("tracker-plugin@0.2.0", "tracker-plugin@1.0.0"))
+    manifest.write_text(manifest.read_text().replace(f"tracker-plugin@{WIT_VERSION}", "tracker-plugin@1.0.0"))
     reason = ("declares world hearth:plugin/tracker-plugin@1.0.0, but the component was built for "
-              "hearth:plugin@0.2.0")
+              f"hearth:plugin@{WIT_VERSION}")
 
     check = hearth("plugins", "check", folder)
     assert check.returncode == 2 and "plugin `claims-one`" in check.stderr and reason in check.stderr, check.stderr
@@ -232,8 +233,8 @@ def test_plugins_list_and_inspect_show_the_built_ins(hearth):
             rows[cells[0]] = cells
     for name in ["jsonl", "csv", "tensorboard", "mlflow", "dvclive"]:
         _, _, kind, world, found = rows[name]
-        assert kind == "tracker" and world == "hearth:plugin/tracker-plugin@0.2.0" and "built-in" in found
-    assert rows["linear"][2:4] == ["scheduler", "hearth:plugin/scheduler-plugin@0.2.0"]
+        assert kind == "tracker" and world == f"hearth:plugin/tracker-plugin@{WIT_VERSION}" and "built-in" in found
+    assert rows["linear"][2:4] == ["scheduler", f"hearth:plugin/scheduler-plugin@{WIT_VERSION}"]
     # Long names keep the columns aligned.
     widths = {len(l) for l in listing.stdout.splitlines() if l.startswith("│")}
     assert len(widths) == 1 and "constant-with-warmup" in rows

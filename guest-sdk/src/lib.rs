@@ -10,19 +10,25 @@
 //! a checkpoint hook's the checkpoint folder at `/checkpoint`; nothing else
 //! is reachable.
 //!
-//! A complete tracker that appends every logged value to `/logs/values.txt`:
+//! A complete tracker that appends every logged value to `/logs/values.txt`
+//! (appending, so that a fresh instance after a fault goes on where the
+//! failed one stopped; a new run starts with `/logs` empty):
 //!
 //! ```no_run
-//! use hearth_guest::{export_tracker, Entries, RunInfo, Tracker, Value};
+//! use hearth_guest::{export_tracker, Entries, Start, Tracker, Value};
 //! use std::io::Write;
 //!
 //! #[derive(Default)]
 //! struct Lines(Option<std::fs::File>);
 //!
 //! impl Tracker for Lines {
-//!     fn start(&mut self, run: RunInfo, _config: Entries) -> Result<(), String> {
-//!         hearth_guest::log::info(&format!("tracking {}", run.run));
-//!         self.0 = Some(std::fs::File::create("/logs/values.txt").map_err(|e| e.to_string())?);
+//!     fn start(&mut self, start: Start) -> Result<(), String> {
+//!         hearth_guest::log::info(&format!("tracking {}", start.run.run));
+//!         let file = std::fs::OpenOptions::new()
+//!             .create(true)
+//!             .append(true)
+//!             .open("/logs/values.txt");
+//!         self.0 = Some(file.map_err(|e| e.to_string())?);
 //!         Ok(())
 //!     }
 //!     fn log(&mut self, step: u64, values: Entries) -> Result<(), String> {
@@ -38,6 +44,9 @@
 //!
 //! export_tracker!(Lines);
 //! ```
+//!
+//! The fault contract (what happens after a panic, a missed deadline or a
+//! memory-cap hit) is [`Tracker`]'s.
 
 #![warn(missing_docs)]
 
@@ -47,7 +56,7 @@ pub mod bindings {
     #[allow(missing_docs)]
     pub mod tracker {
         wit_bindgen::generate!({
-            path: "../wit",
+            path: "wit",
             world: "hearth:plugin/tracker-plugin",
             pub_export_macro: true,
             export_macro_name: "__export_tracker_world",
@@ -59,12 +68,12 @@ pub mod bindings {
     #[allow(missing_docs)]
     pub mod scheduler {
         wit_bindgen::generate!({
-            path: "../wit",
+            path: "wit",
             world: "hearth:plugin/scheduler-plugin",
             pub_export_macro: true,
             export_macro_name: "__export_scheduler_world",
             default_bindings_module: "hearth_guest::bindings::scheduler",
-            with: { "hearth:plugin/log@0.2.0": crate::bindings::tracker::hearth::plugin::log },
+            with: { "hearth:plugin/log@0.3.0": crate::bindings::tracker::hearth::plugin::log },
         });
     }
 
@@ -72,14 +81,14 @@ pub mod bindings {
     #[allow(missing_docs)]
     pub mod checkpoint {
         wit_bindgen::generate!({
-            path: "../wit",
+            path: "wit",
             world: "hearth:plugin/checkpoint-plugin",
             pub_export_macro: true,
             export_macro_name: "__export_checkpoint_world",
             default_bindings_module: "hearth_guest::bindings::checkpoint",
             with: {
-                "hearth:plugin/log@0.2.0": crate::bindings::tracker::hearth::plugin::log,
-                "hearth:plugin/types@0.2.0": crate::bindings::tracker::hearth::plugin::types,
+                "hearth:plugin/log@0.3.0": crate::bindings::tracker::hearth::plugin::log,
+                "hearth:plugin/types@0.3.0": crate::bindings::tracker::hearth::plugin::types,
             },
         });
     }
@@ -88,12 +97,12 @@ pub mod bindings {
     #[allow(missing_docs)]
     pub mod wrap_policy {
         wit_bindgen::generate!({
-            path: "../wit",
+            path: "wit",
             world: "hearth:plugin/wrap-policy-plugin",
             pub_export_macro: true,
             export_macro_name: "__export_wrap_policy_world",
             default_bindings_module: "hearth_guest::bindings::wrap_policy",
-            with: { "hearth:plugin/log@0.2.0": crate::bindings::tracker::hearth::plugin::log },
+            with: { "hearth:plugin/log@0.3.0": crate::bindings::tracker::hearth::plugin::log },
         });
     }
 }
@@ -101,6 +110,7 @@ pub mod bindings {
 pub mod checkpoint;
 pub mod files;
 
+pub use bindings::tracker::exports::hearth::plugin::tracker::Restart;
 pub use bindings::tracker::hearth::plugin::types::{RunInfo, Value};
 /// One module of the model tree a wrap policy is given.
 pub use bindings::wrap_policy::exports::hearth::plugin::wrap_policy::Module;
@@ -112,11 +122,48 @@ pub type Entries = Vec<(String, Value)>;
 /// `package` line, read at build time).
 pub const WIT_VERSION: &str = env!("HEARTH_WIT_VERSION");
 
+/// What a tracker's `start` is given.
+#[derive(Debug, Clone)]
+pub struct Start {
+    /// The run, and this process's place in it.
+    pub run: RunInfo,
+    /// The run's hyper-parameters (Accelerate's `store_init_configuration`).
+    pub config: Entries,
+    /// The tracker's options from its `[[trackers]]` table, checked against
+    /// the `[options]` its `plugin.toml` declares, defaults filled in.
+    pub options: Entries,
+    /// Set when this is a fresh instance after a fault: which call faulted
+    /// (it comes again right after this `start`) and what was lost.
+    pub restart: Option<Restart>,
+}
+
+impl Start {
+    /// The option called `key`, if given or defaulted.
+    pub fn option(&self, key: &str) -> Option<&Value> {
+        self.options.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+}
+
 /// An experiment tracker (Accelerate's `GeneralTracker`). One value of the
 /// type lives for the whole plugin instance, created with `Default`.
+///
+/// The host's contract:
+/// - An instance gets `start` first, then `log` for each logged step in
+///   step order, then `finish` once.
+/// - A new run begins with `/logs` empty; a resumed run finds it as the
+///   last run left it.
+/// - A panic, a missed deadline or a memory-cap hit drops the instance. A
+///   fresh one gets `start` with [`Start::restart`] set, then the call that
+///   faulted once more. `/logs` is as the failed instance left it: keep
+///   there what must survive, and read it back on a restart (the failed
+///   instance may have done part of `restart.step`).
+/// - If that call faults again its values are lost (`restart.values_lost`
+///   and the run's `summary.json` count them).
+/// - An `Err` is a fault that keeps the instance; the call is not sent again.
+/// - After 3 faults the tracker gets no further call, not even `finish`.
 pub trait Tracker: Default + 'static {
-    /// A run begins; `config` holds its hyper-parameters.
-    fn start(&mut self, _run: RunInfo, _config: Entries) -> Result<(), String> {
+    /// A run begins, or goes on in a fresh instance after a fault.
+    fn start(&mut self, _start: Start) -> Result<(), String> {
         Ok(())
     }
     /// `values` were logged at global step `step`.
@@ -181,7 +228,7 @@ pub trait Scheduler: Sized + 'static {
 pub trait WrapPolicy: 'static {
     /// The paths of the modules to wrap, from the policy's options (the
     /// `[fsdp]` table's policy options as a JSON object, plus the
-    /// manifest's `[options]` presets) and the module tree (parents
+    /// manifest's `[presets]`) and the module tree (parents
     /// before children; `parent` indexes the same list). An `Err` says
     /// what is wrong; the host stops the run with it.
     fn units(options_json: &str, modules: &[Module]) -> Result<Vec<String>, String>;
@@ -224,8 +271,14 @@ macro_rules! export_tracker {
             struct HearthTrackerExport;
 
             impl $crate::bindings::tracker::exports::hearth::plugin::tracker::Guest for HearthTrackerExport {
-                fn start(run: $crate::RunInfo, config: $crate::Entries) -> Result<(), String> {
-                    with(|t| $crate::Tracker::start(t, run, config))
+                fn start(
+                    run: $crate::RunInfo,
+                    config: $crate::Entries,
+                    options: $crate::Entries,
+                    restart: ::core::option::Option<$crate::Restart>,
+                ) -> Result<(), String> {
+                    let start = $crate::Start { run, config, options, restart };
+                    with(|t| $crate::Tracker::start(t, start))
                 }
                 fn log(step: u64, values: $crate::Entries) -> Result<(), String> {
                     with(|t| $crate::Tracker::log(t, step, values))

@@ -1,7 +1,7 @@
 // A hearth tracker in JavaScript: one JSON line per logged step in
 // /logs/steps.jsonl. Built into a WebAssembly component by componentize-js
 // (see build.mjs and docs/src/plugins.md).
-import { log as hostLog } from 'hearth:plugin/log@0.2.0';
+import { log as hostLog } from 'hearth:plugin/log@0.3.0';
 import { getDirectories } from 'wasi:filesystem/preopens@0.2.12';
 
 const encoder = new TextEncoder();
@@ -23,7 +23,7 @@ const guarded = (f) => (...args) => {
 };
 
 export const tracker = {
-  start: guarded((run, config) => {
+  start: guarded((run, config, options, restart) => {
     const logs = getDirectories().find(([, path]) => path === '/logs');
     if (!logs) throw 'no /logs folder was granted';
     file = logs[0].openAt({}, 'steps.jsonl', { create: true }, { write: true });

@@ -17,7 +17,7 @@ class Tracker(exports.Tracker):
 
     out = None
 
-    def start(self, run, config):
+    def start(self, run, config, options, restart):
         try:
             Tracker.out = open("/logs/steps.jsonl", "a")
         except OSError as e:

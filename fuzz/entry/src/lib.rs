@@ -175,7 +175,7 @@ pub fn plugin_manifest(data: &[u8]) {
         write(
             &other.join("plugin.toml"),
             b"name = \"jsonl\"\nversion = \"0.1.0\"\nkind = \"tracker\"\n\
-              world = \"hearth:plugin/tracker-plugin@0.2.0\"\ncomponent = \"jsonl.wasm\"\n",
+              world = \"hearth:plugin/tracker-plugin@0.3.0\"\ncomponent = \"jsonl.wasm\"\n",
         );
     }
     write(&dir.join("plugin.toml"), data);
@@ -545,7 +545,7 @@ fn fuzz_manifest(name: &str, kind: &str, world: &str) -> Option<plugins::Manifes
     .ok()?;
     let text = format!(
         "name = \"fuzz-{name}\"\nversion = \"0.1.0\"\nkind = \"{kind}\"\n\
-         world = \"hearth:plugin/{world}@0.2.0\"\ncomponent = \"plugin.wasm\"\n\
+         world = \"hearth:plugin/{world}@0.3.0\"\ncomponent = \"plugin.wasm\"\n\
          [limits]\nmemory-mb = 16\ncall-timeout-ms = 2000\n"
     );
     write(&dir.join("plugin.toml"), text.as_bytes());

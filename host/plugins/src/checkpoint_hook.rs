@@ -54,21 +54,14 @@ pub fn load_checkpoint_hook(
     let plugin = Prepared::new(manifest, PluginKind::CheckpointHook, None, |linker| {
         Bindings::add_to_linker::<PluginState, HasSelf<PluginState>>(linker, |s| s)
     })?;
-    match serde_json::from_str::<serde_json::Value>(options_json) {
-        Ok(serde_json::Value::Object(_)) => {}
-        _ => {
-            return Err(PluginError::Runtime {
-                name: manifest.name.clone(),
-                message: format!("checkpoint hook options are not a JSON object: {options_json}"),
-            })
-        }
-    }
+    // Checked against its declared options, plus its presets.
+    let options_json = manifest.options_json(options_json)?;
     plugin
         .instantiate(async |s, c, l| Bindings::instantiate_async(s, c, l).await)
         .map_err(|e| plugin.refused(e))?;
     Ok(CheckpointHookPlugin {
         plugin,
-        options_json: options_json.into(),
+        options_json,
     })
 }
 

@@ -50,6 +50,17 @@ pub enum PluginError {
         /// Why.
         reason: String,
     },
+    /// An option the run config gives a plugin is not one it declares, or
+    /// has the wrong type.
+    #[error("plugin `{name}`: option `{key}` {message}")]
+    Option {
+        /// The plugin.
+        name: String,
+        /// The option's key.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
     /// Instantiation or a call failed.
     #[error("plugin `{name}`: {message}")]
     Runtime {

@@ -4,7 +4,7 @@
 //! name = "jsonl"
 //! version = "0.1.0"
 //! kind = "tracker"
-//! world = "hearth:plugin/tracker-plugin@0.2.0"
+//! world = "hearth:plugin/tracker-plugin@0.3.0"
 //! component = "jsonl.wasm"
 //! description = "One JSON object per logged step."
 //! [permissions]
@@ -12,7 +12,10 @@
 //! [limits]
 //! memory-mb = 64            # default 64, at most 1024
 //! call-timeout-ms = 5000    # default 5000, at most 60000
-//! [options]                 # schedulers: presets added to the user's options
+//! [options.every]           # options it takes: type, default, description
+//! type = "int"
+//! default = 1
+//! [presets]                 # options every user gets and none may set
 //! ```
 
 use super::PluginError;
@@ -243,11 +246,18 @@ pub struct Manifest {
     /// Resource limits.
     #[serde(default)]
     pub limits: Limits,
-    /// Preset options (schedulers), added to the user's, who may not set
-    /// them. One component can so be installed under several names, each
-    /// meaning one preset.
+    /// The options it takes (`[options.<key>]`: type, default,
+    /// description); see [`Manifest::checked_options`].
+    #[serde(skip)]
+    pub options: std::collections::BTreeMap<String, super::OptionSpec>,
+    /// `[options]` as written, parsed into `options`.
+    #[serde(default, rename = "options")]
+    raw_options: toml::Table,
+    /// Preset options, added to the user's, who may not set them. One
+    /// component can so be installed under several names, each meaning
+    /// one preset (the `cosine` schedule).
     #[serde(default)]
-    pub options: toml::Table,
+    pub presets: toml::Table,
     /// The folder holding the manifest.
     #[serde(skip)]
     pub dir: PathBuf,
@@ -283,6 +293,7 @@ impl Manifest {
         };
         let mut m: Self = toml::from_str(text).map_err(|e| bad(e.to_string()))?;
         m.dir = dir.to_path_buf();
+        m.options = super::options::declarations(&m.raw_options).map_err(bad)?;
         if m.name.is_empty()
             || !m
                 .name
@@ -372,7 +383,7 @@ mod tests {
 name = "jsonl"
 version = "0.1.0"
 kind = "tracker"
-world = "hearth:plugin/tracker-plugin@0.2.0"
+world = "hearth:plugin/tracker-plugin@0.3.0"
 component = "jsonl.wasm"
 "#;
 
@@ -382,7 +393,7 @@ component = "jsonl.wasm"
         assert_eq!(m.limits.memory_mb, 64);
         assert!(m.permissions.logging_dir);
         assert_eq!(m.component_path(), PathBuf::from("/p/jsonl/jsonl.wasm"));
-        assert_eq!(m.world_version(), "0.2.0");
+        assert_eq!(m.world_version(), crate::WIT_VERSION);
     }
 
     #[test]

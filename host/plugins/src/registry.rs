@@ -276,7 +276,7 @@ mod tests {
         let dir = root.join(folder);
         std::fs::create_dir_all(&dir).unwrap();
         let text = format!(
-            "name = \"{name}\"\nversion = \"1.0.0\"\nkind = \"tracker\"\nworld = \"hearth:plugin/tracker-plugin@0.2.0\"\ncomponent = \"x.wasm\"\n"
+            "name = \"{name}\"\nversion = \"1.0.0\"\nkind = \"tracker\"\nworld = \"hearth:plugin/tracker-plugin@0.3.0\"\ncomponent = \"x.wasm\"\n"
         );
         std::fs::write(dir.join("plugin.toml"), text).unwrap();
     }

@@ -25,6 +25,22 @@ use wasmtime::{Store, Trap};
 #[error("the call did not return within its deadline")]
 pub(crate) struct CallTimedOut;
 
+/// How a call into a plugin failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultKind {
+    /// It trapped (a Rust panic, an `unreachable`, an out-of-bounds access).
+    Trap,
+    /// It missed its call deadline.
+    Timeout,
+    /// It hit its memory cap.
+    Memory,
+    /// It returned an `err`.
+    Error,
+    /// A fresh instance could not be made.
+    Instantiate,
+}
+
 /// A plugin compiled and linked, ready to instantiate any number of times.
 pub(crate) struct Prepared {
     pub(crate) manifest: Manifest,
@@ -255,6 +271,20 @@ impl Prepared {
 
     /// Why a call failed, in the user's terms: the deadline, the memory cap,
     /// or the trap.
+    /// What kind of fault `error` (from a call or an instantiation) was.
+    pub(crate) fn fault_kind(&self, error: &wasmtime::Error) -> FaultKind {
+        if matches!(error.downcast_ref::<Trap>(), Some(Trap::Interrupt))
+            || error.downcast_ref::<CallTimedOut>().is_some()
+        {
+            return FaultKind::Timeout;
+        }
+        let text = format!("{error:#}");
+        if text.contains("growing memory") || text.contains("memory minimum size") {
+            return FaultKind::Memory;
+        }
+        FaultKind::Trap
+    }
+
     pub(crate) fn describe(&self, error: &wasmtime::Error) -> String {
         let limits = &self.manifest.limits;
         let trap = error.downcast_ref::<Trap>();

@@ -29,7 +29,7 @@ pub struct SchedulerPlugin {
 }
 
 /// Loads the scheduler `manifest` describes and creates its schedule from
-/// `options_json` (a JSON object, plus the manifest's `[options]` presets), the
+/// `options_json` (a JSON object, plus the manifest's `[presets]`), the
 /// optimizer's base rates per parameter group and the total number of
 /// steps, when known.
 pub fn load_scheduler(
@@ -41,7 +41,7 @@ pub fn load_scheduler(
     let plugin = Prepared::new(manifest, PluginKind::Scheduler, None, |linker| {
         Bindings::add_to_linker::<PluginState, HasSelf<PluginState>>(linker, |s| s)
     })?;
-    let options = with_presets(manifest, options_json)?;
+    let options = manifest.options_json(options_json)?;
     let options_json = options.as_str();
     let (mut store, bindings) = plugin
         .instantiate(async |s, c, l| Bindings::instantiate_async(s, c, l).await)
@@ -68,34 +68,6 @@ pub fn load_scheduler(
         groups: base_lrs.len(),
         poisoned: false,
     })
-}
-
-/// The user's options plus the manifest's presets. A preset is what the
-/// plugin's name stands for (`cosine` presets `schedule = "cosine"`), so the
-/// user may not set it.
-pub(super) fn with_presets(manifest: &Manifest, options_json: &str) -> Result<String, PluginError> {
-    let refuse = |message: String| PluginError::Runtime {
-        name: manifest.name.clone(),
-        message,
-    };
-    let mut user: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(options_json)
-            .map_err(|e| refuse(format!("its options are not a JSON object: {e}")))?;
-    let presets = serde_json::to_value(&manifest.options)
-        .ok()
-        .and_then(|v| v.as_object().cloned())
-        .unwrap_or_default();
-    for (key, value) in presets {
-        if user.contains_key(&key) {
-            return Err(refuse(format!(
-                "option `{key}` is preset by the plugin's manifest ({}) and cannot be set; \
-                 remove it, or pick the plugin that means what you want",
-                manifest.dir.join("plugin.toml").display()
-            )));
-        }
-        user.insert(key, value);
-    }
-    Ok(serde_json::Value::Object(user).to_string())
 }
 
 fn fault(plugin: &Prepared, what: &str, cause: String) -> PluginError {

@@ -11,7 +11,6 @@ use super::bindings::wrap_policy::exports::hearth::plugin::wrap_policy::Module;
 use super::bindings::wrap_policy::WrapPolicyPlugin as Bindings;
 use super::runtime::Prepared;
 use super::sandbox::PluginState;
-use super::scheduler::with_presets;
 use super::stdio::clip;
 use super::{Manifest, PluginError, PluginKind};
 use wasmtime::component::HasSelf;
@@ -81,7 +80,7 @@ impl WrapPolicyPlugin {
     }
 
     /// The module paths the policy wraps among `modules`, from
-    /// `options_json` (a JSON object; the manifest's `[options]` presets are
+    /// `options_json` (a JSON object; the manifest's `[presets]` are
     /// added), in a fresh instance. Every path is checked to be one of
     /// `modules`.
     pub fn units(
@@ -93,7 +92,7 @@ impl WrapPolicyPlugin {
             name: self.name().into(),
             message: format!("wrap policy failed: {cause}"),
         };
-        let options = with_presets(&self.manifest, options_json)?;
+        let options = self.manifest.options_json(options_json)?;
         let plugin = &self.plugin;
         let (mut store, bindings) = plugin
             .instantiate(async |s, c, l| Bindings::instantiate_async(s, c, l).await)

@@ -21,7 +21,7 @@ struct Csv {
 }
 
 impl Tracker for Csv {
-    fn start(&mut self, _run: hearth_guest::RunInfo, _config: Entries) -> Result<(), String> {
+    fn start(&mut self, _start: hearth_guest::Start) -> Result<(), String> {
         // Append: after a fault the host re-instantiates the tracker and replays
         // `start`; earlier rows must survive and the header appear once.
         let file = OpenOptions::new()

@@ -71,7 +71,8 @@ struct DvcLive {
 }
 
 impl Tracker for DvcLive {
-    fn start(&mut self, _run: hearth_guest::RunInfo, config: Entries) -> Result<(), String> {
+    fn start(&mut self, start: hearth_guest::Start) -> Result<(), String> {
+        let config = start.config;
         let mut params = Map::new();
         for (name, value) in config {
             let v = match value {

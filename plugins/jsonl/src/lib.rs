@@ -1,7 +1,7 @@
 //! The `jsonl` tracker: `/logs/config.json` holds the run and its config,
 //! `/logs/metrics.jsonl` one object per `log` call: `{"step": 10, "loss": 0.5}`.
 
-use hearth_guest::{export_tracker, Entries, RunInfo, Tracker, Value};
+use hearth_guest::{export_tracker, Entries, Start, Tracker, Value};
 use serde_json::{json, Map};
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
@@ -25,7 +25,8 @@ struct Jsonl {
 }
 
 impl Tracker for Jsonl {
-    fn start(&mut self, run: RunInfo, config: Entries) -> Result<(), String> {
+    fn start(&mut self, start: Start) -> Result<(), String> {
+        let (run, config) = (start.run, start.config);
         let doc = json!({ "project": run.project, "run": run.run, "config": object(config) });
         std::fs::write("/logs/config.json", doc.to_string())
             .map_err(|e| format!("config.json: {e}"))?;

@@ -16,7 +16,7 @@
 //! written relative to the store root; hearth logs no artifacts.
 
 use hearth_guest::files::{write_atomically, Appenders};
-use hearth_guest::{export_tracker, Entries, RunInfo, Tracker, Value};
+use hearth_guest::{export_tracker, Entries, Start, Tracker, Value};
 use std::fs;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -103,7 +103,8 @@ impl RunMeta {
 }
 
 impl Tracker for Mlflow {
-    fn start(&mut self, run: RunInfo, config: Entries) -> Result<(), String> {
+    fn start(&mut self, start: Start) -> Result<(), String> {
+        let (run, config) = (start.run, start.config);
         let ms = now_ms();
         if fs::metadata("/logs/0/meta.yaml").is_err() {
             write_atomically("/logs/0/meta.yaml", &experiment_meta("0", "Default", ms))?;

@@ -7,7 +7,7 @@
 mod proto;
 mod record;
 
-use hearth_guest::{export_tracker, Entries, RunInfo, Tracker, Value};
+use hearth_guest::{export_tracker, Entries, Start, Tracker, Value};
 use proto::Message;
 use std::collections::BTreeSet;
 use std::fs::File;
@@ -137,7 +137,8 @@ impl TensorBoard {
 }
 
 impl Tracker for TensorBoard {
-    fn start(&mut self, run: RunInfo, config: Entries) -> Result<(), String> {
+    fn start(&mut self, start: Start) -> Result<(), String> {
+        let (run, config) = (start.run, start.config);
         // A fresh file per start (a restarted instance must not overwrite
         // earlier events; TensorBoard reads every event file in the folder).
         let t = SystemTime::now()

@@ -122,6 +122,29 @@ fn describe(m: &Manifest) -> String {
         l.log_bytes_per_call,
         l.log_lines_per_run
     );
+    if m.options.is_empty() {
+        out += "\n  options:     none declared (what the config gives is passed unchecked)";
+    }
+    for (i, (key, spec)) in m.options.iter().enumerate() {
+        let default = spec
+            .default
+            .as_ref()
+            .map(|d| format!(", default {d}"))
+            .unwrap_or_default();
+        let label = if i == 0 { "options:" } else { "" };
+        out += &format!("\n  {label:<12} {key} ({}{default})", spec.ty);
+        if !spec.description.is_empty() {
+            out += &format!(": {}", spec.description);
+        }
+    }
+    if !m.presets.is_empty() {
+        let presets: Vec<String> = m
+            .presets
+            .iter()
+            .map(|(k, v)| format!("{k} = {v}"))
+            .collect();
+        out += &format!("\n  presets:     {}", presets.join(", "));
+    }
     out
 }
 

@@ -53,6 +53,58 @@ fn evaluation(run: &RunData) -> String {
     }
 }
 
+/// A table of the trackers that faulted (the summary's `trackers`), if any:
+/// faults, restarts, values they never received, and whether they were
+/// disabled.
+fn tracker_faults(html: &mut String, runs: &[RunData]) {
+    let faulted: Vec<(&RunData, &serde_json::Value)> = runs
+        .iter()
+        .flat_map(|run| {
+            let trackers = run.summary.as_ref().and_then(|s| s.get("trackers"));
+            let list = trackers.and_then(serde_json::Value::as_array);
+            list.into_iter().flatten().map(move |t| (run, t))
+        })
+        .filter(|(_, t)| t["faults"].as_array().is_some_and(|f| !f.is_empty()))
+        .collect();
+    if faulted.is_empty() {
+        return;
+    }
+    html.push_str("<h2>Tracker faults</h2>\n<table>\n<tr><th>run</th><th>tracker</th><th>faults</th><th>restarts</th><th>values lost</th><th>state</th></tr>\n");
+    for (run, t) in faulted {
+        let faults: Vec<String> = t["faults"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|f| {
+                let at = f["step"]
+                    .as_u64()
+                    .map(|s| format!(" at step {s}"))
+                    .unwrap_or_default();
+                format!(
+                    "{} in {}{at}",
+                    f["kind"].as_str().unwrap_or("?"),
+                    f["call"].as_str().unwrap_or("?")
+                )
+            })
+            .collect();
+        let state = match t["disabled_at_step"].as_u64() {
+            Some(step) => format!("disabled at step {step}"),
+            None => "running to the end".into(),
+        };
+        let _ = writeln!(
+            html,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&run.label),
+            escape(t["name"].as_str().unwrap_or("?")),
+            escape(&faults.join("; ")),
+            t["restarts"],
+            t["values_dropped"],
+            escape(&state),
+        );
+    }
+    html.push_str("</table>\n");
+}
+
 /// The whole page: `charts` holds `(metric, inline svg)` pairs; `refresh`
 /// makes the browser reload it every so many seconds (`--watch`).
 pub fn page(runs: &[RunData], charts: &[(String, String)], refresh: Option<u64>) -> String {
@@ -99,6 +151,7 @@ pub fn page(runs: &[RunData], charts: &[(String, String)], refresh: Option<u64>)
         );
     }
     html.push_str("</table>\n");
+    tracker_faults(&mut html, runs);
     if runs.len() > 1 {
         let differences = config_differences(runs);
         html.push_str("<h2>Config differences</h2>\n");

@@ -44,6 +44,8 @@ pub struct Accelerator {
     pub(super) device: Device,
     pub(super) group: Box<dyn ProcessGroup>,
     pub(super) trackers: Option<TrackerHub>,
+    /// What went wrong with each tracker, once `end_training` finished them.
+    pub(super) tracker_health: Vec<hearth_plugins::TrackerHealth>,
     mixed_precision: MixedPrecision,
     pub(super) state: GradientState,
     split_batches: bool,
@@ -97,6 +99,7 @@ impl Accelerator {
             device: s.device,
             group: s.group,
             trackers: None,
+            tracker_health: Vec::new(),
             mixed_precision: s.mixed_precision,
             state: GradientState::with_plugin(s.accumulation),
             split_batches: s.split_batches,
@@ -585,7 +588,17 @@ impl Accelerator {
     /// failure it returns.
     pub fn end_training(&mut self) -> Result<(), crate::checkpoint::CheckpointError> {
         if let Some(hub) = self.trackers.take() {
-            hub.finish();
+            let dropped = hub.dropped();
+            self.tracker_health = hub
+                .finish()
+                .iter()
+                .map(|t| {
+                    let mut health = t.health().clone();
+                    // Values the hub's full queue never handed over.
+                    health.values_dropped += dropped;
+                    health
+                })
+                .collect();
         }
         let waited = self.wait_for_checkpoint();
         self.snapshot_buffers.clear();

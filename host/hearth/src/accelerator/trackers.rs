@@ -134,11 +134,11 @@ impl TrackerHub {
 
     fn send(&self, logged: Logged) {
         let Some(queue) = &self.queue else { return };
-        let step = logged.1;
+        let (step, values) = (logged.1, logged.2.len() as u64);
         match queue.try_send(logged) {
             Ok(()) | Err(TrySendError::Disconnected(_)) => {}
             Err(TrySendError::Full(_)) => {
-                if self.dropped.fetch_add(1, Ordering::Relaxed) == 0 {
+                if self.dropped.fetch_add(values, Ordering::Relaxed) == 0 {
                     tracing::warn!(
                         "trackers ({}) are {QUEUE} calls behind; dropping values logged at step {step} and later \
                          until they catch up (training does not wait)",
@@ -149,7 +149,8 @@ impl TrackerHub {
         }
     }
 
-    /// Values dropped because the trackers were too far behind.
+    /// Logged values (name and value pairs) dropped because the trackers
+    /// were too far behind.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
@@ -281,6 +282,13 @@ impl Accelerator {
             num_processes: self.num_processes() as u32,
         };
         self.trackers = Some(TrackerHub::start(trackers, info, config));
+    }
+
+    /// Each tracker's faults, restarts and lost values, once
+    /// [`end_training`](Self::end_training) has finished them (empty before,
+    /// on other processes, and when they did not finish in time).
+    pub fn tracker_health(&self) -> &[hearth_plugins::TrackerHealth] {
+        &self.tracker_health
     }
 
     /// Logs `values` at `step` to every tracker, from the main process only

@@ -52,6 +52,9 @@ pub struct RunSummary {
     /// CPU time is their own thread's). A process running several runs at
     /// once counts all their calls.
     pub plugin_calls: Vec<hearth_plugins::PluginUsage>,
+    /// Each tracker's faults (call, step, kind), restarts, the values it
+    /// never received and the step it was disabled at, if it was.
+    pub trackers: Vec<hearth_plugins::TrackerHealth>,
 }
 
 /// What the training loop measured.
@@ -116,6 +119,7 @@ pub(super) fn write_results(
         cuda_graph: finished.cuda_graph,
         profile: finished.trained.profile,
         plugin_calls,
+        trackers: acc.tracker_health().to_vec(),
     };
     if acc.is_main_process() {
         std::fs::create_dir_all(run_dir).map_err(io_err(run_dir))?;

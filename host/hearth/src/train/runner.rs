@@ -34,7 +34,7 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
     // The data and the model (with its pretrained weights) first: bad
     // input stops the run before anything is written.
     let built = Built::new(&mut acc, config)?;
-    attach_plugins(&mut acc, config, registry.as_ref())?;
+    attach_plugins(&mut acc, config, options, registry.as_ref())?;
     let mut job = Job::prepare(
         &mut acc,
         built,
@@ -66,11 +66,12 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
 fn attach_plugins(
     acc: &mut Accelerator,
     config: &TrainConfig,
+    options: &RunOptions,
     registry: Option<&Registry>,
 ) -> Result<(), TrainError> {
     let trackers = if acc.is_main_process() {
         let logging_dir = acc.project_configuration().logging_dir().to_path_buf();
-        setup::trackers(config, registry, &logging_dir)?
+        setup::trackers(config, registry, &logging_dir, !resuming(acc, options))?
     } else {
         Vec::new()
     };
@@ -84,6 +85,13 @@ fn attach_plugins(
         acc.register_checkpoint_hook(hook);
     }
     Ok(())
+}
+
+/// Whether the run resumes from its newest checkpoint (`--resume`, or
+/// `--resume-if-any` and it has one).
+fn resuming(acc: &Accelerator, options: &RunOptions) -> bool {
+    options.resume
+        || (options.resume_if_any && own_checkpoint(&acc.project_configuration().checkpoints_dir()))
 }
 
 /// The prepared training objects of a run.
@@ -162,9 +170,7 @@ impl Job {
         let stream = Arc::new(Mutex::new(stream));
         acc.register_for_checkpointing(stream.clone());
         let mut first_step = 1;
-        let resume = options.resume
-            || (options.resume_if_any
-                && own_checkpoint(&acc.project_configuration().checkpoints_dir()));
+        let resume = resuming(acc, options);
         if resume {
             let from = acc.load_state(None).map_err(TrainError::State)?;
             first_step = acc.step() / acc.gradient_accumulation_steps() as u64 + 1;

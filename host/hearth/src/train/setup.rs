@@ -13,7 +13,7 @@ use crate::models::{Gpt, GptConfig, Mlp, MlpConfig, Model, TorchScriptModel};
 use crate::optim::{Adam, Optimizer, Sgd};
 use hearth_ops::{AdamHyper, SgdHyper};
 use hearth_plugins::{
-    load_checkpoint_hook, load_scheduler, load_tracker, CheckpointHookPlugin, PluginError,
+    load_checkpoint_hook, load_scheduler, load_tracker_with, CheckpointHookPlugin, PluginError,
     Registry, SchedulerPlugin, SearchPath, TrackerPlugin, Value,
 };
 use std::path::Path;
@@ -391,12 +391,15 @@ pub(super) fn plugin_error(config: &TrainConfig) -> impl Fn(PluginError) -> Trai
     }
 }
 
-/// Finds and loads the config's trackers, each logging into
-/// `logging_dir/trackers/<name>`.
+/// Finds and loads the config's trackers with their options, each logging
+/// into `logging_dir/trackers/<name>`: emptied first when the run is
+/// `fresh` (the WIT's contract: a tracker tells a new run from a restart or
+/// a resume by what its folder holds), kept when it resumes.
 pub(super) fn trackers(
     config: &TrainConfig,
     registry: Option<&Registry>,
     logging_dir: &Path,
+    fresh: bool,
 ) -> Result<Vec<TrackerPlugin>, TrainError> {
     let Some(registry) = registry else {
         return Ok(Vec::new());
@@ -408,7 +411,13 @@ pub(super) fn trackers(
         .map(|t| {
             let found = registry.find(&t.name).map_err(plugin_err)?;
             let manifest = config.plugin_manifest(&found.manifest);
-            load_tracker(&manifest, &logging_dir.join("trackers").join(&t.name)).map_err(plugin_err)
+            let folder = logging_dir.join("trackers").join(&t.name);
+            // Checked before anything is removed: a misspelt option loses nothing.
+            manifest.checked_options(&t.options).map_err(plugin_err)?;
+            if fresh && folder.exists() {
+                std::fs::remove_dir_all(&folder).map_err(io_err(&folder))?;
+            }
+            load_tracker_with(&manifest, &folder, &t.options).map_err(plugin_err)
         })
         .collect()
 }

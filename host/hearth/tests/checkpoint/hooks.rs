@@ -50,7 +50,7 @@ fn bad_hook(work: &Path, behaviour: &str, limits: &str) -> CheckpointHookPlugin 
         dir.join("plugin.toml"),
         format!(
             "name = \"bad-hook\"\nversion = \"0.1.0\"\nkind = \"checkpoint-hook\"\n\
-             world = \"hearth:plugin/checkpoint-plugin@0.2.0\"\ncomponent = \"bad-hook.wasm\"\n{limits}"
+             world = \"hearth:plugin/checkpoint-plugin@0.3.0\"\ncomponent = \"bad-hook.wasm\"\n{limits}"
         ),
     )
     .unwrap();

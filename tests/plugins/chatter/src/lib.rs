@@ -1,5 +1,5 @@
 //! Prints 5 000 short lines to stdout on every call.
-use hearth_guest::{export_tracker, Entries, RunInfo, Tracker};
+use hearth_guest::{export_tracker, Entries, Start, Tracker};
 
 #[derive(Default)]
 struct Chatter;
@@ -11,7 +11,7 @@ fn chatter(call: &str) {
 }
 
 impl Tracker for Chatter {
-    fn start(&mut self, _run: RunInfo, _config: Entries) -> Result<(), String> {
+    fn start(&mut self, _start: Start) -> Result<(), String> {
         chatter("start");
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! write fails, appends one byte once more, then creates empty files until
 //! that fails; prints what it managed and the errors it got (the host's
 //! quota must give errors, not traps). Then logs normally.
-use hearth_guest::{export_tracker, Entries, RunInfo, Tracker};
+use hearth_guest::{export_tracker, Entries, Start, Tracker};
 use std::io::Write;
 
 #[derive(Default)]
@@ -13,7 +13,7 @@ fn error(e: std::io::Error) -> String {
 }
 
 impl Tracker for Filler {
-    fn start(&mut self, _run: RunInfo, _config: Entries) -> Result<(), String> {
+    fn start(&mut self, _start: Start) -> Result<(), String> {
         let chunk = vec![b'x'; 1 << 20];
         let mut big = std::fs::File::create("/logs/big.bin").map_err(|e| e.to_string())?;
         let mut written = 0u64;

@@ -1,13 +1,13 @@
 //! Prints one 100 MB line to stdout (in 1 MiB writes, so its own memory stays
 //! small), then logs normally into /logs/steps.txt.
-use hearth_guest::{export_tracker, Entries, RunInfo, Tracker};
+use hearth_guest::{export_tracker, Entries, Start, Tracker};
 use std::io::Write;
 
 #[derive(Default)]
 struct Shout;
 
 impl Tracker for Shout {
-    fn start(&mut self, _run: RunInfo, _config: Entries) -> Result<(), String> {
+    fn start(&mut self, _start: Start) -> Result<(), String> {
         let chunk = vec![b'x'; 1 << 20];
         let mut out = std::io::stdout().lock();
         for _ in 0..100 {

@@ -2,7 +2,7 @@
 //! `../../`, lists `../../`, writes `../../escape.txt` and `/escape.txt`.
 //! Writes each outcome to /logs/attempts.txt ("ESCAPED" if one worked) and
 //! returns an error listing them.
-use hearth_guest::{export_tracker, Entries, RunInfo, Tracker};
+use hearth_guest::{export_tracker, Entries, Start, Tracker};
 
 fn attempt(what: &str, result: std::io::Result<String>) -> String {
     match result {
@@ -23,7 +23,7 @@ extern "C" {
 struct Snoop;
 
 impl Tracker for Snoop {
-    fn start(&mut self, _run: RunInfo, _config: Entries) -> Result<(), String> {
+    fn start(&mut self, _start: Start) -> Result<(), String> {
         let list = |p: &str| {
             std::fs::read_dir(p).map(|d| {
                 d.filter_map(|e| e.ok())

@@ -1,7 +1,7 @@
 //! Tries the network: TCP to 127.0.0.1:47613 (the test listens there), a UDP
 //! send, and a name lookup. Records outcomes in /logs/attempts.txt and
 //! returns an error listing them.
-use hearth_guest::{export_tracker, Entries, RunInfo, Tracker};
+use hearth_guest::{export_tracker, Entries, Start, Tracker};
 use std::net::{TcpStream, ToSocketAddrs, UdpSocket};
 
 fn attempt<T>(what: &str, result: std::io::Result<T>) -> String {
@@ -15,7 +15,7 @@ fn attempt<T>(what: &str, result: std::io::Result<T>) -> String {
 struct Socket;
 
 impl Tracker for Socket {
-    fn start(&mut self, _run: RunInfo, _config: Entries) -> Result<(), String> {
+    fn start(&mut self, _start: Start) -> Result<(), String> {
         let outcomes = [
             attempt("tcp 127.0.0.1:47613", TcpStream::connect("127.0.0.1:47613")),
             attempt(

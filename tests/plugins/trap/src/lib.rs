@@ -1,7 +1,7 @@
 //! Traps (panics) in its first `log` call, then behaves: shows that a trap
 //! drops the instance, a fresh one is made, `start` is replayed, and later
 //! steps still arrive. Records what it sees in /logs/seen.txt.
-use hearth_guest::{export_tracker, Entries, RunInfo, Tracker};
+use hearth_guest::{export_tracker, Entries, Start, Tracker};
 use std::io::Write;
 
 fn note(line: &str) {
@@ -17,7 +17,7 @@ fn note(line: &str) {
 struct Trap;
 
 impl Tracker for Trap {
-    fn start(&mut self, _run: RunInfo, _config: Entries) -> Result<(), String> {
+    fn start(&mut self, _start: Start) -> Result<(), String> {
         note("start");
         Ok(())
     }
