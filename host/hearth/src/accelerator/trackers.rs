@@ -89,12 +89,14 @@ impl TrackerHub {
                         Some(one) => one.log(step, &values),
                         None => trackers.iter_mut().for_each(|t| t.log(step, &values)),
                     };
-                // Ends when the hub closes the queue and it is drained.
+                // Ends when the hub closes the queue and it is drained. A
+                // batch is what was queued when the thread woke: taken
+                // whole before any of it is delivered, so a value logged
+                // while the trackers write goes with the next batch.
                 while let Ok(first) = inbox.recv() {
-                    deliver(first);
-                    while let Ok(next) = inbox.try_recv() {
-                        deliver(next);
-                    }
+                    let batch: Vec<Logged> =
+                        std::iter::once(first).chain(inbox.try_iter()).collect();
+                    batch.into_iter().for_each(&mut deliver);
                     closed.wait(BATCH_INTERVAL);
                 }
                 trackers.iter_mut().for_each(TrackerPlugin::finish);

@@ -1311,7 +1311,8 @@ fn trackers_take_logged_values_in_batches_and_the_end_delivers_the_rest() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    // The thread delivered step 1 and now lets values gather for a second.
+    // Step 1's batch was taken whole before it was written, so step 2 goes
+    // with the next batch, a second later.
     let delivered = Instant::now();
     acc.log(vec![("a".into(), Logged::Float(2.0))], 2);
     std::thread::sleep(Duration::from_millis(200));
