@@ -1,6 +1,9 @@
 //! Finding plugins. The search path, in order: folders given with
 //! `--plugin-dir`, the folders in `HEARTH_PLUGIN_PATH` (`:`-separated), the
-//! project's `plugins/` (beside the run's config), and the built-in set
+//! project's `plugins/` (beside the run's config), the user's plugin folder
+//! (where `hearth plugins install` puts plugins:
+//! `$XDG_DATA_HOME/hearth/plugins`, else `~/.local/share/hearth/plugins`),
+//! and the built-in set
 //! (`$HEARTH_BUILTIN_PLUGINS`, else `plugins/` beside the binary's folder).
 //! Each folder holds plugin folders (or is one). Names are unique across the
 //! whole path: a duplicate is an error, so no plugin can pose as another.
@@ -18,6 +21,8 @@ pub enum PluginSource {
     Env,
     /// The project's `plugins/` folder.
     Project,
+    /// The user's plugin folder (`hearth plugins install`).
+    User,
     /// The plugins shipped with hearth.
     BuiltIn,
 }
@@ -28,6 +33,7 @@ impl std::fmt::Display for PluginSource {
             Self::Flag => "--plugin-dir",
             Self::Env => "HEARTH_PLUGIN_PATH",
             Self::Project => "project",
+            Self::User => "user",
             Self::BuiltIn => "built-in",
         })
     }
@@ -40,7 +46,8 @@ pub struct SearchPath {
 }
 
 impl SearchPath {
-    /// The standard path: `flag_dirs`, `HEARTH_PLUGIN_PATH`, `project/plugins`, built-ins.
+    /// The standard path: `flag_dirs`, `HEARTH_PLUGIN_PATH`,
+    /// `project/plugins`, the user's folder, built-ins.
     pub fn standard(flag_dirs: &[PathBuf], project: Option<&Path>) -> Self {
         let mut dirs: Vec<(PluginSource, PathBuf)> = flag_dirs
             .iter()
@@ -56,6 +63,9 @@ impl SearchPath {
         if let Some(project) = project {
             dirs.push((PluginSource::Project, project.join("plugins")));
         }
+        if let Some(user) = Self::user_dir() {
+            dirs.push((PluginSource::User, user));
+        }
         if let Some(builtin) = Self::builtin_dir() {
             dirs.push((PluginSource::BuiltIn, builtin));
         }
@@ -67,6 +77,16 @@ impl SearchPath {
         Self {
             dirs: dirs.into_iter().collect(),
         }
+    }
+
+    /// The user's plugin folder: `$XDG_DATA_HOME/hearth/plugins`, else
+    /// `$HOME/.local/share/hearth/plugins` (none without either).
+    pub fn user_dir() -> Option<PathBuf> {
+        let data = std::env::var_os("XDG_DATA_HOME")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".local/share")))?;
+        Some(data.join("hearth").join("plugins"))
     }
 
     /// The built-in plugin folder.

@@ -228,6 +228,7 @@ impl Prepared {
         let _span = hearth_ops::profiler::span_named(|| format!("plugin::{}", self.name()));
         let _ticking = PluginEngine::global().ticking();
         let started = super::usage::start();
+        let clock = std::time::Instant::now();
         let result = self.runtime.block_on(async {
             match tokio::time::timeout(limit, call).await {
                 Ok(result) => result,
@@ -235,6 +236,17 @@ impl Prepared {
             }
         });
         super::usage::record(self.manifest.kind.as_str(), self.name(), phase, started);
+        tracing::debug!(
+            "{} plugin `{}`: {} {} in {:.3} ms",
+            self.manifest.kind,
+            self.name(),
+            match phase {
+                Phase::Instantiate => "instantiated",
+                Phase::Call => "called",
+            },
+            if result.is_ok() { "ok" } else { "with a fault" },
+            clock.elapsed().as_secs_f64() * 1e3
+        );
         result
     }
 
@@ -269,8 +281,6 @@ impl Prepared {
         Ok((store, bindings))
     }
 
-    /// Why a call failed, in the user's terms: the deadline, the memory cap,
-    /// or the trap.
     /// What kind of fault `error` (from a call or an instantiation) was.
     pub(crate) fn fault_kind(&self, error: &wasmtime::Error) -> FaultKind {
         if matches!(error.downcast_ref::<Trap>(), Some(Trap::Interrupt))
@@ -285,6 +295,8 @@ impl Prepared {
         FaultKind::Trap
     }
 
+    /// Why a call failed, in the user's terms: the deadline, the memory cap,
+    /// or the trap.
     pub(crate) fn describe(&self, error: &wasmtime::Error) -> String {
         let limits = &self.manifest.limits;
         let trap = error.downcast_ref::<Trap>();

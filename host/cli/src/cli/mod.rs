@@ -2,6 +2,7 @@
 //! subcommand has its own file.
 
 mod app;
+mod authoring;
 mod checkpoint;
 mod config;
 mod data;

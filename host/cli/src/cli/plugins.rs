@@ -1,8 +1,10 @@
-//! `hearth plugins list | inspect NAME | check PATH | schedule NAME`.
+//! `hearth plugins list | inspect NAME | check PATH | schedule NAME`, and
+//! the author's `new | build | install | pack | wit` (in `authoring/`).
 
+use super::authoring;
 use super::Failure;
 use clap::{Args, Subcommand};
-use hearth_plugins::{check_plugin, load_scheduler, Manifest, Registry, SearchPath};
+use hearth_plugins::{check_plugin, load_scheduler, Manifest, PluginKind, Registry, SearchPath};
 use std::path::PathBuf;
 
 /// Arguments of `hearth plugins`.
@@ -34,6 +36,48 @@ enum PluginsCommand {
     },
     /// Print the rates a scheduler plugin gives, one step per line (`step lr…`).
     Schedule(ScheduleArgs),
+    /// Write a new plugin project: manifest, implementation and a test.
+    New {
+        /// What it customises (tracker so far).
+        #[arg(value_parser = plugin_kind)]
+        kind: PluginKind,
+        /// Its name (in configs: `[[trackers]] name = "…"`).
+        name: String,
+        /// The language.
+        #[arg(long, value_enum, default_value = "rust")]
+        lang: authoring::Lang,
+        /// The project's folder (default: ./NAME).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Build the project in DIR for wasm32-wasip2 and lay out its plugin
+    /// folder (target/hearth-plugin/NAME: plugin.toml and the component).
+    Build {
+        /// The project (default: .).
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+    },
+    /// Check a built plugin (a folder, a project after `build`, or a .tar.gz
+    /// from `pack`) and copy it into the plugin folder hearth searches.
+    Install {
+        /// What to install.
+        path: PathBuf,
+        /// Where (default: HEARTH_PLUGIN_PATH's first folder, else
+        /// $XDG_DATA_HOME/hearth/plugins or ~/.local/share/hearth/plugins).
+        #[arg(long, value_name = "DIR")]
+        to: Option<PathBuf>,
+    },
+    /// Write a built plugin as NAME-VERSION.tar.gz to share; prints its sha256.
+    Pack {
+        /// The plugin folder or project (default: .).
+        #[arg(default_value = ".")]
+        path: PathBuf,
+        /// The archive to write.
+        #[arg(short, long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+    /// Print the WIT package this hearth speaks (what a plugin is built against).
+    Wit,
 }
 
 /// Arguments of `hearth plugins schedule`.
@@ -56,6 +100,23 @@ struct ScheduleArgs {
     /// At this step, save the schedule's state, load it into a fresh instance and go on with that.
     #[arg(long, value_name = "STEP")]
     reload_at: Option<u64>,
+}
+
+/// A kind as manifests spell it.
+fn plugin_kind(text: &str) -> Result<PluginKind, String> {
+    let kinds = [
+        PluginKind::Tracker,
+        PluginKind::Scheduler,
+        PluginKind::CheckpointHook,
+        PluginKind::WrapPolicy,
+    ];
+    kinds
+        .into_iter()
+        .find(|k| k.as_str() == text)
+        .ok_or_else(|| {
+            let names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+            format!("one of {}", names.join(", "))
+        })
 }
 
 fn schedule(registry: &Registry, args: &ScheduleArgs) -> Result<(), Failure> {
@@ -204,6 +265,42 @@ pub(super) fn execute(args: PluginsArgs) -> Result<(), Failure> {
             println!("{}", verdict(&manifest)?);
         }
         PluginsCommand::Schedule(schedule_args) => schedule(&registry(&args)?, schedule_args)?,
+        PluginsCommand::New {
+            kind,
+            name,
+            lang,
+            dir,
+        } => {
+            let dir = dir.clone().unwrap_or_else(|| PathBuf::from(name));
+            authoring::new_project(*kind, name, *lang, &dir).map_err(Failure::bad_input)?;
+            println!(
+                "wrote a {kind} plugin project in {}: `hearth plugins build {}` builds it",
+                dir.display(),
+                dir.display()
+            );
+        }
+        PluginsCommand::Build { dir } => {
+            let built = authoring::build(dir).map_err(Failure::failed)?;
+            println!(
+                "built {} (`hearth plugins install {}` installs it)",
+                built.display(),
+                dir.display()
+            );
+        }
+        PluginsCommand::Install { path, to } => {
+            let to = match to {
+                Some(to) => to.clone(),
+                None => authoring::user_plugin_dir().map_err(Failure::bad_input)?,
+            };
+            let installed = authoring::install(path, &to).map_err(Failure::bad_input)?;
+            println!("installed {}", installed.display());
+        }
+        PluginsCommand::Pack { path, out } => {
+            let (archive, sha256) =
+                authoring::pack(path, out.as_deref()).map_err(Failure::bad_input)?;
+            println!("{sha256}  {}", archive.display());
+        }
+        PluginsCommand::Wit => print!("{}", authoring::WIT),
     }
     Ok(())
 }

@@ -1,0 +1,130 @@
+"""A plugin author's way, as a new author takes it, from an empty folder
+outside the repository: `hearth plugins new tracker`, `build`, `install`,
+and a training run that uses the plugin — in Rust (with the SDK as
+`cargo package` packs it, no hearth checkout beside it) and in Python
+(componentize-py). Then `pack` (reproducible, its sha256 what hashlib
+says) and `install` from the archive. The oracle of what the new tracker
+wrote is the built-in jsonl tracker's metrics.jsonl from the same run."""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+
+import pytest
+
+from conftest import ROOT, limit, run_command, run_hearth, tiny_job, write_config
+
+# Builds reuse what the built-in plugins compiled (wit-bindgen and the rest).
+CARGO_TARGET = ROOT / "target" / "plugins-build"
+
+
+def author_env(tmp_path):
+    """A user's environment: plugins installed under tmp_path/data, the
+    venv's componentize-py on PATH, no plugin path of hearth's tests."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HEARTH_PLUGIN_PATH", "LD_LIBRARY_PATH")}
+    env["XDG_DATA_HOME"] = str(tmp_path / "data")
+    env["PATH"] = f"{ROOT / '.venv' / 'bin'}{os.pathsep}{env['PATH']}"
+    env["CARGO_TARGET_DIR"] = str(CARGO_TARGET)
+    return env
+
+
+def hearth(hearth_bin, *args, cwd, env):
+    out = run_hearth(hearth_bin, *args, cwd=cwd, env=env, timeout=max(limit(), 900))
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out
+
+
+def packaged_sdk(tmp_path):
+    """guest-sdk as `cargo package` packs it, unpacked into tmp_path."""
+    packed = run_command(
+        ["cargo", "package", "--no-verify", "--allow-dirty", "--target-dir", tmp_path / "package-build"],
+        cwd=ROOT / "guest-sdk",
+    )
+    assert packed.returncode == 0, packed.stderr
+    (crate,) = (tmp_path / "package-build" / "package").glob("hearth-guest-*.crate")
+    with tarfile.open(crate) as t:
+        t.extractall(tmp_path / "sdk", filter="data")
+    (sdk,) = (tmp_path / "sdk").iterdir()
+    assert (sdk / "wit" / "plugin.wit").read_text() == (ROOT / "wit" / "plugin.wit").read_text()
+    assert not (sdk / ".cargo").exists()  # the checkout's build settings stay home
+    return sdk
+
+
+def train_with(hearth_bin, folder, env, name):
+    """A tiny run logging to the new tracker (every 2nd call) and jsonl."""
+    config = write_config(folder, tiny_job(run={"name": "authored"}, trackers=[{"name": name, "every": 2}, {"name": "jsonl"}]))
+    hearth(hearth_bin, "run", config, cwd=folder, env=env)
+    run = folder / "runs" / "authored"
+    lines = lambda p: [json.loads(l) for l in p.read_text().splitlines()]
+    got = lines(run / "trackers" / name / "values.jsonl")
+    logged = lines(run / "trackers" / "jsonl" / "metrics.jsonl")
+    numbers = [{k: v for k, v in row.items() if not isinstance(v, str)} for row in logged]
+    assert got == numbers[::2]
+    return got
+
+
+def test_a_rust_tracker_from_new_to_a_training_run(hearth_bin, tmp_path):
+    env = author_env(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    hearth(hearth_bin, "plugins", "new", "tracker", "counter", cwd=work, env=env)
+    project = work / "counter"
+    # The copy `new` wrote is the SDK as `cargo package` packs it; build
+    # with the packed one, so nothing of the checkout is used.
+    sdk = packaged_sdk(tmp_path)
+    vendored = project / "vendor" / "hearth-guest"
+    for f in vendored.rglob("*"):
+        if f.is_file():
+            rel = f.relative_to(vendored)
+            packed = sdk / ("Cargo.toml.orig" if str(rel) == "Cargo.toml" else rel)
+            assert f.read_bytes() == packed.read_bytes(), rel
+    shutil.rmtree(vendored)
+    cargo = project / "Cargo.toml"
+    cargo.write_text(cargo.read_text().replace('path = "vendor/hearth-guest"', f'path = "{sdk}"'))
+    # Its own test passes on this machine, then it builds and installs.
+    tested = run_command(["cargo", "test", "--quiet"], cwd=project, env=env, timeout=max(limit(), 900))
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    hearth(hearth_bin, "plugins", "build", cwd=project, env=env)
+    out = hearth(hearth_bin, "plugins", "install", ".", cwd=project, env=env)
+    installed = tmp_path / "data" / "hearth" / "plugins" / "counter"
+    assert str(installed) in out.stdout
+    assert sorted(p.name for p in installed.iterdir()) == ["counter.wasm", "plugin.toml"]
+    listed = hearth(hearth_bin, "plugins", "list", cwd=work, env=env)
+    assert "(user)" in listed.stdout
+    assert train_with(hearth_bin, work, env, "counter")
+
+    # Packed twice, the same bytes; hashlib agrees with the printed sha256;
+    # installed from the archive elsewhere, it is the same plugin.
+    first = hearth(hearth_bin, "plugins", "pack", ".", "-o", tmp_path / "a.tar.gz", cwd=project, env=env)
+    second = hearth(hearth_bin, "plugins", "pack", ".", "-o", tmp_path / "b.tar.gz", cwd=project, env=env)
+    sha = first.stdout.split()[0]
+    assert sha == second.stdout.split()[0] == hashlib.sha256((tmp_path / "a.tar.gz").read_bytes()).hexdigest()
+    hearth(hearth_bin, "plugins", "install", tmp_path / "a.tar.gz", "--to", tmp_path / "team", cwd=work, env=env)
+    assert (tmp_path / "team" / "counter" / "counter.wasm").read_bytes() == (installed / "counter.wasm").read_bytes()
+
+
+def test_a_python_tracker_from_new_to_a_training_run(hearth_bin, tmp_path):
+    env = author_env(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    hearth(hearth_bin, "plugins", "new", "tracker", "pycounter", "--lang", "python", cwd=work, env=env)
+    project = work / "pycounter"
+    tested = run_command([ROOT / ".venv" / "bin" / "python", "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=project, env=env)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    hearth(hearth_bin, "plugins", "build", cwd=project, env=env)
+    hearth(hearth_bin, "plugins", "install", ".", cwd=project, env=env)
+    assert train_with(hearth_bin, work, env, "pycounter")
+
+
+def test_new_refuses_a_bad_name_and_a_used_folder_and_wit_prints_the_contract(hearth_bin, tmp_path):
+    bad = run_hearth(hearth_bin, "plugins", "new", "tracker", "no spaces", cwd=tmp_path)
+    assert bad.returncode != 0 and "ASCII letters" in bad.stderr
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "x").write_text("")
+    used = run_hearth(hearth_bin, "plugins", "new", "tracker", "taken", cwd=tmp_path)
+    assert used.returncode != 0 and "is not empty" in used.stderr
+    assert not (tmp_path / "taken" / "plugin.toml").exists()
+    wit = run_hearth(hearth_bin, "plugins", "wit", cwd=tmp_path)
+    assert wit.stdout == (ROOT / "wit" / "plugin.wit").read_text()
