@@ -7,6 +7,8 @@ says) and `install` from the archive. The oracle of what the new tracker
 wrote is the built-in jsonl tracker's metrics.jsonl from the same run."""
 import hashlib
 import json
+import math
+import tomllib
 import os
 import shutil
 import subprocess
@@ -128,3 +130,38 @@ def test_new_refuses_a_bad_name_and_a_used_folder_and_wit_prints_the_contract(he
     assert not (tmp_path / "taken" / "plugin.toml").exists()
     wit = run_hearth(hearth_bin, "plugins", "wit", cwd=tmp_path)
     assert wit.stdout == (ROOT / "wit" / "plugin.wit").read_text()
+
+
+def test_a_scheduler_wrap_policy_and_checkpoint_hook_from_new_to_a_run(hearth_bin, tmp_path):
+    """`new` for each other kind: its own test passes, it builds, installs,
+    and does its job in a run (the schedule's rates, the policy's units as
+    `model plan` reports them, the hook's note in each checkpoint)."""
+    env = author_env(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    for kind, name in [("scheduler", "stepper"), ("wrap-policy", "by-class"), ("checkpoint-hook", "note")]:
+        hearth(hearth_bin, "plugins", "new", kind, name, cwd=work, env=env)
+        tested = run_command(["cargo", "test", "--quiet"], cwd=work / name, env=env, timeout=max(limit(), 900))
+        assert tested.returncode == 0, tested.stdout + tested.stderr
+        hearth(hearth_bin, "plugins", "build", cwd=work / name, env=env)
+        hearth(hearth_bin, "plugins", "install", ".", cwd=work / name, env=env)
+    config = write_config(
+        work,
+        tiny_job(
+            run={"name": "kinds", "save-every": 20},
+            scheduler={"name": "stepper", "step-size": 10, "gamma": 0.5},
+            fsdp={"auto-wrap-policy": "by-class", "policy-options": {"classes": "Block, Linear", "min-params": 1000}},
+            **{"checkpoint-hooks": [{"name": "note"}]},
+        ),
+    )
+    plan = hearth(hearth_bin, "model", "plan", config, "--json", cwd=work, env=env)
+    units = json.loads(plan.stdout)["units"]
+    assert "blocks.0" in units and "" in units  # the Block, and the root as always
+    hearth(hearth_bin, "run", config, cwd=work, env=env)
+    run = work / "runs" / "kinds"
+    lrs = [json.loads(l)["lr"] for l in (run / "metrics.jsonl").read_text().splitlines() if '"lr"' in l]
+    base = tomllib.loads(config.read_text())["optimizer"]["lr"]
+    assert all(any(math.isclose(lr, base * 0.5**k) for k in range(5)) for lr in lrs), lrs
+    assert lrs == sorted(lrs, reverse=True) and lrs[0] > lrs[-1]
+    notes = sorted((run / "checkpoints").glob("checkpoint_*/note.json"))
+    assert [json.loads(n.read_text())["step"] for n in notes] == [20, 40]

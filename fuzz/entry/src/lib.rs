@@ -156,8 +156,8 @@ pub fn run_config(data: &[u8]) {
 /// a search path beside a real plugin ([`plugins::Registry::discover`]),
 /// and — when it names one of the fuzz plugins' components, which lie in
 /// its folder — checked as `hearth plugins check` does (compiled,
-/// world and version checked, instantiated; a scheduler's `[options]`
-/// presets merged with a user's).
+/// world and version checked, instantiated; declared options checked and
+/// a scheduler's `[presets]` merged with a user's).
 pub fn plugin_manifest(data: &[u8]) {
     let root = scratch().join("plugin_manifest");
     let dir = root.join("fuzzed");

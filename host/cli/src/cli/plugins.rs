@@ -38,7 +38,7 @@ enum PluginsCommand {
     Schedule(ScheduleArgs),
     /// Write a new plugin project: manifest, implementation and a test.
     New {
-        /// What it customises (tracker so far).
+        /// What it customises: tracker, scheduler, checkpoint-hook or wrap-policy.
         #[arg(value_parser = plugin_kind)]
         kind: PluginKind,
         /// Its name (in configs: `[[trackers]] name = "…"`).

@@ -23,14 +23,62 @@ macro_rules! template {
     };
 }
 
-const RUST_TRACKER: &[Template] = template!("rust-tracker",
+/// What every Rust project has, whatever its kind.
+const RUST: &[Template] = template!("rust",
     "Cargo.toml" => "Cargo.toml",
-    "plugin.toml" => "plugin.toml",
-    "src/lib.rs" => "src/lib.rs",
     ".gitignore" => "gitignore",
 );
 
-const PYTHON_TRACKER: &[Template] = template!("python-tracker",
+/// Each kind's implementation (`src/lib.rs`) and manifest, in Rust.
+const RUST_KINDS: &[(PluginKind, Template, Template)] = &[
+    (
+        PluginKind::Tracker,
+        (
+            "src/lib.rs",
+            include_str!("../../../templates/rust/tracker.rs"),
+        ),
+        (
+            "plugin.toml",
+            include_str!("../../../templates/rust/tracker.toml"),
+        ),
+    ),
+    (
+        PluginKind::Scheduler,
+        (
+            "src/lib.rs",
+            include_str!("../../../templates/rust/scheduler.rs"),
+        ),
+        (
+            "plugin.toml",
+            include_str!("../../../templates/rust/scheduler.toml"),
+        ),
+    ),
+    (
+        PluginKind::WrapPolicy,
+        (
+            "src/lib.rs",
+            include_str!("../../../templates/rust/wrap-policy.rs"),
+        ),
+        (
+            "plugin.toml",
+            include_str!("../../../templates/rust/wrap-policy.toml"),
+        ),
+    ),
+    (
+        PluginKind::CheckpointHook,
+        (
+            "src/lib.rs",
+            include_str!("../../../templates/rust/checkpoint-hook.rs"),
+        ),
+        (
+            "plugin.toml",
+            include_str!("../../../templates/rust/checkpoint-hook.toml"),
+        ),
+    ),
+];
+
+/// A tracker in Python (the other kinds are Rust's so far).
+const PYTHON_TRACKER: &[Template] = template!("python",
     "app.py" => "app.py",
     "lines.py" => "lines.py",
     "test_lines.py" => "test_lines.py",
@@ -96,12 +144,19 @@ pub(in super::super) fn new_project(
     {
         bail!("a plugin name is ASCII letters, digits, '-' and '_' (not {name:?}): it names the plugin in configs");
     }
-    let templates = match (kind, lang) {
-        (PluginKind::Tracker, Lang::Rust) => RUST_TRACKER,
-        (PluginKind::Tracker, Lang::Python) => PYTHON_TRACKER,
-        (other, _) => bail!(
-            "`hearth plugins new` writes tracker projects so far; for a {other}, start from the \
-             built-in ones (docs: Plugins, \"Writing a plugin\") and `hearth plugins build` builds it"
+    let templates: Vec<Template> = match lang {
+        Lang::Rust => {
+            let (_, lib, manifest) = RUST_KINDS
+                .iter()
+                .find(|(k, ..)| *k == kind)
+                .expect("every kind has a template");
+            RUST.iter().copied().chain([*lib, *manifest]).collect()
+        }
+        Lang::Python if kind == PluginKind::Tracker => PYTHON_TRACKER.to_vec(),
+        Lang::Python => bail!(
+            "`hearth plugins new` writes Python trackers; a Python {kind} works the same way \
+             (componentize-py against `hearth plugins wit`, world {}), from an empty app.py",
+            kind.world()
         ),
     };
     if dir.exists()
@@ -127,7 +182,7 @@ pub(in super::super) fn new_project(
         }
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
     };
-    for (path, text) in templates {
+    for (path, text) in &templates {
         write(&dir.join(path), &fill(text))?;
     }
     match lang {
