@@ -9,7 +9,7 @@ use super::{
     TrackerHub,
 };
 use crate::data::Shard;
-use crate::models::Model;
+use crate::models::{Model, StateDict};
 use crate::optim::Optimizer;
 use crate::parallel::BackwardError;
 use crate::precision::{GradScaler, MixedPrecision};
@@ -451,9 +451,9 @@ impl Accelerator {
     /// writes; `get_state_dict`). Under FULL_SHARD they are gathered and
     /// copied unit by unit (never more than one unit whole beyond what
     /// training holds): every process must call it.
-    pub fn get_state_dict(&self, model: &impl Model) -> Vec<(String, Tensor)> {
+    pub fn get_state_dict(&self, model: &(impl StateDict + ?Sized)) -> Vec<(String, Tensor)> {
         self.ddp
-            .whole_copies(&model.named_state(), true, None)
+            .whole_copies(&model.state_dict(), true, None)
             .unwrap_or_else(|e| panic!("get_state_dict: {}", hearth_ops::error_chain(&e)))
     }
 
@@ -462,10 +462,11 @@ impl Accelerator {
     /// most `max_shard_size` bytes with their index (see
     /// [`crate::checkpoint::save_model`]). Other processes write nothing and
     /// get `None` (under FULL_SHARD every process must call it: the
-    /// parameters are gathered).
+    /// parameters are gathered). `model` is a [`Model`] or a tch
+    /// `VarStore` (`acc.save_model(&vs, dir, u64::MAX)`).
     pub fn save_model(
         &self,
-        model: &impl Model,
+        model: &(impl StateDict + ?Sized),
         dir: &std::path::Path,
         max_shard_size: u64,
     ) -> Result<Option<crate::checkpoint::SavedModel>, crate::checkpoint::CheckpointError> {
@@ -477,7 +478,7 @@ impl Accelerator {
     /// the pretrained weights it started from.
     pub fn save_model_named(
         &self,
-        model: &impl Model,
+        model: &(impl StateDict + ?Sized),
         dir: &std::path::Path,
         max_shard_size: u64,
         name: impl Fn(&str) -> String,
@@ -485,7 +486,7 @@ impl Accelerator {
         let main = self.is_main_process();
         let tensors = self
             .ddp
-            .whole_copies(&model.named_state(), main, None)
+            .whole_copies(&model.state_dict(), main, None)
             .map_err(|e| super::checkpointing::gather_failed(dir, &e))?;
         if !main {
             return Ok(None);

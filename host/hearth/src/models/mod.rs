@@ -15,7 +15,7 @@ mod weights;
 pub(crate) use gpt::tiny_gpt;
 pub use gpt::{Gpt, GptConfig};
 pub use mlp::{Mlp, MlpConfig};
-pub use model::{sorted_variables, Model, Unit, VarStoreModel};
+pub use model::{sorted_variables, Model, StateDict, Unit, VarStoreModel};
 pub use torchscript::{pack_labels, ModelOutput, TorchScriptError, TorchScriptModel};
 pub use tree::{declaration_order, ModuleInfo, ModuleTree, TensorEntry};
 pub use weights::Weights;

@@ -112,6 +112,26 @@ impl VarStoreModel {
     }
 }
 
+/// Anything with a state dict: every [`Model`], and a tch `VarStore` (its
+/// variables, sorted by name). `save_model` and `get_state_dict` take
+/// either, so a model of plain tch layers is saved as it is.
+pub trait StateDict {
+    /// The tensors by name (parameters, then buffers, for a model).
+    fn state_dict(&self) -> Vec<(String, Tensor)>;
+}
+
+impl<M: Model + ?Sized> StateDict for M {
+    fn state_dict(&self) -> Vec<(String, Tensor)> {
+        self.named_state()
+    }
+}
+
+impl StateDict for nn::VarStore {
+    fn state_dict(&self) -> Vec<(String, Tensor)> {
+        sorted_variables(self)
+    }
+}
+
 /// The parameters of a `VarStore`, sorted by name.
 pub fn sorted_variables(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
     let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();

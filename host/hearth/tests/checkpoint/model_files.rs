@@ -260,3 +260,39 @@ fn shard_sizes_parse_like_accelerate() {
         parse_size("ten GB").is_err() && parse_size("5TB").is_err() && parse_size("0").is_err()
     );
 }
+
+/// `save_model` takes a plain tch `VarStore` (a model of tch layers with no
+/// `Model` impl): PyTorch loads the file strictly into the module of the
+/// same layers and computes what tch computed.
+#[test]
+fn save_model_takes_a_varstore_and_pytorch_loads_what_it_writes() {
+    let dir = scratch("varstore");
+    let vs = tch::nn::VarStore::new(Device::Cpu);
+    let root = vs.root();
+    let net = tch::nn::seq()
+        .add(tch::nn::linear(&root / "0", 3, 4, Default::default()))
+        .add_fn(|x| x.tanh())
+        .add(tch::nn::linear(&root / "2", 4, 2, Default::default()));
+    let x = Tensor::arange(6, (Kind::Float, Device::Cpu)).view([2, 3]);
+    let ours = tch::nn::Module::forward(&net, &x);
+    let acc = hearth::accelerator::Accelerator::builder()
+        .cpu(true)
+        .build()
+        .unwrap();
+    let saved = acc.save_model(&vs, &dir, u64::MAX).unwrap().unwrap();
+    let file = &saved.files[0];
+    let theirs: Value =
+        serde_json::from_str(&oracle("varstore_into_torch.py", &[file.to_str().unwrap()])).unwrap();
+    assert_eq!(theirs["metadata"]["format"], "pt");
+    let output: Vec<f64> = theirs["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    let ours: Vec<f64> = Vec::<f64>::try_from(ours.flatten(0, -1).to_kind(Kind::Double)).unwrap();
+    assert_eq!(ours.len(), output.len());
+    for (a, b) in ours.iter().zip(&output) {
+        assert!((a - b).abs() < 1e-6, "{ours:?} vs {output:?}");
+    }
+}
