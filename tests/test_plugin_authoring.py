@@ -18,8 +18,17 @@ import pytest
 
 from conftest import ROOT, limit, run_command, run_hearth, tiny_job, write_config
 
-# Builds reuse what the built-in plugins compiled (wit-bindgen and the rest).
+# Builds reuse what the built-in plugins compiled (wit-bindgen and the rest):
+# their target folder, and (see `pin_like_the_built_ins`) their versions.
 CARGO_TARGET = ROOT / "target" / "plugins-build"
+
+
+def pin_like_the_built_ins(project):
+    """Starts the project's Cargo.lock from the built-ins' (cargo drops
+    what it does not use): the same dependency versions, so `make test`
+    compiles wit-bindgen and the rest once for all, not once more per
+    project. A user's project resolves its own; nothing else differs."""
+    shutil.copy(ROOT / "plugins" / "Cargo.lock", project / "Cargo.lock")
 
 
 def author_env(tmp_path):
@@ -73,6 +82,7 @@ def test_a_rust_tracker_from_new_to_a_training_run(hearth_bin, tmp_path):
     work.mkdir()
     hearth(hearth_bin, "plugins", "new", "tracker", "counter", cwd=work, env=env)
     project = work / "counter"
+    pin_like_the_built_ins(project)
     # The copy `new` wrote is the SDK as `cargo package` packs it; build
     # with the packed one, so nothing of the checkout is used.
     sdk = packaged_sdk(tmp_path)
@@ -141,6 +151,7 @@ def test_a_scheduler_wrap_policy_and_checkpoint_hook_from_new_to_a_run(hearth_bi
     work.mkdir()
     for kind, name in [("scheduler", "stepper"), ("wrap-policy", "by-class"), ("checkpoint-hook", "note")]:
         hearth(hearth_bin, "plugins", "new", kind, name, cwd=work, env=env)
+        pin_like_the_built_ins(work / name)
         tested = run_command(["cargo", "test", "--quiet"], cwd=work / name, env=env, timeout=max(limit(), 900))
         assert tested.returncode == 0, tested.stdout + tested.stderr
         hearth(hearth_bin, "plugins", "build", cwd=work / name, env=env)
