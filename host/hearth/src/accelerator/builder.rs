@@ -49,6 +49,7 @@ pub struct AcceleratorBuilder {
     fsdp: Option<crate::parallel::FsdpPlugin>,
     plugin_path: Option<hearth_plugins::SearchPath>,
     profile: Option<crate::profiling::ProfileKwargs>,
+    log_with: Vec<String>,
 }
 
 /// How prepared data loaders share batches between processes
@@ -326,6 +327,14 @@ impl AcceleratorBuilder {
         self
     }
 
+    /// Trackers by plugin name (Accelerate's `log_with`): found on the
+    /// plugin path (built-ins last) and started by
+    /// [`Accelerator::init_trackers_named`], on the main process only.
+    pub fn log_with<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
+        self.log_with = names.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// Creates the accelerator.
     pub fn build(self) -> Result<Accelerator, BuildError> {
         hearth_ops::keep_freed_memory_for_reuse();
@@ -417,6 +426,7 @@ impl AcceleratorBuilder {
                 .plugin_path
                 .unwrap_or_else(|| hearth_plugins::SearchPath::standard(&[], None)),
             profile: self.profile,
+            log_with: self.log_with,
         }))
     }
 }
@@ -439,4 +449,5 @@ pub(super) struct Settings {
     pub fsdp: Option<crate::parallel::FsdpSettings>,
     pub plugin_path: hearth_plugins::SearchPath,
     pub profile: Option<crate::profiling::ProfileKwargs>,
+    pub log_with: Vec<String>,
 }

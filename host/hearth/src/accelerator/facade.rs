@@ -46,6 +46,8 @@ pub struct Accelerator {
     pub(super) trackers: Option<TrackerHub>,
     /// What went wrong with each tracker, once `end_training` finished them.
     pub(super) tracker_health: Vec<hearth_plugins::TrackerHealth>,
+    /// Trackers by name (`log_with`) and where they are found.
+    pub(super) log_with: (Vec<String>, hearth_plugins::SearchPath),
     mixed_precision: MixedPrecision,
     pub(super) state: GradientState,
     split_batches: bool,
@@ -100,6 +102,7 @@ impl Accelerator {
             group: s.group,
             trackers: None,
             tracker_health: Vec::new(),
+            log_with: (s.log_with, s.plugin_path.clone()),
             mixed_precision: s.mixed_precision,
             state: GradientState::with_plugin(s.accumulation),
             split_batches: s.split_batches,

@@ -45,7 +45,7 @@ pub use prepare::{Prepare, PrepareError};
 pub use scheduler::{AcceleratedScheduler, LrSchedule};
 pub use sharding::MemoryStats;
 pub use state::{GradientAccumulationPlugin, GradientState};
-pub use trackers::{TrackerHandle, TrackerHub, UnknownTracker};
+pub use trackers::{InitTrackersError, TrackerHandle, TrackerHub, UnknownTracker};
 
 /// Locks `m`, taking the data over even if a panicking holder poisoned it
 /// (the shared optimizer, scheduler and object states stay usable).

@@ -196,6 +196,46 @@ impl TrackerHub {
     }
 }
 
+/// Why [`Accelerator::init_trackers_named`] could not start the trackers.
+#[derive(Debug, thiserror::Error)]
+pub enum InitTrackersError {
+    /// A named tracker is not on the plugin path, or would not load.
+    #[error(transparent)]
+    Plugin(#[from] hearth_plugins::PluginError),
+    /// The config did not serialise.
+    #[error("the trackers' config does not serialise: {0}")]
+    Config(String),
+}
+
+/// `value` as entries: an object's keys joined with dots under `prefix`,
+/// numbers, booleans and strings as themselves, arrays as JSON text; nulls
+/// left out.
+fn flatten(prefix: &str, value: &serde_json::Value, out: &mut Entries) {
+    use hearth_plugins::Value as V;
+    let entry = match value {
+        serde_json::Value::Object(map) => {
+            for (key, v) in map {
+                let key = if prefix.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{prefix}.{key}")
+                };
+                flatten(&key, v, out);
+            }
+            return;
+        }
+        serde_json::Value::Null => return,
+        serde_json::Value::Bool(b) => V::Boolean(*b),
+        serde_json::Value::Number(n) => match n.as_i64() {
+            Some(i) => V::Int(i),
+            None => V::Float(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        serde_json::Value::String(s) => V::Text(s.clone()),
+        serde_json::Value::Array(_) => V::Text(value.to_string()),
+    };
+    out.push((prefix.to_string(), entry));
+}
+
 /// Lowers the calling thread to the lowest priority (nice 19): on a machine
 /// whose cores all train (libtorch's threads), the trackers then take the
 /// time training leaves rather than an equal share of a core. Their queue
@@ -284,6 +324,65 @@ impl Accelerator {
             num_processes: self.num_processes() as u32,
         };
         self.trackers = Some(TrackerHub::start(trackers, info, config));
+    }
+
+    /// Starts the trackers named with
+    /// [`log_with`](super::AcceleratorBuilder::log_with) for `project`
+    /// (Accelerate's `init_trackers(project_name, config)`). `config` is
+    /// anything serde serialises to an object; nested keys are joined with
+    /// dots (`optimizer.lr`), arrays kept as JSON text. Only the main
+    /// process finds and loads the trackers and gives each its folder,
+    /// `<logging dir>/trackers/<name>/`; elsewhere nothing happens.
+    ///
+    /// ```no_run
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut acc = hearth::accelerator::Accelerator::builder().cpu(true).log_with(["jsonl"]).build()?;
+    /// acc.init_trackers_named("my-project", &serde_json::json!({"lr": 1e-3, "model": {"layers": 2}}))?;
+    /// acc.log_scalars(&[("loss", 1.25)], 1);
+    /// acc.end_training()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn init_trackers_named(
+        &mut self,
+        project: &str,
+        config: &impl serde::Serialize,
+    ) -> Result<(), InitTrackersError> {
+        let config =
+            serde_json::to_value(config).map_err(|e| InitTrackersError::Config(e.to_string()))?;
+        let mut entries = Vec::new();
+        flatten("", &config, &mut entries);
+        let trackers = if self.is_main_process() {
+            let (names, path) = &self.log_with;
+            let registry = hearth_plugins::Registry::discover(path)?;
+            let logging_dir = self.project_configuration().logging_dir().join("trackers");
+            names
+                .iter()
+                .map(|name| {
+                    let found = registry.find(name)?;
+                    hearth_plugins::load_tracker(&found.manifest, &logging_dir.join(name))
+                })
+                .collect::<Result<Vec<_>, _>>()?
+        } else {
+            Vec::new()
+        };
+        let run = self
+            .project_configuration()
+            .logging_dir()
+            .file_name()
+            .map_or_else(|| project.to_string(), |n| n.to_string_lossy().into_owned());
+        self.init_trackers(project, &run, trackers, entries);
+        Ok(())
+    }
+
+    /// Logs named numbers at `step` (Accelerate's
+    /// `accelerator.log({"loss": 1.25}, step)`): [`log`](Self::log) for
+    /// plain pairs.
+    pub fn log_scalars(&self, values: &[(&str, f64)], step: u64) {
+        let entries = values
+            .iter()
+            .map(|(name, v)| (name.to_string(), hearth_plugins::Value::Float(*v)))
+            .collect();
+        self.log(entries, step);
     }
 
     /// Each tracker's faults, restarts and lost values, once

@@ -1471,3 +1471,66 @@ fn free_memory_forgets_what_accelerates_does() {
         );
     }
 }
+
+/// Trackers by name (Accelerate's `log_with` and `init_trackers`): the
+/// config is any serialisable value, flattened with dots; `log_scalars`
+/// takes plain pairs; only the main process finds, loads and gives folders
+/// to trackers; an unknown name is an error naming it.
+#[test]
+fn trackers_by_name_take_a_serialised_config_and_only_the_main_process_makes_their_folders() {
+    let work = common::scratch("log-with");
+    let config = serde_json::json!({"lr": 0.1, "model": {"layers": 2, "kind": "gpt"}, "tags": ["a"], "none": null});
+    for rank in [0, 1] {
+        let dir = work.join(format!("rank{rank}"));
+        let mut acc = Accelerator::builder()
+            .cpu(true)
+            .process_group(Box::new(Place { rank }))
+            .project_config(hearth::accelerator::ProjectConfiguration {
+                project_dir: dir.clone(),
+                ..Default::default()
+            })
+            .log_with(["jsonl"])
+            .build()
+            .unwrap();
+        acc.init_trackers_named("proj", &config).unwrap();
+        acc.log_scalars(&[("loss", 1.25), ("lr", 0.1)], 3);
+        acc.end_training().unwrap();
+        let folder = dir.join("trackers").join("jsonl");
+        if rank == 1 {
+            assert!(
+                !dir.join("trackers").exists(),
+                "rank 1 made {}",
+                folder.display()
+            );
+            continue;
+        }
+        let written: Value =
+            serde_json::from_str(&std::fs::read_to_string(folder.join("config.json")).unwrap())
+                .unwrap();
+        assert_eq!(written["project"], "proj");
+        assert_eq!(
+            written["config"],
+            serde_json::json!({"lr": 0.1, "model.layers": 2, "model.kind": "gpt", "tags": "[\"a\"]"})
+        );
+        let line: Value = serde_json::from_str(
+            std::fs::read_to_string(folder.join("metrics.jsonl"))
+                .unwrap()
+                .trim(),
+        )
+        .unwrap();
+        assert_eq!(
+            line,
+            serde_json::json!({"step": 3, "loss": 1.25, "lr": 0.1})
+        );
+    }
+    let mut acc = Accelerator::builder()
+        .cpu(true)
+        .log_with(["no-such-tracker"])
+        .build()
+        .unwrap();
+    let err = acc
+        .init_trackers_named("proj", &config)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no plugin named `no-such-tracker`"), "{err}");
+}
