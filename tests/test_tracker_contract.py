@@ -13,8 +13,12 @@ import pytest
 
 from conftest import LOGGED_STEPS, make_plugin, run_hearth, tiny_job, write_config
 
-# The options tally declares: what the contract's branches need.
+# The options tally declares: what the contract's branches need. A long
+# deadline: the tests count faults, and on a loaded machine the tracker
+# thread (nice 19) could miss the default 5 s.
 DECLARED = """
+[limits]
+call-timeout-ms = 30000
 [options.panic-steps]
 type = "text"
 default = ""
