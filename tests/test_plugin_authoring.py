@@ -130,7 +130,7 @@ def test_a_python_tracker_from_new_to_a_training_run(hearth_bin, tmp_path):
     assert train_with(hearth_bin, work, env, "pycounter")
 
 
-def test_new_refuses_a_bad_name_and_a_used_folder_and_wit_prints_the_contract(hearth_bin, tmp_path):
+def test_new_and_install_refuse_bad_input_naming_it_and_wit_prints_the_contract(hearth_bin, tmp_path):
     bad = run_hearth(hearth_bin, "plugins", "new", "tracker", "no spaces", cwd=tmp_path)
     assert bad.returncode != 0 and "ASCII letters" in bad.stderr
     (tmp_path / "taken").mkdir()
@@ -138,6 +138,19 @@ def test_new_refuses_a_bad_name_and_a_used_folder_and_wit_prints_the_contract(he
     used = run_hearth(hearth_bin, "plugins", "new", "tracker", "taken", cwd=tmp_path)
     assert used.returncode != 0 and "is not empty" in used.stderr
     assert not (tmp_path / "taken" / "plugin.toml").exists()
+    # install: an archive that is none, a project not yet built, and a kind
+    # the Python route does not write, each refused naming what to do.
+    junk = tmp_path / "junk.tar.gz"
+    junk.write_bytes(b"not an archive")
+    out = run_hearth(hearth_bin, "plugins", "install", junk, "--to", tmp_path / "to", cwd=tmp_path)
+    assert out.returncode != 0 and f"{junk} is not a plugin archive" in out.stderr, out.stderr
+    new = run_hearth(hearth_bin, "plugins", "new", "tracker", "unbuilt", "--dir", tmp_path / "unbuilt", cwd=tmp_path)
+    assert new.returncode == 0, new.stderr
+    out = run_hearth(hearth_bin, "plugins", "install", tmp_path / "unbuilt", "--to", tmp_path / "to", cwd=tmp_path)
+    assert out.returncode != 0 and "run `hearth plugins build" in out.stderr, out.stderr
+    assert not (tmp_path / "to").exists()
+    out = run_hearth(hearth_bin, "plugins", "new", "scheduler", "s", "--lang", "python", cwd=tmp_path)
+    assert out.returncode != 0 and "writes Python trackers" in out.stderr, out.stderr
     wit = run_hearth(hearth_bin, "plugins", "wit", cwd=tmp_path)
     assert wit.stdout == (ROOT / "wit" / "plugin.wit").read_text()
 

@@ -37,7 +37,7 @@ pub use engine::PluginEngine;
 pub use error::PluginError;
 pub use inspect::{ComponentReport, WIT_PACKAGE, WIT_VERSION};
 pub use manifest::{LimitOverrides, Limits, Manifest, PluginKind};
-pub use options::{OptionSpec, OptionType};
+pub use options::{toml_scalar, OptionSpec, OptionType};
 pub use registry::{Broken, Found, PluginSource, Registry, SearchPath};
 pub use runtime::FaultKind;
 pub use scheduler::{load_scheduler, SchedulerPlugin};

@@ -187,27 +187,32 @@ fn article(ty: OptionType) -> &'static str {
     }
 }
 
+/// A TOML scalar as the WIT's `value` (`None` for an array, table or
+/// date): how a run config's values reach plugins, as options or as the
+/// run's configuration.
+pub fn toml_scalar(value: &toml::Value) -> Option<Value> {
+    Some(match value {
+        toml::Value::Float(f) => Value::Float(*f),
+        toml::Value::Integer(i) => Value::Int(*i),
+        toml::Value::Boolean(b) => Value::Boolean(*b),
+        toml::Value::String(s) => Value::Text(s.clone()),
+        _ => return None,
+    })
+}
+
 /// `options` as the WIT's entries; an array or table is refused with its
 /// key (a tracker's options are scalars, as its logged values are).
 pub(crate) fn entries(options: &toml::Table) -> Result<Entries, (String, String)> {
     options
         .iter()
         .map(|(key, value)| {
-            let v = match value {
-                toml::Value::Float(f) => Value::Float(*f),
-                toml::Value::Integer(i) => Value::Int(*i),
-                toml::Value::Boolean(b) => Value::Boolean(*b),
-                toml::Value::String(s) => Value::Text(s.clone()),
-                other => {
-                    return Err((
-                        key.clone(),
-                        format!(
-                            "is {}, but a tracker option is a number, boolean or string",
-                            other.type_str()
-                        ),
-                    ))
-                }
-            };
+            let v = toml_scalar(value).ok_or_else(|| {
+                let kind = value.type_str();
+                (
+                    key.clone(),
+                    format!("is {kind}, but a tracker option is a number, boolean or string"),
+                )
+            })?;
             Ok((key.clone(), v))
         })
         .collect()

@@ -175,18 +175,12 @@ impl TrainConfig {
     /// The config as flat tracker entries (`optimizer.lr = 0.002`), the run's
     /// hyper-parameters for `store_init_configuration`.
     pub fn entries(&self) -> hearth_plugins::Entries {
-        use hearth_plugins::Value;
         let text = std::fs::read_to_string(&self.source).unwrap_or_default();
         flatten_toml(&text)
             .into_iter()
             .map(|(k, v)| {
-                let v = match v {
-                    toml::Value::Float(f) => Value::Float(f),
-                    toml::Value::Integer(i) => Value::Int(i),
-                    toml::Value::Boolean(b) => Value::Boolean(b),
-                    toml::Value::String(s) => Value::Text(s),
-                    other => Value::Text(other.to_string()),
-                };
+                let v = hearth_plugins::toml_scalar(&v)
+                    .unwrap_or_else(|| hearth_plugins::Value::Text(v.to_string()));
                 (k, v)
             })
             .collect()
