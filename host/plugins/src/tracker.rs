@@ -266,7 +266,7 @@ impl TrackerPlugin {
             self.health.values_dropped += call.values();
             return;
         }
-        if let Outcome::Kept = self.invoke(call) {
+        if let Outcome::Kept = self.invoke(call, None) {
             return;
         }
         if self.is_disabled() || !self.restart(true) {
@@ -276,7 +276,7 @@ impl TrackerPlugin {
         if let Call::Start(..) = call {
             return; // the restart's `start` was its second delivery
         }
-        if let Outcome::Dropped = self.invoke(call) {
+        if let Outcome::Dropped = self.invoke(call, None) {
             self.health.values_dropped += call.values();
             if !self.is_disabled() {
                 self.restart(false);
@@ -310,7 +310,7 @@ impl TrackerPlugin {
             again,
             values_lost: self.health.values_dropped,
         };
-        let begun = self.invoke_start(&run, &config, Some(restart));
+        let begun = self.invoke(Call::Start(&run, &config), Some(restart));
         matches!(begun, Outcome::Kept) && self.live.is_some()
     }
 
@@ -323,24 +323,8 @@ impl TrackerPlugin {
             .unwrap_or(("start", None))
     }
 
-    fn invoke(&mut self, call: Call<'_>) -> Outcome {
-        match call {
-            Call::Start(run, config) => self.invoke_start(run, config, None),
-            _ => self.invoke_with(call, None),
-        }
-    }
-
-    fn invoke_start(
-        &mut self,
-        run: &RunInfo,
-        config: &Entries,
-        restart: Option<Restart>,
-    ) -> Outcome {
-        self.invoke_with(Call::Start(run, config), restart)
-    }
-
     /// Calls into the live instance under the deadline; a trap or timeout drops it.
-    fn invoke_with(&mut self, call: Call<'_>, restart: Option<Restart>) -> Outcome {
+    fn invoke(&mut self, call: Call<'_>, restart: Option<Restart>) -> Outcome {
         let Some(live) = self.live.as_mut() else {
             return Outcome::Dropped;
         };
