@@ -13,6 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Lower numbers are lower layers; a crate may depend on lower ones only.
 LAYER = {
+    # Build scripts' helper: below everything, depending on nothing.
+    "hearth-build": -1,
     "hearth-ops": 0,
     "hearth-comm": 1,
     "hearth-plugins": 1,

@@ -21,7 +21,7 @@ fn main() {
 
     // An rpath on every binary, test and bench of this crate, and the same
     // folder published to the crates above (`links = "hearth_ops"`), whose
-    // build script (`host/rpath.rs`) puts it on theirs.
+    // build script (`hearth_build::link_libtorch`) puts it on theirs.
     rpath(&lib);
     // libtorch_cuda.so is not linked: the linker drops it (nothing refers
     // to it by symbol), and hearth opens it at run time when the NVIDIA
