@@ -23,6 +23,15 @@ pub enum PluginError {
         /// The other.
         second: PathBuf,
     },
+    /// A plugin in a folder the user did not name (`HEARTH_PLUGIN_PATH`,
+    /// the project's or the user's folder) has a built-in's name.
+    #[error("the plugin in {dir} is named `{name}`, like a plugin built into hearth; rename it, or name its folder with --plugin-dir (a `PluginSource::Flag` folder of the `SearchPath` in Rust) to use it instead of the built-in")]
+    ShadowsBuiltIn {
+        /// The name.
+        name: String,
+        /// The plugin's folder.
+        dir: PathBuf,
+    },
     /// A file could not be read.
     #[error("failed to read {path}")]
     Io {

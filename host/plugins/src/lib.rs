@@ -10,6 +10,7 @@
 #![warn(missing_docs)]
 
 mod bindings;
+mod builtin;
 mod cache;
 mod check;
 mod checkpoint_hook;

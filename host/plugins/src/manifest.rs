@@ -258,9 +258,13 @@ pub struct Manifest {
     /// one preset (the `cosine` schedule).
     #[serde(default)]
     pub presets: toml::Table,
-    /// The folder holding the manifest.
+    /// The folder holding the manifest; for a built-in embedded in the
+    /// library, `<built-in>/<name>`, which is no folder.
     #[serde(skip)]
     pub dir: PathBuf,
+    /// The component's bytes, for a built-in embedded in the library.
+    #[serde(skip)]
+    pub(crate) embedded: Option<&'static [u8]>,
 }
 
 impl Manifest {
@@ -367,6 +371,22 @@ impl Manifest {
     /// The component file.
     pub fn component_path(&self) -> PathBuf {
         self.dir.join(&self.component)
+    }
+
+    /// True for a built-in embedded in the library (no files on disk).
+    pub fn is_embedded(&self) -> bool {
+        self.embedded.is_some()
+    }
+
+    /// The component's bytes: the embedded ones, else its file's.
+    pub fn component_bytes(&self) -> Result<std::borrow::Cow<'static, [u8]>, PluginError> {
+        if let Some(bytes) = self.embedded {
+            return Ok(bytes.into());
+        }
+        let path = self.component_path();
+        std::fs::read(&path)
+            .map(Into::into)
+            .map_err(|source| PluginError::Io { path, source })
     }
 
     /// The WIT version this manifest declares.

@@ -3,12 +3,16 @@
 //! project's `plugins/` (beside the run's config), the user's plugin folder
 //! (where `hearth plugins install` puts plugins:
 //! `$XDG_DATA_HOME/hearth/plugins`, else `~/.local/share/hearth/plugins`),
-//! and the built-in set
-//! (`$HEARTH_BUILTIN_PLUGINS`, else `plugins/` beside the binary's folder).
+//! and the built-in set: embedded in the library (`builtin.rs`), or the
+//! folder `$HEARTH_BUILTIN_PLUGINS` names instead.
+//!
 //! Each folder holds plugin folders (or is one). Names are unique across the
 //! whole path: a duplicate is an error, so no plugin can pose as another.
+//! The one exception is deliberate: a plugin in a folder the user names
+//! (`--plugin-dir`, [`PluginSource::Flag`]) replaces the embedded built-in
+//! of its name, and a log line says so.
 
-use super::{Manifest, PluginError};
+use super::{builtin, Manifest, PluginError};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -39,10 +43,12 @@ impl std::fmt::Display for PluginSource {
     }
 }
 
-/// The folders searched for plugins.
+/// The folders searched for plugins, and whether the built-ins embedded in
+/// the library come last.
 #[derive(Debug, Clone, Default)]
 pub struct SearchPath {
     dirs: Vec<(PluginSource, PathBuf)>,
+    embedded: bool,
 }
 
 impl SearchPath {
@@ -66,17 +72,24 @@ impl SearchPath {
         if let Some(user) = Self::user_dir() {
             dirs.push((PluginSource::User, user));
         }
-        if let Some(builtin) = Self::builtin_dir() {
-            dirs.push((PluginSource::BuiltIn, builtin));
-        }
-        Self { dirs }
+        let builtin = Self::builtin_dir();
+        let embedded = builtin.is_none();
+        dirs.extend(builtin.map(|dir| (PluginSource::BuiltIn, dir)));
+        Self { dirs, embedded }
     }
 
     /// Exactly these folders.
     pub fn only(dirs: impl IntoIterator<Item = (PluginSource, PathBuf)>) -> Self {
         Self {
             dirs: dirs.into_iter().collect(),
+            embedded: false,
         }
+    }
+
+    /// These folders, then the built-ins embedded in the library.
+    pub fn with_built_ins(mut self) -> Self {
+        self.embedded = true;
+        self
     }
 
     /// The user's plugin folder: `$XDG_DATA_HOME/hearth/plugins`, else
@@ -89,22 +102,12 @@ impl SearchPath {
         Some(data.join("hearth").join("plugins"))
     }
 
-    /// The built-in plugin folder.
+    /// The folder `$HEARTH_BUILTIN_PLUGINS` names, which stands in for the
+    /// built-ins embedded in the library (to try plugins just built).
     pub fn builtin_dir() -> Option<PathBuf> {
-        if let Some(dir) = std::env::var_os("HEARTH_BUILTIN_PLUGINS") {
-            return Some(dir.into());
-        }
-        // `target/<profile>/hearth` → `target/plugins`; an example binary
-        // sits one folder deeper (`target/<profile>/examples/`).
-        let exe = std::env::current_exe().ok()?;
-        let mut candidates = exe.ancestors().skip(2).take(2).map(|d| d.join("plugins"));
-        let first = candidates.next()?;
-        Some(
-            std::iter::once(first.clone())
-                .chain(candidates)
-                .find(|d| d.is_dir())
-                .unwrap_or(first),
-        )
+        std::env::var_os("HEARTH_BUILTIN_PLUGINS")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
     }
 
     /// The folders, in order.
@@ -117,6 +120,10 @@ impl SearchPath {
             .dirs
             .iter()
             .map(|(s, d)| format!("{} ({s})", d.display()))
+            .chain(self.embedded.then(|| match builtin::any() {
+                true => "the built-ins".to_string(),
+                false => "no built-ins (this hearth was built without them: HEARTH_EMBED_PLUGINS=0 or no plugin sources; set HEARTH_BUILTIN_PLUGINS to a folder of them)".to_string(),
+            }))
             .collect();
         if list.is_empty() {
             "no folders".into()
@@ -235,6 +242,27 @@ impl Registry {
                     manifest,
                     source: *source,
                 });
+            }
+        }
+        if path.embedded {
+            for manifest in builtin::manifests() {
+                match plugins.iter().find(|f| f.manifest.name == manifest.name) {
+                    None => plugins.push(Found {
+                        manifest,
+                        source: PluginSource::BuiltIn,
+                    }),
+                    Some(found) if found.source == PluginSource::Flag => tracing::info!(
+                        "plugin `{}` from {} replaces the built-in of that name",
+                        manifest.name,
+                        found.manifest.dir.display()
+                    ),
+                    Some(found) => {
+                        return Err(builtin::shadowed(
+                            &manifest.name,
+                            found.manifest.dir.clone(),
+                        ))
+                    }
+                }
             }
         }
         Ok(Self {
@@ -370,6 +398,48 @@ mod tests {
                 && err.contains("missing field"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_embedded_built_ins_come_last_and_a_named_folder_may_replace_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, _) = two_folders(&tmp);
+        plugin(&a, "mine", "jsonl");
+        let reg = Registry::discover(
+            &SearchPath::only([(PluginSource::Flag, a.clone())]).with_built_ins(),
+        )
+        .unwrap();
+        let jsonl = reg.find("jsonl").unwrap();
+        assert_eq!(jsonl.source, PluginSource::Flag);
+        assert!(!jsonl.manifest.is_embedded());
+        let csv = reg.find("csv").unwrap();
+        assert_eq!(csv.source, PluginSource::BuiltIn);
+        assert!(csv.manifest.is_embedded());
+        assert!(csv
+            .manifest
+            .component_bytes()
+            .unwrap()
+            .starts_with(b"\0asm"));
+        for name in ["cosine", "tensorboard", "manifest-sha256", "size-based"] {
+            assert!(reg.find(name).is_ok(), "{name} is built in");
+        }
+    }
+
+    #[test]
+    fn a_plugin_in_a_folder_the_user_did_not_name_may_not_take_a_built_ins_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, _) = two_folders(&tmp);
+        plugin(&a, "mine", "cosine");
+        for source in [PluginSource::Env, PluginSource::Project, PluginSource::User] {
+            let path = SearchPath::only([(source, a.clone())]).with_built_ins();
+            let err = Registry::discover(&path).unwrap_err().to_string();
+            assert!(
+                err.contains("`cosine`")
+                    && err.contains(&a.join("mine").display().to_string())
+                    && err.contains("--plugin-dir"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

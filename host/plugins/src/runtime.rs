@@ -77,10 +77,7 @@ impl Prepared {
                 reason: format!("it is a {} plugin, not a {kind}", manifest.kind),
             });
         }
-        let bytes = std::fs::read(&path).map_err(|source| PluginError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        let bytes = manifest.component_bytes()?;
         check_is_component(name, &path, &bytes)?;
         let engine = PluginEngine::global();
         let component = engine.compile(name, &path, &bytes)?;

@@ -162,7 +162,11 @@ fn describe(m: &Manifest) -> String {
         out += &format!("  {}\n", m.description);
     }
     out += &format!("  world:       {}\n", m.world);
-    out += &format!("  component:   {}\n", m.component_path().display());
+    let component = m.component.display();
+    out += &match m.is_embedded() {
+        true => format!("  component:   {component}, embedded in hearth\n"),
+        false => format!("  component:   {}\n", m.component_path().display()),
+    };
     let fs = match (m.kind, m.permissions.logging_dir) {
         (hearth_plugins::PluginKind::Tracker, true) => "its logging folder, read-write, at /logs",
         (hearth_plugins::PluginKind::CheckpointHook, _) => {
