@@ -385,6 +385,24 @@ impl Accelerator {
         self.log(entries, step);
     }
 
+    /// Logs the fields of anything serde serialises to an object at
+    /// `step`: a `#[derive(Serialize)] struct Metrics { loss: f64, accuracy:
+    /// f64 }` logs `loss` and `accuracy`; nested keys are joined with dots,
+    /// as in [`init_trackers_named`](Self::init_trackers_named)'s config.
+    pub fn log_serialized(
+        &self,
+        values: &impl serde::Serialize,
+        step: u64,
+    ) -> Result<(), serde_json::Error> {
+        if self.trackers.is_none() {
+            return Ok(());
+        }
+        let mut entries = Vec::new();
+        flatten("", &serde_json::to_value(values)?, &mut entries);
+        self.log(entries, step);
+        Ok(())
+    }
+
     /// Each tracker's faults, restarts and lost values, once
     /// [`end_training`](Self::end_training) has finished them (empty before,
     /// on other processes, and when they did not finish in time).

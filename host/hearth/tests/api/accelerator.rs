@@ -1494,6 +1494,20 @@ fn trackers_by_name_take_a_serialised_config_and_only_the_main_process_makes_the
             .unwrap();
         acc.init_trackers_named("proj", &config).unwrap();
         acc.log_scalars(&[("loss", 1.25), ("lr", 0.1)], 3);
+        #[derive(serde::Serialize)]
+        struct Eval {
+            accuracy: f64,
+            samples: u32,
+        }
+        #[derive(serde::Serialize)]
+        struct Metrics {
+            eval: Eval,
+        }
+        let eval = Eval {
+            accuracy: 0.5,
+            samples: 64,
+        };
+        acc.log_serialized(&Metrics { eval }, 4).unwrap();
         acc.end_training().unwrap();
         let folder = dir.join("trackers").join("jsonl");
         if rank == 1 {
@@ -1512,15 +1526,17 @@ fn trackers_by_name_take_a_serialised_config_and_only_the_main_process_makes_the
             written["config"],
             serde_json::json!({"lr": 0.1, "model.layers": 2, "model.kind": "gpt", "tags": "[\"a\"]"})
         );
-        let line: Value = serde_json::from_str(
-            std::fs::read_to_string(folder.join("metrics.jsonl"))
-                .unwrap()
-                .trim(),
-        )
-        .unwrap();
+        let lines: Vec<Value> = std::fs::read_to_string(folder.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
         assert_eq!(
-            line,
-            serde_json::json!({"step": 3, "loss": 1.25, "lr": 0.1})
+            lines,
+            [
+                serde_json::json!({"step": 3, "loss": 1.25, "lr": 0.1}),
+                serde_json::json!({"step": 4, "eval.accuracy": 0.5, "eval.samples": 64})
+            ]
         );
     }
     let mut acc = Accelerator::builder()
