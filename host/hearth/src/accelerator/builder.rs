@@ -50,6 +50,7 @@ pub struct AcceleratorBuilder {
     plugin_path: Option<hearth_plugins::SearchPath>,
     profile: Option<crate::profiling::ProfileKwargs>,
     log_with: Vec<String>,
+    unchecked: bool,
 }
 
 /// How prepared data loaders share batches between processes
@@ -335,6 +336,20 @@ impl AcceleratorBuilder {
         self
     }
 
+    /// Whether the first synchronising backward pass checks that nothing
+    /// the step needs was left out of `prepare` (default: on): with
+    /// accumulation or a prepared scheduler, every trainable parameter of a
+    /// prepared model must be in a prepared optimizer, and every prepared
+    /// scheduler bound to one; on several processes, every parameter a
+    /// prepared optimizer steps must belong to a prepared model (so its
+    /// gradients are averaged). Turn it off when leaving something out is
+    /// deliberate (an optimizer stepped by hand on every micro-batch, a
+    /// parameter meant to differ between processes).
+    pub fn check_prepared(mut self, on: bool) -> Self {
+        self.unchecked = !on;
+        self
+    }
+
     /// Creates the accelerator.
     pub fn build(self) -> Result<Accelerator, BuildError> {
         hearth_ops::keep_freed_memory_for_reuse();
@@ -427,6 +442,7 @@ impl AcceleratorBuilder {
                 .unwrap_or_else(|| hearth_plugins::SearchPath::standard(&[], None)),
             profile: self.profile,
             log_with: self.log_with,
+            check_prepared: !self.unchecked,
         }))
     }
 }
@@ -450,4 +466,5 @@ pub(super) struct Settings {
     pub plugin_path: hearth_plugins::SearchPath,
     pub profile: Option<crate::profiling::ProfileKwargs>,
     pub log_with: Vec<String>,
+    pub check_prepared: bool,
 }

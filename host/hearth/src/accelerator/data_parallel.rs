@@ -80,6 +80,10 @@ impl Accelerator {
         parameters: Vec<(String, Tensor)>,
         runs_units: bool,
     ) -> Result<ModelSharding, super::PrepareError> {
+        let parameters_seen: Vec<(String, Tensor)> = parameters
+            .iter()
+            .map(|(n, p)| (n.clone(), p.shallow_clone()))
+            .collect();
         let held: Vec<Tensor> = self
             .optimizers
             .iter()
@@ -94,9 +98,12 @@ impl Accelerator {
                 self.device(),
             )
         });
-        result.map_err(|e| match e {
+        let sharding = result.map_err(|e| match e {
             ShardingError::Dist(e) => super::PrepareError::Dist(e),
             e => super::PrepareError::Sharding(e),
-        })
+        })?;
+        self.unprepared
+            .note_model(&parameters_seen, !sharding.units.is_empty());
+        Ok(sharding)
     }
 }

@@ -70,6 +70,8 @@ pub struct Accelerator {
     pub(super) trigger: std::sync::atomic::AtomicBool,
     /// The builder's `profile_kwargs`, for [`profile`](Self::profile).
     pub(super) profile_handler: Option<crate::profiling::ProfileKwargs>,
+    /// The check for objects left out of `prepare` (`unprepared.rs`).
+    pub(super) unprepared: super::unprepared::PreparedCheck,
 }
 
 /// A checkpoint being written in the background.
@@ -120,6 +122,7 @@ impl Accelerator {
             ddp: crate::parallel::data_parallel::DataParallel::new(s.ddp, s.fsdp, s.plugin_path),
             trigger: Default::default(),
             profile_handler: s.profile,
+            unprepared: super::unprepared::PreparedCheck::new(s.check_prepared),
         }
     }
 
@@ -357,6 +360,7 @@ impl Accelerator {
     /// [`accumulate`](Self::accumulate) uses between sync steps).
     pub fn backward(&self, loss: &Tensor) -> Result<(), BackwardError> {
         let _span = crate::profiling::span("hearth::backward");
+        self.check_prepared()?;
         let steps = self.state.num_steps();
         let loss = if steps > 1 {
             loss / steps as f64

@@ -23,6 +23,7 @@ mod scheduler;
 mod sharding;
 mod state;
 mod trackers;
+mod unprepared;
 
 pub use crate::parallel::{plan_units, policy_modules, policy_units, BackwardError, ShardingError};
 pub use builder::{

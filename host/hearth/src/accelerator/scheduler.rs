@@ -67,6 +67,11 @@ pub(super) struct SchedulerCore {
 }
 
 impl SchedulerCore {
+    /// True when an optimizer was prepared for it to set the rates of.
+    pub(super) fn is_bound(&self) -> bool {
+        self.optimizer.is_some()
+    }
+
     /// Sets the optimizer's rates to the schedule's at the current step.
     fn apply(&mut self) -> Result<(), PluginError> {
         let lrs = self.schedule.lrs(self.step)?;

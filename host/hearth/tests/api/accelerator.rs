@@ -628,6 +628,8 @@ fn a_scheduler_steps_once_per_process_unless_batches_are_split() {
             .cpu(true)
             .process_group(Box::new(FakeWorld { rank: 0, n: 2 }))
             .split_batches(split)
+            // A bare parameter, in no model: deliberately not synchronised.
+            .check_prepared(false)
             .build()
             .unwrap();
         let p = Tensor::zeros([1], (Kind::Float, Device::Cpu)).set_requires_grad(true);

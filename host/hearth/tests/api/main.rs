@@ -5,6 +5,7 @@
 mod accelerator;
 mod profiling;
 mod pytorch_parity;
+mod unprepared;
 
 /// Tests that seed or draw from libtorch's global generator, or profile, run
 /// one at a time (the test harness runs tests on several threads).

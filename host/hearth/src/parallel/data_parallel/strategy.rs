@@ -30,9 +30,18 @@ pub enum BackwardError {
         /// The number of processes.
         world: usize,
     },
+    /// Something the step needs was left out of `prepare` (checked on the
+    /// first synchronising backward pass).
+    #[error("{problem}; {fix}. If leaving it out is deliberate, build the Accelerator with .check_prepared(false)")]
+    Unprepared {
+        /// What is left out, and what it breaks.
+        problem: String,
+        /// What to do.
+        fix: String,
+    },
 }
 
-pub(super) fn names_list(names: &[String]) -> String {
+pub(crate) fn names_list(names: &[String]) -> String {
     const SHOWN: usize = 8;
     let mut text = names
         .iter()
