@@ -180,6 +180,7 @@ lint: setup
 	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 	for ws in plugins tests/plugins; do (cd $$ws && cargo fmt --all --check && cargo clippy --release -- -D warnings); done
 	cd guest-sdk && cargo fmt --check && cargo clippy --target wasm32-wasip2 -- -D warnings
+	cd examples/library && cargo fmt --check
 
 # Reliability runs, not part of `make test` (issue 18). `make soak`:
 # SIGKILL `hearth run` 20 times in each of three scenarios (rotation, a large

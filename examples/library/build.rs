@@ -1,0 +1,3 @@
+fn main() {
+    hearth_build::link_libtorch();
+}
