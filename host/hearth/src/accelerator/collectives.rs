@@ -12,7 +12,11 @@ use tch::{Device, Tensor};
 impl Accelerator {
     /// What kind of world this is (Accelerate's `distributed_type`): one
     /// process, several on CPUs, several with a GPU each, or — with an FSDP
-    /// plugin on GPUs — `FSDP`, as Accelerate says.
+    /// plugin on GPUs — `FSDP`, as Accelerate says. On CPUs it stays
+    /// `MultiCpu` even with an FSDP plugin (hearth still shards there):
+    /// Accelerate's `AcceleratorState` turns only the multi-device types
+    /// (`MULTI_GPU`, `MULTI_XPU`, …) into `FSDP`, and code written for it
+    /// branches on that.
     pub fn distributed_type(&self) -> DistributedType {
         if self.num_processes() == 1 {
             DistributedType::No

@@ -14,19 +14,29 @@ pub trait Unit {
     fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor;
 }
 
-/// A model over token sequences: `[batch, time]` int64 tokens in,
-/// `[batch, time, vocab]` logits out.
+/// A model hearth can run unit by unit, and so shard under FULL_SHARD: any
+/// tensors in, any tensors out. hearth's own GPT takes `[batch, time]`
+/// int64 tokens and gives `[batch, time, vocab]` logits; an MLP of yours
+/// takes `[batch, features]` floats — the accelerator only passes each
+/// unit's output to the next. Implement three methods: the module tree
+/// (`ModuleTree::from_variables` over your `VarStore`, with your classes,
+/// for the wrap policy), the units in forward order (each naming the
+/// modules whose parameters it runs with), and the parameters.
+/// `examples/own_model.rs` does it for an MLP and trains to DDP's weights
+/// under FULL_SHARD on 2 processes. A model whose forward pass does not
+/// split into units can still be prepared as its `VarStore`, under every
+/// strategy but FULL_SHARD.
 pub trait Model {
     /// The module tree: every module's path, kind and parameters.
     fn module_tree(&self) -> &ModuleTree;
     /// The units in forward order.
     fn units(&self) -> Vec<&dyn Unit>;
 
-    /// Runs every unit in order.
-    fn forward_t(&self, tokens: &Tensor, train: bool) -> Tensor {
+    /// Runs every unit in order, each on the previous one's output.
+    fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
         let mut units = self.units().into_iter();
         let first = units.next().expect("a model has at least one unit");
-        units.fold(first.forward_t(tokens, train), |xs, unit| {
+        units.fold(first.forward_t(xs, train), |xs, unit| {
             unit.forward_t(&xs, train)
         })
     }
