@@ -7,7 +7,7 @@ use super::sandbox::PluginState;
 #[allow(missing_docs)]
 pub mod tracker {
     wasmtime::component::bindgen!({
-        path: "../../wit",
+        path: "wit",
         world: "hearth:plugin/tracker-plugin",
         exports: { default: async },
     });
@@ -17,7 +17,7 @@ pub mod tracker {
 #[allow(missing_docs)]
 pub mod scheduler {
     wasmtime::component::bindgen!({
-        path: "../../wit",
+        path: "wit",
         world: "hearth:plugin/scheduler-plugin",
         exports: { default: async },
         with: {
@@ -31,7 +31,7 @@ pub mod scheduler {
 #[allow(missing_docs)]
 pub mod checkpoint {
     wasmtime::component::bindgen!({
-        path: "../../wit",
+        path: "wit",
         world: "hearth:plugin/checkpoint-plugin",
         exports: { default: async },
         with: {
@@ -47,7 +47,7 @@ pub mod checkpoint {
 #[allow(missing_docs)]
 pub mod wrap_policy {
     wasmtime::component::bindgen!({
-        path: "../../wit",
+        path: "wit",
         world: "hearth:plugin/wrap-policy-plugin",
         exports: { default: async },
         with: {
