@@ -53,11 +53,16 @@ def program(tmp_path_factory):
     # dependencies `make test` compiled into target/ (what is tested is how
     # the crate links, not how long a first build takes).
     workspace = tomllib.loads((ROOT / "Cargo.toml").read_text())
-    manifest.write_text(text + "\n" + "\n".join(profile_tables(workspace["profile"])) + "\n")
+    profile = workspace["profile"]
+    # hearth's crates are members there and dependencies here, where the
+    # `"*"` table would otherwise give them its settings: the members'.
+    for member in ["hearth-build", "hearth-ops", "hearth-comm", "hearth-plugins", "hearth"]:
+        profile["dev"]["package"][member] = {"debug": profile["dev"]["debug"]}
+    manifest.write_text(text + "\n" + "\n".join(profile_tables(profile)) + "\n")
     shutil.copy(ROOT / "Cargo.lock", crate / "Cargo.lock")
     env = clean_env(crate)
     # How a user outside the repository names libtorch (docs/src/rust-api.md).
-    env.update(LIBTORCH=str((ROOT / ".venv" / "libtorch").resolve()), LIBTORCH_CXX11_ABI="1",
+    env.update(LIBTORCH=str(ROOT / ".venv" / "libtorch"), LIBTORCH_CXX11_ABI="1",
                CARGO_TARGET_DIR=str(ROOT / "target"))
     built = run_command(["cargo", "build", "--quiet"], cwd=crate, env=env, timeout=1800)
     assert built.returncode == 0, built.stderr
