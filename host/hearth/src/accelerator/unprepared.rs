@@ -36,12 +36,19 @@ impl PreparedCheck {
         }
     }
 
-    /// Notes a model prepared for training (not for evaluation).
+    /// Notes a model prepared for training (not for evaluation). Handles
+    /// to its parameters are kept only while the check is still to come,
+    /// and not for a sharded model, whose check needs none.
     pub(super) fn note_model(&self, parameters: &[(String, Tensor)], sharded: bool) {
-        let parameters = parameters
-            .iter()
-            .map(|(n, p)| (n.clone(), p.shallow_clone()))
-            .collect();
+        if !self.on || self.done.get() {
+            return;
+        }
+        let parameters = match sharded {
+            true => Vec::new(),
+            false => (parameters.iter())
+                .map(|(n, p)| (n.clone(), p.shallow_clone()))
+                .collect(),
+        };
         self.models.borrow_mut().push(TrainedModel {
             parameters,
             sharded,
@@ -67,8 +74,11 @@ impl Accelerator {
             return Ok(());
         }
         check.done.set(true);
-        self.check_optimizers_prepared()?;
-        self.check_models_prepared()
+        let checked = self
+            .check_optimizers_prepared()
+            .and_then(|()| self.check_models_prepared());
+        check.models.borrow_mut().clear();
+        checked
     }
 
     /// Every trainable parameter of a prepared model is in a prepared
