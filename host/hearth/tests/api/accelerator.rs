@@ -19,7 +19,7 @@ use serde_json::Value;
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Reduction, Tensor};
 
-use crate::serial;
+use crate::{serial, FakeWorld};
 
 fn sgd(lr: f64, momentum: f64) -> SgdHyper {
     SgdHyper {
@@ -598,29 +598,6 @@ fn find_executable_batch_size_backs_off_on_a_real_out_of_memory_error() {
 
 /// A world of `n` processes in which this one has index `rank`; nothing
 /// is communicated (enough for what is decided per process).
-struct FakeWorld {
-    rank: usize,
-    n: usize,
-}
-
-impl hearth::comm::ProcessGroup for FakeWorld {
-    fn process_index(&self) -> usize {
-        self.rank
-    }
-    fn num_processes(&self) -> usize {
-        self.n
-    }
-    fn local_process_index(&self) -> usize {
-        self.rank
-    }
-    fn num_local_processes(&self) -> usize {
-        self.n
-    }
-    fn backend(&self) -> &'static str {
-        "fake"
-    }
-}
-
 #[test]
 fn a_scheduler_steps_once_per_process_unless_batches_are_split() {
     for (split, per_step) in [(false, 2), (true, 1)] {

@@ -2,6 +2,7 @@
 //! backward pass, with the fix named, and allowed with
 //! `check_prepared(false)`.
 
+use crate::FakeWorld;
 use hearth::accelerator::{Accelerator, AcceleratorBuilder, BackwardError, LrSchedule};
 use hearth::ops::SgdHyper;
 use hearth::optim::Sgd;
@@ -91,33 +92,10 @@ fn a_scheduler_bound_to_no_optimizer_is_refused() {
     );
 }
 
-/// Process `rank` of 2, for a step that needs no collective.
-struct OneOfTwo {
-    rank: usize,
-}
-
-impl hearth::comm::ProcessGroup for OneOfTwo {
-    fn process_index(&self) -> usize {
-        self.rank
-    }
-    fn num_processes(&self) -> usize {
-        2
-    }
-    fn local_process_index(&self) -> usize {
-        self.rank
-    }
-    fn num_local_processes(&self) -> usize {
-        2
-    }
-    fn backend(&self) -> &'static str {
-        "test"
-    }
-}
-
 fn on_two(check: bool) -> AcceleratorBuilder {
     Accelerator::builder()
         .cpu(true)
-        .process_group(Box::new(OneOfTwo { rank: 1 }))
+        .process_group(Box::new(FakeWorld { rank: 1, n: 2 }))
         .check_prepared(check)
 }
 
