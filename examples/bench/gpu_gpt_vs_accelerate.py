@@ -17,7 +17,8 @@ test: nothing is asserted. Usage (on a GPU machine):
     HEARTH_BIN=... python gpu_gpt_vs_accelerate.py --profile DIR SIZE
 SIZE is one of: tiny (the CPU bench GPT, fp32), tiny-bf16, gpt2 (d=768,
 12 layers, T=1024, bf16), and each with -graph (hearth's step captured in a
-CUDA graph, `run.cuda-graph`). PEERS=eager,compiled picks the peers.
+CUDA graph, `run.cuda-graph`). PEERS=eager,compiled picks the peers;
+HEARTH_OFF=1 adds hearth with its own GPU kernels off (HEARTH_GPU_KERNELS=off).
 `--profile DIR` runs hearth once with `--profile DIR` and prints where the
 GPU's time went, by kernel, per recorded step.
 """
@@ -50,6 +51,8 @@ WARMUP = 10
 # Dense bf16 peak of the GPU, FLOP/s (H100 SXM and H200: 989 TFLOP/s).
 PEAK = float(os.environ.get("GPU_PEAK_TFLOPS", "989")) * 1e12
 PEERS = os.environ.get("PEERS", "eager,compiled").split(",")
+# HEARTH_OFF=1 adds hearth with its GPU kernels off as a side ("hearth-off").
+HEARTH_SIDES = ["hearth", "hearth-off"] if os.environ.get("HEARTH_OFF") == "1" else ["hearth"]
 
 
 def flops_per_token(v, t, d, layers):
@@ -90,11 +93,14 @@ lr = 3e-4
 """
 
 
-def hearth_tokens_per_sec(size, out_dir: pathlib.Path) -> float:
+def hearth_tokens_per_sec(size, out_dir: pathlib.Path, kernels="on") -> float:
+    """hearth's tokens/s; kernels="off" runs it with HEARTH_GPU_KERNELS=off
+    (libtorch's operators where hearth has GPU kernels of its own)."""
     out_dir.mkdir(parents=True)
     config = out_dir / "bench.toml"
     config.write_text(hearth_config(size))
-    subprocess.run([HEARTH, "run", config, "--quiet", "--output-dir", out_dir], check=True, capture_output=True)
+    env = dict(os.environ, HEARTH_GPU_KERNELS=kernels)
+    subprocess.run([HEARTH, "run", config, "--quiet", "--output-dir", out_dir], check=True, capture_output=True, env=env)
     return json.loads((out_dir / "bench" / "summary.json").read_text())["tokens_per_sec"]
 
 
@@ -200,7 +206,7 @@ def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     sizes = sys.argv[2:] or ["tiny", "tiny-graph", "tiny-bf16", "gpt2", "gpt2-graph"]
     print(f"GPU: {torch.cuda.get_device_name()}; peak {PEAK / 1e12:.0f} TFLOP/s for MFU; peers: {', '.join(PEERS)}")
-    sides = ["hearth"] + PEERS
+    sides = HEARTH_SIDES + PEERS
     for size in sizes:
         v, t, d, layers, heads, batch, steps, mp = SIZES[size]
         rates = {side: [] for side in sides}
@@ -210,8 +216,9 @@ def main() -> None:
             for i in range(rounds):
                 order = sides[i % len(sides):] + sides[: i % len(sides)]
                 for side in order:
-                    if side == "hearth":
-                        rates[side].append(hearth_tokens_per_sec(size, pathlib.Path(tmp) / f"r{i}"))
+                    if side.startswith("hearth"):
+                        kernels = "off" if side == "hearth-off" else "on"
+                        rates[side].append(hearth_tokens_per_sec(size, pathlib.Path(tmp) / f"r{i}-{side}", kernels))
                     elif side not in failed:
                         rate, warmup = peer_tokens_per_sec(size, side)
                         if rate is None:
@@ -227,7 +234,7 @@ def main() -> None:
             median = statistics.median(rates[side])
             extra = f"  warm-up ({WARMUP} steps, compile included) {statistics.median(warmups[side]):.1f} s" if side in warmups else ""
             print(f"  {side:10s} {median:10.0f} tokens/s  MFU {median * f / PEAK:6.1%}{extra}")
-        for peer in [p for p in PEERS if p not in failed]:
+        for peer in [p for p in HEARTH_SIDES[1:] + PEERS if p not in failed]:
             ratios = [h / p for h, p in zip(rates["hearth"], rates[peer])]
             print(f"  ratio hearth/{peer} = {statistics.median(ratios):.2f} (min {min(ratios):.2f}, max {max(ratios):.2f})", flush=True)
 

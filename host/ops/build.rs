@@ -133,17 +133,26 @@ fn torch_version(torch: &std::path::Path) -> String {
     }
 }
 
-/// `csrc/cuda_graph.cpp` as a shared library of its own (it calls
-/// libtorch_cuda by symbol, which hearth itself must not link: see
-/// src/cuda.rs), embedded in hearth through `HEARTH_CUDA_GRAPH_LIB` and
-/// the `hearth_cuda_graph` cfg. It needs the CUDA runtime's headers, which
-/// the CUDA wheels of torch install beside it (`nvidia/cu13/include`, or
-/// `nvidia/cuda_runtime/include` for CUDA 12); without them hearth is built
-/// without CUDA graphs and says so when one is asked for.
+/// hearth's CUDA library — `csrc/cuda_graph.cpp` (CUDA graphs) and
+/// `csrc/cuda_cross_entropy.cpp` (the bfloat16 cross-entropy kernels) — as
+/// a shared library of its own (it calls libtorch_cuda by symbol, which
+/// hearth itself must not link: see src/cuda.rs), embedded in hearth
+/// through `HEARTH_CUDA_GRAPH_LIB` and the `hearth_cuda_graph` cfg. It
+/// needs the CUDA runtime's, driver's and NVRTC's headers, which the CUDA
+/// wheels of torch install beside it (`nvidia/cu13/include`, or
+/// `nvidia/cuda_runtime/include` and `nvidia/cuda_nvrtc/include` for CUDA
+/// 12); without them hearth is built without the library and says so when
+/// a graph is asked for (the loss then runs on libtorch's operators).
 fn build_cuda_graph_library(torch: &std::path::Path) {
-    let source = "csrc/cuda_graph.cpp";
-    println!("cargo:rerun-if-changed={source}");
+    let sources = ["csrc/cuda_graph.cpp", "csrc/cuda_cross_entropy.cpp"];
+    for source in sources {
+        println!("cargo:rerun-if-changed={source}");
+    }
     let site = torch.parent().expect("torch/ has a parent");
+    let nvrtc_include = ["nvidia/cu13/include", "nvidia/cuda_nvrtc/include"]
+        .iter()
+        .map(|dir| site.join(dir))
+        .find(|dir| dir.join("nvrtc.h").exists());
     let cuda_include = ["nvidia/cu13/include", "nvidia/cuda_runtime/include"]
         .iter()
         .map(|dir| site.join(dir))
@@ -160,11 +169,12 @@ fn build_cuda_graph_library(torch: &std::path::Path) {
     .map(|dir| site.join(dir))
     .find(|dir| dir.join("crt/host_config.h").exists());
     let lib = torch.join("lib");
-    let found = cuda_include.zip(crt_include);
-    let Some((cuda_include, crt_include)) = found.filter(|_| lib.join("libtorch_cuda.so").exists())
+    let found = cuda_include.zip(crt_include).zip(nvrtc_include);
+    let Some(((cuda_include, crt_include), nvrtc_include)) =
+        found.filter(|_| lib.join("libtorch_cuda.so").exists())
     else {
         println!(
-            "cargo:warning=no CUDA runtime headers or libtorch_cuda.so beside {}: hearth is built without CUDA graphs",
+            "cargo:warning=no CUDA runtime or NVRTC headers or libtorch_cuda.so beside {}: hearth is built without CUDA graphs or its GPU cross-entropy",
             torch.display()
         );
         return;
@@ -181,13 +191,15 @@ fn build_cuda_graph_library(torch: &std::path::Path) {
         .arg(&cuda_include)
         .arg("-I")
         .arg(&crt_include)
-        .arg(source)
+        .arg("-I")
+        .arg(&nvrtc_include)
+        .args(sources)
         .arg("-o")
         .arg(&out)
         .arg(format!("-L{}", lib.display()))
-        .args(["-ltorch_cuda", "-lc10_cuda", "-ltorch_cpu", "-lc10"]);
+        .args(["-ltorch_cuda", "-lc10_cuda", "-ltorch_cpu", "-lc10", "-ldl"]);
     let status = cmd.status().expect("the C++ compiler runs");
-    assert!(status.success(), "compiling {source} failed: {cmd:?}");
+    assert!(status.success(), "compiling {sources:?} failed: {cmd:?}");
     println!("cargo:rustc-env=HEARTH_CUDA_GRAPH_LIB={}", out.display());
     println!("cargo:rustc-cfg=hearth_cuda_graph");
 }

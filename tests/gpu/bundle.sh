@@ -3,7 +3,9 @@
 # torch but no Rust: stripped release binaries of hearth (cuda feature) and
 # of the GPU test suites, and the Open MPI libraries hearth links, in
 # .gpu/ (git-ignored; carry it to the machine and run
-# tests/gpu/checklist.sh there). Usage: make gpu-bundle
+# tests/gpu/checklist.sh there), and the same packed in .gpu/carry.tar.xz
+# (a quarter of the size; checklist.sh unpacks it where .gpu/bin is
+# missing). The built-in plugins are inside hearth. Usage: make gpu-bundle
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
@@ -20,11 +22,8 @@ for line in sys.stdin:
         shutil.copy(m["executable"], ".gpu/bin/" + m["target"]["name"])
 '
 strip .gpu/bin/*
-# The built-in plugins (wrap policies, trackers, schedules), where hearth
-# looks for them beside its bin/ folder.
-make plugins
-cp -r target/plugins .gpu/plugins
 # Open MPI and what it needs beyond glibc (the GPU image has no MPI).
 ldd target/release/hearth | awk '/=> \// {print $3}' |
     grep -E 'libmpi|libopen-|libhwloc|libevent|libudev' | xargs -I{} cp -L {} .gpu/lib/
-du -sh .gpu/bin/* .gpu/lib .gpu/plugins
+tar cf - -C .gpu bin lib | xz -T0 -6 > .gpu/carry.tar.xz
+du -sh .gpu/bin/* .gpu/lib .gpu/carry.tar.xz

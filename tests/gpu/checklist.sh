@@ -14,6 +14,8 @@ set -u
 OUT=${1:?usage: checklist.sh OUT [STEP...]}; shift
 STEPS=${*:-env cuda parity run graph launch fsdp bench offload}
 ROOT=$PWD
+# The bundle as one archive (tests/gpu/bundle.sh), unpacked on first use.
+if [ ! -x .gpu/bin/hearth ] && [ -f .gpu/carry.tar.xz ]; then tar xJf .gpu/carry.tar.xz -C .gpu; fi
 mkdir -p "$OUT" /tmp/gpu-lib
 TORCH=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))')
 NCCL=$(ls "$TORCH"/../nvidia/nccl/lib/libnccl.so.2 2>/dev/null | head -1)

@@ -645,6 +645,87 @@ fn half_logits_are_scored_on_cuda_as_float32_ones() {
     }
 }
 
+/// bfloat16 logits on a GPU are scored by hearth's own kernels, and their
+/// loss and gradient are libtorch's — `cross_entropy` of the logits cast
+/// to float32, the gradient cast back — to float32 rounding: the loss to
+/// 1e-5, each gradient element to one bfloat16 step (the two float32
+/// values may fall on either side of a rounding boundary) plus 1e-4 of the
+/// largest gradient a row can have (the loss's gradient over the scored
+/// rows): where a target's probability is near 1, `p - 1` cancels, and
+/// both sides' float32 log-sum-exp (a few ulps of up to ~100 here) leaves
+/// an error of that order in either. Shapes: GPT-2's
+/// vocabulary (8 values per load), an odd one (one at a time), rows that
+/// start off 16 bytes, peaked and flat rows, targets at both ends,
+/// ignored rows, and a batch with every row ignored (NaN, as libtorch).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bf16_cross_entropy_kernels_agree_with_libtorch() {
+    let device = cuda();
+    hearth::ops::cuda_loss::available(0).expect("the kernels compile and load on this GPU");
+    tch::manual_seed(11);
+    let ignore = hearth::data::IGNORE_INDEX;
+    for (rows, vocab, spread, offset) in [
+        (512, 50304, 4.0, 0),
+        (300, 1001, 8.0, 0),
+        (64, 4096, 30.0, 1),
+        (33, 8, 1.0, 0),
+    ] {
+        let name = format!("{rows}x{vocab} (spread {spread}, offset {offset})");
+        let backing = (Tensor::randn([rows * vocab + offset], (Kind::Float, device)) * spread)
+            .to_kind(Kind::BFloat16);
+        let logits = backing.narrow(0, offset, rows * vocab).view([rows, vocab]);
+        let targets = Tensor::randint(vocab, [rows], (Kind::Int64, device));
+        let _ = targets.narrow(0, 0, 5).fill_(ignore);
+        let _ = targets.narrow(0, 5, 1).fill_(0);
+        let _ = targets.narrow(0, 6, 1).fill_(vocab - 1);
+        let ours = logits.detach().set_requires_grad(true);
+        let loss = hearth::ops::cuda_loss::bf16_cross_entropy(&ours, &targets, ignore)
+            .expect("the kernels take these logits");
+        (&loss * 3.0).backward();
+        let cast = logits.detach().set_requires_grad(true);
+        let reference = cast.to_kind(Kind::Float).cross_entropy_loss::<Tensor>(
+            &targets,
+            None,
+            tch::Reduction::Mean,
+            ignore,
+            0.0,
+        );
+        (&reference * 3.0).backward();
+        assert_eq!(loss.kind(), Kind::Float, "{name}: a float32 loss");
+        let (a, b) = (
+            f64::try_from(&loss).unwrap(),
+            f64::try_from(&reference).unwrap(),
+        );
+        assert!((a - b).abs() <= 1e-5 * b.abs(), "{name}: loss {a} vs {b}");
+        let (ga, gb) = (
+            ours.grad().to_kind(Kind::Float),
+            cast.grad().to_kind(Kind::Float),
+        );
+        assert_eq!(
+            ours.grad().kind(),
+            Kind::BFloat16,
+            "{name}: a bf16 gradient"
+        );
+        let scored = i64::try_from(targets.ne(ignore).sum(Kind::Int64)).unwrap();
+        let allowed = gb.abs() / 128.0 + 1e-4 * 3.0 / scored as f64;
+        let over = i64::try_from((&ga - &gb).abs().gt_tensor(&allowed).sum(Kind::Int64)).unwrap();
+        let worst = f64::try_from((&ga - &gb).abs().max()).unwrap();
+        assert_eq!(
+            over, 0,
+            "{name}: {over} gradient elements off by more than a bf16 step (worst {worst})"
+        );
+        let ignored = f64::try_from(ours.grad().narrow(0, 0, 5).abs().sum(Kind::Float)).unwrap();
+        assert_eq!(ignored, 0.0, "{name}: ignored rows get no gradient");
+    }
+    let logits = Tensor::randn([4, 64], (Kind::Float, device)).to_kind(Kind::BFloat16);
+    let none = Tensor::full([4], ignore, (Kind::Int64, device));
+    let loss = hearth::ops::cuda_loss::bf16_cross_entropy(&logits, &none, ignore).unwrap();
+    assert!(
+        f64::try_from(&loss).unwrap().is_nan(),
+        "every row ignored: NaN, as libtorch"
+    );
+}
+
 /// An asynchronous save stages a GPU's tensors in pinned host memory; from
 /// the second save on the copies are queued without waiting, and training
 /// goes on at once. Steps queued right behind the copies change the

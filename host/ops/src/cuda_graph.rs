@@ -6,7 +6,9 @@
 //! hearth does not link libtorch_cuda (see [`super::cuda`]), so build.rs
 //! makes it a shared library of its own, embedded in the binary; it is
 //! written to an anonymous memory file and opened from there the first
-//! time a graph is asked for, after libtorch_cuda is loaded.
+//! time a graph is asked for, after libtorch_cuda is loaded. The same
+//! library holds hearth's bfloat16 cross-entropy kernels
+//! ([`super::cuda_loss`]).
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::OnceLock;
@@ -30,9 +32,12 @@ type StreamSwitch = unsafe extern "C" fn() -> Status;
 type GraphCall = unsafe extern "C" fn(*mut c_void) -> Status;
 type DeviceQuery =
     unsafe extern "C" fn(c_int, *mut c_char, usize, *mut c_int, *mut c_int) -> Status;
+pub(crate) type DeviceCheck = unsafe extern "C" fn(c_int) -> Status;
+pub(crate) type CrossEntropy =
+    unsafe extern "C" fn(*mut c_void, *mut c_void, i64, *mut *mut c_void) -> Status;
 
 /// The library's functions, resolved once.
-struct Library {
+pub(crate) struct Library {
     free_error: FreeError,
     new: NewGraph,
     delete: DeleteGraph,
@@ -42,10 +47,12 @@ struct Library {
     capture_end: GraphCall,
     replay: GraphCall,
     device: DeviceQuery,
+    pub(crate) cross_entropy_available: DeviceCheck,
+    pub(crate) cross_entropy_bf16: CrossEntropy,
 }
 
 impl Library {
-    fn check(&self, status: Status) -> Result<(), GraphError> {
+    pub(crate) fn check(&self, status: Status) -> Result<(), GraphError> {
         if status.is_null() {
             return Ok(());
         }
@@ -59,7 +66,7 @@ impl Library {
     }
 }
 
-fn library() -> Result<&'static Library, GraphError> {
+pub(crate) fn library() -> Result<&'static Library, GraphError> {
     static LIBRARY: OnceLock<Result<Library, GraphError>> = OnceLock::new();
     LIBRARY.get_or_init(open).as_ref().map_err(Clone::clone)
 }
@@ -152,6 +159,8 @@ fn load_embedded() -> Result<Library, GraphError> {
         capture_end: symbol!("hearth_cg_capture_end", GraphCall),
         replay: symbol!("hearth_cg_replay", GraphCall),
         device: symbol!("hearth_cg_device", DeviceQuery),
+        cross_entropy_available: symbol!("hearth_ce_available", DeviceCheck),
+        cross_entropy_bf16: symbol!("hearth_ce_bf16", CrossEntropy),
     })
 }
 

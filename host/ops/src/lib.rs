@@ -12,6 +12,7 @@ mod amp;
 pub mod cpu_kernels;
 pub mod cuda;
 pub mod cuda_graph;
+pub mod cuda_loss;
 pub mod durable;
 mod ffi;
 mod foreach;

@@ -37,6 +37,14 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
         Ok(()) => "available".to_string(),
         Err(e) => e.to_string(),
     };
+    // hearth's bfloat16 cross-entropy kernels, compiled for GPU 0 here.
+    let gpu_cross_entropy = match cuda_devices {
+        0 => "no CUDA device".to_string(),
+        _ => match hearth_ops::cuda_loss::available(0) {
+            Ok(()) => "available".to_string(),
+            Err(e) => e.to_string(),
+        },
+    };
     let cpu = cpu_model();
     let kernels = cpu_kernels_report();
     let report = serde_json::json!({
@@ -57,6 +65,7 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
         "cuda_version": cuda_version,
         "cudnn_version": cudnn_version,
         "cuda_graphs": cuda_graphs,
+        "gpu_cross_entropy": gpu_cross_entropy,
         "backends": backends,
         "nccl": nccl,
         "mpi_library": mpi_library,
@@ -89,7 +98,7 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
     }
     if let Some(cuda) = &cuda_version {
         println!(
-            "CUDA runtime {cuda}, cuDNN {}; CUDA graphs: {cuda_graphs}",
+            "CUDA runtime {cuda}, cuDNN {}; CUDA graphs: {cuda_graphs}; bf16 cross-entropy kernels: {gpu_cross_entropy}",
             cudnn_version.as_deref().unwrap_or("absent")
         );
     }

@@ -531,6 +531,10 @@ fn libtorch_cuda_is_opened_only_where_a_driver_is() {
         graphs.starts_with("CUDA graphs are unavailable: no CUDA device"),
         "{graphs}"
     );
+    assert_eq!(
+        v["gpu_cross_entropy"], "no CUDA device",
+        "no GPU, so hearth's GPU loss kernels are not tried"
+    );
 
     // The machine's own driver decides what plain `hearth env` said.
     let machine_has_driver = std::path::Path::new("/dev/nvidiactl").exists();

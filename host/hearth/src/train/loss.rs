@@ -15,12 +15,21 @@ use tch::{Kind, Reduction, Tensor};
 /// writes the gradient in float16: the values of casting to float32 first
 /// (what autocast does), without the two casting passes over a `[tokens,
 /// vocab]` tensor (at GPT-2's vocabulary, 2.4 GB each way per 8 k tokens).
-/// libtorch has that variant for float16 on CUDA only; bfloat16 logits, and
-/// half-precision ones elsewhere, are cast to float32 first.
+/// libtorch has that variant for float16 on CUDA only. bfloat16 logits on
+/// a GPU go through hearth's own two kernels
+/// ([`hearth_ops::cuda_loss::bf16_cross_entropy`]: one read of the logits
+/// forward, one read and a bfloat16 write backward), where they can run;
+/// half-precision logits elsewhere are cast to float32 first.
 pub fn lm_loss(logits: &Tensor, targets: &Tensor) -> Tensor {
     let vocab = logits.size()[2];
     let flat = logits.reshape([-1, vocab]);
     let targets = targets.reshape([-1]);
+    if flat.kind() == Kind::BFloat16 && flat.device().is_cuda() {
+        if let Some(loss) = hearth_ops::cuda_loss::bf16_cross_entropy(&flat, &targets, IGNORE_INDEX)
+        {
+            return loss;
+        }
+    }
     if flat.kind() == Kind::Half && flat.device().is_cuda() {
         return flat.internal_log_softmax(1, true).g_nll_loss::<Tensor>(
             &targets,
