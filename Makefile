@@ -36,7 +36,7 @@ run: build
 test: cpu-line build example-plugins
 	cargo test
 	cd plugins && cargo test --quiet --target $(HOST_TARGET)
-	cd guest-sdk && cargo test --quiet --target $(HOST_TARGET)
+	cd guest-sdk && cargo test --quiet --target $(HOST_TARGET) --features http
 	$(PY) -m pytest tests -q --timeout 1800
 	tests/isa/levels.sh --others
 
@@ -179,7 +179,7 @@ lint: setup
 	cargo clippy --workspace --all-targets --no-default-features -- -D warnings
 	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 	for ws in plugins tests/plugins; do (cd $$ws && cargo fmt --all --check && cargo clippy --release -- -D warnings); done
-	cd guest-sdk && cargo fmt --check && cargo clippy --target wasm32-wasip2 -- -D warnings
+	cd guest-sdk && cargo fmt --check && cargo clippy --target wasm32-wasip2 --features http -- -D warnings
 	cd examples/library && cargo fmt --check
 
 # Reliability runs, not part of `make test` (issue 18). `make soak`:

@@ -109,6 +109,8 @@ pub mod bindings {
 
 pub mod checkpoint;
 pub mod files;
+#[cfg(feature = "http")]
+pub mod http;
 
 pub use bindings::tracker::exports::hearth::plugin::tracker::Restart;
 pub use bindings::tracker::hearth::plugin::types::{RunInfo, Value};

@@ -87,6 +87,7 @@ pub fn check_world(
     kind: PluginKind,
     declared: &str,
     report: &ComponentReport,
+    asks_network: bool,
 ) -> Result<(), PluginError> {
     let refuse = |reason: String| PluginError::Refused {
         name: name.into(),
@@ -123,10 +124,12 @@ pub fn check_world(
             )));
         }
     }
-    if let Some(net) = report.imports.iter().find(|i| i.starts_with("wasi:http/")) {
+    let http = report.imports.iter().find(|i| i.starts_with("wasi:http/"));
+    if let Some(net) = http.filter(|_| !asks_network) {
         return Err(refuse(format!(
-            "it imports {net}, and hearth grants plugins no network; \
-             for componentize-js, build with `-d http fetch-event`"
+            "it imports {net}, and its plugin.toml asks for no network; a plugin that reaches \
+             hosts lists them in `[permissions] network` (for componentize-js without the \
+             network, build with `-d http fetch-event`)"
         )));
     }
     Ok(())

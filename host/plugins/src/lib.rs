@@ -18,6 +18,7 @@ mod engine;
 mod error;
 mod inspect;
 mod manifest;
+pub mod network;
 mod options;
 mod quota;
 mod registry;
@@ -37,7 +38,7 @@ pub use checkpoint_hook::{load_checkpoint_hook, CheckpointHookPlugin, HookCheckp
 pub use engine::PluginEngine;
 pub use error::PluginError;
 pub use inspect::{ComponentReport, WIT_PACKAGE, WIT_VERSION};
-pub use manifest::{LimitOverrides, Limits, Manifest, PluginKind};
+pub use manifest::{Granted, LimitOverrides, Limits, Manifest, PermissionGrant, PluginKind};
 pub use options::{toml_scalar, OptionSpec, OptionType};
 pub use registry::{Broken, Found, PluginSource, Registry, SearchPath};
 pub use runtime::FaultKind;

@@ -90,18 +90,64 @@ impl std::fmt::Display for PluginKind {
 }
 
 /// Capabilities a plugin asks for; the host grants each only if the kind allows it.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct Permissions {
     /// Trackers: read-write access to their own logging folder, at `/logs` (default true).
     #[serde(default = "yes")]
     pub logging_dir: bool,
+    /// Hosts it asks to reach over `wasi:http` (`HOST:PORT`,
+    /// `http://HOST:PORT`, `*.DOMAIN:PORT`, or `"*"`: whatever its user
+    /// grants); it reaches those a run config grants too
+    /// ([`super::network`]).
+    #[serde(default)]
+    pub network: Vec<String>,
+    /// Environment variables it asks for (an API key); it gets those a run
+    /// config grants too, and no others.
+    #[serde(default)]
+    pub env: Vec<String>,
 }
 
 impl Default for Permissions {
     fn default() -> Self {
-        Self { logging_dir: true }
+        Self {
+            logging_dir: true,
+            network: Vec::new(),
+            env: Vec::new(),
+        }
     }
+}
+
+/// A run config's `[plugin-permissions.<name>]`: what a user grants a
+/// plugin of what its manifest asks.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct PermissionGrant {
+    /// Hosts it may reach: `HOST:PORT` (https), `http://HOST:PORT`, or
+    /// `*.DOMAIN:PORT`; it gets those its manifest asks for too.
+    #[serde(default)]
+    pub network: Vec<String>,
+    /// Environment variables handed to it, by name (their values are
+    /// never logged).
+    #[serde(default)]
+    pub env: Vec<String>,
+}
+
+/// What a plugin was granted: the part of its asks its user granted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Granted {
+    /// Hosts it may reach.
+    pub network: Vec<super::network::HostRule>,
+    /// Environment variables it gets (names; the values are read when an
+    /// instance starts).
+    pub env: Vec<String>,
+}
+
+/// Whether `name` can be an environment variable's name.
+fn is_env_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 fn yes() -> bool {
@@ -138,6 +184,22 @@ pub struct Limits {
     /// Lines of stdout and stderr kept over the whole run (default 20 000).
     #[serde(default = "default_log_lines_per_run")]
     pub log_lines_per_run: u64,
+    /// Network: bytes of one request's body (default 1 MiB).
+    #[serde(default = "default_request_bytes")]
+    pub request_bytes: u64,
+    /// Network: bytes of one response's body (default 1 MiB).
+    #[serde(default = "default_response_bytes")]
+    pub response_bytes: u64,
+    /// Network: requests started in any minute (default 600).
+    #[serde(default = "default_requests_per_minute")]
+    pub requests_per_minute: u64,
+    /// Network: one request's time from start to the end of its response
+    /// (default 3000 ms, under the default call deadline).
+    #[serde(default = "default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+    /// Network: requests in flight at once (default 4).
+    #[serde(default = "default_concurrent_requests")]
+    pub concurrent_requests: u64,
 }
 
 impl Limits {
@@ -155,6 +217,11 @@ impl Limits {
         set(&mut self.log_lines_per_call, o.log_lines_per_call);
         set(&mut self.log_bytes_per_call, o.log_bytes_per_call);
         set(&mut self.log_lines_per_run, o.log_lines_per_run);
+        set(&mut self.request_bytes, o.request_bytes);
+        set(&mut self.response_bytes, o.response_bytes);
+        set(&mut self.requests_per_minute, o.requests_per_minute);
+        set(&mut self.request_timeout_ms, o.request_timeout_ms);
+        set(&mut self.concurrent_requests, o.concurrent_requests);
         self
     }
 
@@ -179,6 +246,11 @@ impl Default for Limits {
             log_lines_per_call: default_log_lines_per_call(),
             log_bytes_per_call: default_log_bytes_per_call(),
             log_lines_per_run: default_log_lines_per_run(),
+            request_bytes: default_request_bytes(),
+            response_bytes: default_response_bytes(),
+            requests_per_minute: default_requests_per_minute(),
+            request_timeout_ms: default_request_timeout_ms(),
+            concurrent_requests: default_concurrent_requests(),
         }
     }
 }
@@ -198,6 +270,34 @@ pub struct LimitOverrides {
     pub log_bytes_per_call: Option<u64>,
     /// See [`Limits::log_lines_per_run`].
     pub log_lines_per_run: Option<u64>,
+    /// See [`Limits::request_bytes`].
+    pub request_bytes: Option<u64>,
+    /// See [`Limits::response_bytes`].
+    pub response_bytes: Option<u64>,
+    /// See [`Limits::requests_per_minute`].
+    pub requests_per_minute: Option<u64>,
+    /// See [`Limits::request_timeout_ms`].
+    pub request_timeout_ms: Option<u64>,
+    /// See [`Limits::concurrent_requests`].
+    pub concurrent_requests: Option<u64>,
+}
+
+impl LimitOverrides {
+    /// Each key and the value it sets, for checks that go over them all.
+    pub fn keys(&self) -> [(&'static str, Option<u64>); 10] {
+        [
+            ("disk-mb", self.disk_mb),
+            ("files", self.files),
+            ("log-lines-per-call", self.log_lines_per_call),
+            ("log-bytes-per-call", self.log_bytes_per_call),
+            ("log-lines-per-run", self.log_lines_per_run),
+            ("request-bytes", self.request_bytes),
+            ("response-bytes", self.response_bytes),
+            ("requests-per-minute", self.requests_per_minute),
+            ("request-timeout-ms", self.request_timeout_ms),
+            ("concurrent-requests", self.concurrent_requests),
+        ]
+    }
 }
 
 fn default_disk_mb() -> u64 {
@@ -214,6 +314,22 @@ fn default_log_bytes_per_call() -> u64 {
 }
 fn default_log_lines_per_run() -> u64 {
     20_000
+}
+
+fn default_request_bytes() -> u64 {
+    1 << 20
+}
+fn default_response_bytes() -> u64 {
+    1 << 20
+}
+fn default_requests_per_minute() -> u64 {
+    600
+}
+fn default_request_timeout_ms() -> u64 {
+    3000
+}
+fn default_concurrent_requests() -> u64 {
+    4
 }
 
 fn default_memory_mb() -> u64 {
@@ -265,6 +381,10 @@ pub struct Manifest {
     /// The component's bytes, for a built-in embedded in the library.
     #[serde(skip)]
     pub(crate) embedded: Option<&'static [u8]>,
+    /// What its user granted of its asks ([`Manifest::with_grant`]);
+    /// nothing until then.
+    #[serde(skip)]
+    pub granted: Granted,
 }
 
 impl Manifest {
@@ -276,6 +396,30 @@ impl Manifest {
             manifest.limits = manifest.limits.overridden(o);
         }
         manifest
+    }
+
+    /// Checks a run config's `env` grant: names only.
+    pub fn check_env_grant(names: &[String]) -> Result<(), String> {
+        match names.iter().find(|n| !is_env_name(n)) {
+            Some(name) => Err(format!("{name:?} is not an environment variable's name")),
+            None => Ok(()),
+        }
+    }
+
+    /// This manifest with what a run config's `[plugin-permissions.<name>]`
+    /// grants of its asks; an error names a grant that does not parse.
+    pub fn with_grant(&self, grant: Option<&PermissionGrant>) -> Result<Manifest, String> {
+        let mut manifest = self.clone();
+        let grant = grant.cloned().unwrap_or_default();
+        Self::check_env_grant(&grant.env)?;
+        manifest.granted = Granted {
+            network: super::network::intersect(&self.permissions.network, &grant.network)?,
+            env: (grant.env.iter())
+                .filter(|n| self.permissions.env.contains(n))
+                .cloned()
+                .collect(),
+        };
+        Ok(manifest)
     }
 
     /// Reads and checks `dir/plugin.toml`.
@@ -347,6 +491,31 @@ impl Manifest {
                 m.limits.log_lines_per_run,
                 defaults.log_lines_per_run,
             ),
+            (
+                "request-bytes",
+                m.limits.request_bytes,
+                defaults.request_bytes,
+            ),
+            (
+                "response-bytes",
+                m.limits.response_bytes,
+                defaults.response_bytes,
+            ),
+            (
+                "requests-per-minute",
+                m.limits.requests_per_minute,
+                defaults.requests_per_minute,
+            ),
+            (
+                "request-timeout-ms",
+                m.limits.request_timeout_ms,
+                defaults.request_timeout_ms,
+            ),
+            (
+                "concurrent-requests",
+                m.limits.concurrent_requests,
+                defaults.concurrent_requests,
+            ),
         ] {
             if value > most {
                 return Err(bad(format!(
@@ -355,6 +524,13 @@ impl Manifest {
                     m.name
                 )));
             }
+        }
+        super::network::check_asks(&m.permissions.network)
+            .map_err(|e| bad(format!("key `permissions.network`: {e}")))?;
+        if let Some(name) = m.permissions.env.iter().find(|n| !is_env_name(n)) {
+            return Err(bad(format!(
+                "key `permissions.env`: {name:?} is not an environment variable's name"
+            )));
         }
         if m.component.is_absolute()
             || m.component

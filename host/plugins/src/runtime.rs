@@ -9,8 +9,9 @@
 
 use super::engine::EPOCH_TICK;
 use super::inspect::{check_is_component, check_world, report};
+use super::network::HttpGate;
 use super::quota::{HasQuotaFs, Quota};
-use super::sandbox::{PluginState, Preopen};
+use super::sandbox::{Grants, PluginState, Preopen};
 use super::stdio::OutputBudget;
 use super::usage::Phase;
 use super::{ComponentReport, Manifest, PluginEngine, PluginError, PluginKind};
@@ -56,6 +57,8 @@ pub(crate) struct Prepared {
     logs_quota: Option<Arc<Quota>>,
     /// Its stdout and stderr budget, over every store.
     budget: Arc<OutputBudget>,
+    /// Its `wasi:http` gate, over every store.
+    pub(crate) gate: HttpGate,
 }
 
 impl Prepared {
@@ -82,7 +85,15 @@ impl Prepared {
         let engine = PluginEngine::global();
         let component = engine.compile(name, &path, &bytes)?;
         let report = report(engine.engine(), &component);
-        check_world(name, &path, kind, manifest.world_version(), &report)?;
+        let asks_network = !manifest.permissions.network.is_empty();
+        check_world(
+            name,
+            &path,
+            kind,
+            manifest.world_version(),
+            &report,
+            asks_network,
+        )?;
 
         let mut linker = Linker::new(engine.engine());
         let runtime = |e: wasmtime::Error| PluginError::Runtime {
@@ -99,9 +110,13 @@ impl Prepared {
         )
         .map_err(runtime)?;
         linker.allow_shadowing(false);
+        if asks_network {
+            wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(runtime)?;
+        }
         add_world(&mut linker).map_err(runtime)?;
         let executor = tokio::runtime::Builder::new_current_thread()
             .enable_time()
+            .enable_io()
             .build()
             .map_err(|e| PluginError::Runtime {
                 name: name.into(),
@@ -125,7 +140,9 @@ impl Prepared {
                 false,
             )
         });
+        let gate = HttpGate::new(name.into(), manifest.granted.network.clone(), limits);
         Ok(Self {
+            gate,
             budget: OutputBudget::new(name.into(), limits),
             logs_quota,
             manifest: manifest.clone(),
@@ -142,7 +159,8 @@ impl Prepared {
         &self.manifest.name
     }
 
-    /// A fresh sandboxed store: memory cap, no network, its folder only
+    /// A fresh sandboxed store: memory cap, the hosts and environment
+    /// variables granted, its folder only
     /// (`files`, else the logging folder it was prepared with).
     pub(crate) fn store(&self, files: Option<Preopen<'_>>) -> wasmtime::Result<Store<PluginState>> {
         let limits = &self.manifest.limits;
@@ -170,6 +188,10 @@ impl Prepared {
             quota,
             self.budget.clone(),
             on_thread,
+            Grants {
+                gate: self.gate.clone(),
+                env: &self.manifest.granted.env,
+            },
         )?;
         let mut store = Store::new(PluginEngine::global().engine(), state);
         store.limiter(|s| &mut s.limits);

@@ -1,7 +1,10 @@
 //! The state of one plugin instance and the capabilities it is granted.
 //!
 //! Deny by default: no environment, no arguments, no stdin, no network
-//! (TCP, UDP and name lookup refused), stdout/stderr into the host log, and
+//! (TCP, UDP and name lookup refused; `wasi:http` only for a plugin that
+//! asks for hosts, and then only to the hosts its user granted, through
+//! [`HttpGate`]), environment variables only those granted by name,
+//! stdout/stderr into the host log, and
 //! a filesystem only where the kind needs one — a tracker's own logging
 //! folder, preopened read-write at `/logs`; a checkpoint hook the checkpoint
 //! folder being written (read-write) or loaded (read-only) at `/checkpoint`.
@@ -9,6 +12,7 @@
 //! writable folder has a quota ([`Quota`]), and stdout/stderr a budget
 //! ([`OutputBudget`]).
 
+use super::network::HttpGate;
 use super::quota::{Quota, QuotaFs};
 use super::stdio::{LogStream, OutputBudget};
 use super::{Limits, PluginError};
@@ -18,6 +22,7 @@ use wasmtime::component::ResourceTable;
 use wasmtime::{StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::filesystem::WasiFilesystemCtxView;
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 /// Linear memories per instance; each is capped at the manifest's `memory-mb`.
 const MAX_MEMORIES: usize = 8;
@@ -66,11 +71,22 @@ impl<'a> Preopen<'a> {
     }
 }
 
+/// What a user granted a plugin beyond its folder: hosts (through its
+/// gate) and environment variables (by name).
+pub struct Grants<'a> {
+    /// Its `wasi:http` gate (refusing everything where nothing is granted).
+    pub gate: HttpGate,
+    /// The environment variables it gets, read from the host's now.
+    pub env: &'a [String],
+}
+
 /// What one plugin store holds.
 pub struct PluginState {
     name: Arc<str>,
     wasi: WasiCtx,
     table: ResourceTable,
+    http: WasiHttpCtx,
+    gate: HttpGate,
     pub(crate) limits: StoreLimits,
     quota: Option<Arc<Quota>>,
     file_io_on_thread: bool,
@@ -91,9 +107,15 @@ impl PluginState {
         quota: Option<Arc<Quota>>,
         budget: Arc<OutputBudget>,
         file_io_on_thread: bool,
+        grants: Grants<'_>,
     ) -> Result<Self, PluginError> {
         let name: Arc<str> = name.into();
         let mut wasi = WasiCtxBuilder::new();
+        for key in grants.env {
+            if let Ok(value) = std::env::var(key) {
+                wasi.env(key, value);
+            }
+        }
         wasi.stdout(LogStream::budgeted(name.clone(), "stdout", budget.clone()))
             .stderr(LogStream::budgeted(name.clone(), "stderr", budget))
             .allow_tcp(false)
@@ -130,6 +152,8 @@ impl PluginState {
             name,
             wasi: wasi.build(),
             table,
+            http: WasiHttpCtx::new(),
+            gate: grants.gate,
             limits,
             quota,
             file_io_on_thread,
@@ -165,6 +189,16 @@ impl WasiView for PluginState {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for PluginState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            hooks: &mut self.gate,
+            table: &mut self.table,
+            ctx: &mut self.http,
         }
     }
 }

@@ -174,7 +174,17 @@ fn describe(m: &Manifest) -> String {
         }
         _ => "none",
     };
-    out += &format!("  permissions: files: {fs}; network: none; environment: none\n");
+    let asked = |items: &[String], what: &str| match items.is_empty() {
+        true => "none".to_string(),
+        false => format!(
+            "asks for {} (a run grants them in [plugin-permissions.{}] {what})",
+            items.join(", "),
+            m.name
+        ),
+    };
+    let network = asked(&m.permissions.network, "network");
+    let env = asked(&m.permissions.env, "env");
+    out += &format!("  permissions: files: {fs}; network: {network}; environment: {env}\n");
     let l = &m.limits;
     out += &format!(
         "  limits:      memory {} MiB, {} ms per call, folder {} MiB and {} files, output {} lines \
@@ -187,6 +197,17 @@ fn describe(m: &Manifest) -> String {
         l.log_bytes_per_call,
         l.log_lines_per_run
     );
+    if !m.permissions.network.is_empty() {
+        out += &format!(
+            "; network {} bytes out and {} in per request, {} ms per request, {} requests a \
+             minute, {} at once",
+            l.request_bytes,
+            l.response_bytes,
+            l.request_timeout_ms,
+            l.requests_per_minute,
+            l.concurrent_requests
+        );
+    }
     if m.options.is_empty() {
         out += "\n  options:     none declared (what the config gives is passed unchecked)";
     }

@@ -410,7 +410,7 @@ pub(super) fn trackers(
         .iter()
         .map(|t| {
             let found = registry.find(&t.name).map_err(plugin_err)?;
-            let manifest = config.plugin_manifest(&found.manifest);
+            let manifest = granted_manifest(config, &found.manifest);
             let folder = logging_dir.join("trackers").join(&t.name);
             // Checked before anything is removed: a misspelt option loses nothing.
             manifest.checked_options(&t.options).map_err(plugin_err)?;
@@ -420,6 +420,32 @@ pub(super) fn trackers(
             load_tracker_with(&manifest, &folder, &t.options).map_err(plugin_err)
         })
         .collect()
+}
+
+/// `manifest` with the run config's limits and grants, saying once what a
+/// plugin that asks for hosts or environment variables was granted (names
+/// only: never a variable's value).
+fn granted_manifest(
+    config: &TrainConfig,
+    manifest: &hearth_plugins::Manifest,
+) -> hearth_plugins::Manifest {
+    let manifest = config.plugin_manifest(manifest);
+    let asks = &manifest.permissions;
+    if !asks.network.is_empty() || !asks.env.is_empty() {
+        let list = |items: Vec<String>| match items.is_empty() {
+            true => "nothing".to_string(),
+            false => items.join(", "),
+        };
+        tracing::info!(
+            "plugin {} asks for network [{}] and environment [{}]; granted network: {}; environment: {}",
+            manifest.name,
+            asks.network.join(", "),
+            asks.env.join(", "),
+            list(manifest.granted.network.iter().map(|r| r.to_string()).collect()),
+            list(manifest.granted.env.clone()),
+        );
+    }
+    manifest
 }
 
 /// Loads the config's checkpoint hooks with their options, in order.
@@ -436,7 +462,7 @@ pub(super) fn checkpoint_hooks(
         .iter()
         .map(|h| {
             let found = registry.find(&h.name).map_err(plugin_err)?;
-            let manifest = config.plugin_manifest(&found.manifest);
+            let manifest = granted_manifest(config, &found.manifest);
             load_checkpoint_hook(&manifest, &h.options_json()).map_err(plugin_err)
         })
         .collect()
@@ -455,7 +481,7 @@ pub(super) fn scheduler(
     let plugin_err = plugin_error(config);
     let found = registry.find(&section.name).map_err(plugin_err)?;
     load_scheduler(
-        &config.plugin_manifest(&found.manifest),
+        &granted_manifest(config, &found.manifest),
         &section.options_json(),
         base_lrs,
         Some(steps),

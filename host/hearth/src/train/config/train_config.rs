@@ -44,6 +44,10 @@ pub struct TrainConfig {
     /// raised (or lowered) for a plugin the user trusts.
     #[serde(default)]
     pub plugin_limits: std::collections::BTreeMap<String, hearth_plugins::LimitOverrides>,
+    /// `[plugin-permissions.<name>]`: the hosts a plugin may reach and the
+    /// environment variables it gets, of those its manifest asks for.
+    #[serde(default)]
+    pub plugin_permissions: std::collections::BTreeMap<String, hearth_plugins::PermissionGrant>,
     /// The file this config was read from (paths in it are relative to its folder).
     #[serde(skip)]
     pub source: PathBuf,
@@ -132,24 +136,32 @@ impl TrainConfig {
             .chain(self.scheduler.iter().map(|s| s.name.as_str()))
             .chain(policy.as_deref())
             .collect();
+        let unused = |section: &str, name: &str| {
+            invalid(
+                &format!("{section}.{name}"),
+                format!(
+                    "names no tracker, checkpoint hook, scheduler or wrap policy of this run \
+                     (they are: {})",
+                    used.join(", ")
+                ),
+            )
+        };
+        for (name, grant) in &self.plugin_permissions {
+            if !used.contains(&name.as_str()) {
+                return Err(unused("plugin-permissions", name));
+            }
+            for host in &grant.network {
+                hearth_plugins::network::HostRule::parse(host)
+                    .map_err(|e| invalid(&format!("plugin-permissions.{name}.network"), e))?;
+            }
+            hearth_plugins::Manifest::check_env_grant(&grant.env)
+                .map_err(|e| invalid(&format!("plugin-permissions.{name}.env"), e))?;
+        }
         for (name, o) in &self.plugin_limits {
             if !used.contains(&name.as_str()) {
-                return Err(invalid(
-                    &format!("plugin-limits.{name}"),
-                    format!(
-                        "names no tracker, checkpoint hook, scheduler or wrap policy of this run \
-                         (they are: {})",
-                        used.join(", ")
-                    ),
-                ));
+                return Err(unused("plugin-limits", name));
             }
-            let keys = [
-                ("disk-mb", o.disk_mb),
-                ("files", o.files),
-                ("log-lines-per-call", o.log_lines_per_call),
-                ("log-bytes-per-call", o.log_bytes_per_call),
-                ("log-lines-per-run", o.log_lines_per_run),
-            ];
+            let keys = o.keys();
             if let Some((key, _)) = keys.iter().find(|(_, v)| *v == Some(0)) {
                 return Err(invalid(
                     &format!("plugin-limits.{name}.{key}"),
@@ -160,9 +172,13 @@ impl TrainConfig {
         Ok(())
     }
 
-    /// `manifest` with the limits `[plugin-limits.<its name>]` sets.
+    /// `manifest` with the limits `[plugin-limits.<its name>]` sets and
+    /// what `[plugin-permissions.<its name>]` grants of its asks.
     pub fn plugin_manifest(&self, manifest: &hearth_plugins::Manifest) -> hearth_plugins::Manifest {
-        manifest.with_limits(self.plugin_limits.get(&manifest.name))
+        let limited = manifest.with_limits(self.plugin_limits.get(&manifest.name));
+        limited
+            .with_grant(self.plugin_permissions.get(&manifest.name))
+            .expect("grants are checked when the config is read")
     }
 
     /// What `[plugin-limits.<name>]` raises for the wrap policy `policy`

@@ -1,0 +1,238 @@
+"""The network permission: a plugin reaches exactly the hosts its manifest
+asks for and its user grants, within its limits, and nothing else. Each
+test runs the short job with the built-in `http-json` tracker against a
+local HTTP server started here (Python's http.server), and checks what
+that server received, what the run said, and that the run completed."""
+import http.server
+import json
+import socket
+import threading
+
+import pytest
+
+from conftest import LOGGED_STEPS, SHORT_JOB, make_plugin, run_hearth, write_config
+
+
+class Server:
+    """A local HTTP server on a free port that records each request, and
+    answers as `behaviour` says: "ok" (200), "redirect" (302 to `target`),
+    "silent" (reads the request, never answers), "huge" (a 4 MB body)."""
+
+    def __init__(self, behaviour="ok", target=None):
+        self.requests = []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                server.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                if server.behaviour == "silent":
+                    threading.Event().wait(30)
+                    return
+                if server.behaviour == "redirect":
+                    self.send_response(302)
+                    self.send_header("location", server.target)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
+                reply = b"x" * (4 << 20) if server.behaviour == "huge" else b"{}"
+                self.send_response(200)
+                self.send_header("content-length", str(len(reply)))
+                self.end_headers()
+                try:
+                    self.wfile.write(reply)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.behaviour, self.target = behaviour, target
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def documents(self):
+        return [json.loads(r["body"]) for r in self.requests]
+
+
+@pytest.fixture
+def server():
+    made = []
+
+    def make(behaviour="ok", target=None):
+        s = Server(behaviour, target)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def job(url, grant=None, env=None, limits=None, **options):
+    text = SHORT_JOB + f'\n[[trackers]]\nname = "http-json"\nurl = "{url}"\n'
+    text += "".join(f"{k} = {json.dumps(v)}\n" for k, v in options.items())
+    if grant is not None or env is not None:
+        text += "\n[plugin-permissions.http-json]\n"
+        if grant is not None:
+            text += f"network = {json.dumps(grant)}\n"
+        if env is not None:
+            text += f"env = {json.dumps(env)}\n"
+    if limits:
+        text += "\n[plugin-limits.http-json]\n" + "".join(f"{k} = {v}\n" for k, v in limits.items())
+    return text
+
+
+def plugin_lines(out, needle):
+    return [l for l in out.stderr.splitlines() if "http-json" in l and needle in l]
+
+
+def test_a_granted_host_gets_every_step_with_the_granted_token_and_nothing_leaks(hearth, tmp_path, server):
+    s = server()
+    secret = "tok-5f1e9c0a-never-logged"
+    config = write_config(tmp_path, job(f"http://127.0.0.1:{s.port}/metrics", grant=[f"http://127.0.0.1:{s.port}"],
+                                        env=["HEARTH_TRACKER_TOKEN"], batch=2, **{"token-env": "HEARTH_TRACKER_TOKEN"}))
+    out = hearth("run", config, env={"HEARTH_TRACKER_TOKEN": secret, "UNGRANTED_SECRET": "not-for-plugins"})
+    assert out.returncode == 0, out.stderr
+    docs = s.documents()
+    assert docs[0]["config"]["run.name"] == "short" and docs[0]["records"] == [], docs[0]
+    records = [r for d in docs[1:] for r in d["records"]]
+    assert [r["step"] for r in records if "loss" in r["values"]] == LOGGED_STEPS, docs
+    assert [r["step"] for r in records if "eval/accuracy" in r["values"]] == [LOGGED_STEPS[-1]]
+    assert [len(d["records"]) for d in docs[1:]] == [2, 2, 1], "batches of 2, the rest at finish"
+    assert all(d["run"] == "short" and d["project"] == "trackers-test" for d in docs)
+    assert {r["headers"]["authorization"] for r in s.requests} == {f"Bearer {secret}"}
+    assert {r["path"] for r in s.requests} == {"/metrics"}
+    # The grant is said once, by name; the secret nowhere.
+    (said,) = plugin_lines(out, "granted network")
+    assert f"http://127.0.0.1:{s.port}" in said and "HEARTH_TRACKER_TOKEN" in said
+    assert secret not in out.stdout + out.stderr
+    for path in (tmp_path / "runs").rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+
+
+def test_a_variable_not_granted_stays_out_of_reach(hearth, tmp_path, server):
+    s = server()
+    config = write_config(tmp_path, job(f"http://127.0.0.1:{s.port}/", grant=[f"http://127.0.0.1:{s.port}"],
+                                        **{"token-env": "HEARTH_TRACKER_TOKEN"}))
+    out = hearth("run", config, env={"HEARTH_TRACKER_TOKEN": "tok"})
+    assert out.returncode == 0, out.stderr
+    assert s.requests == [], "start failed before any request"
+    assert plugin_lines(out, "was not granted or is unset"), out.stderr
+
+
+@pytest.mark.parametrize("url, grant, refused", [
+    # Nothing without a grant.
+    ("http://127.0.0.1:{port}/", None, "granted: nothing"),
+    # Granted 127.0.0.1, called localhost: an IP literal is not its name.
+    ("http://localhost:{port}/", ["http://127.0.0.1:{port}"], "refused http://localhost:{port}: not granted"),
+    # Granted the name, called the IP literal.
+    ("http://127.0.0.1:{port}/", ["http://localhost:{port}"], "refused http://127.0.0.1:{port}: not granted"),
+    # Granted https only: plain http is refused.
+    ("http://127.0.0.1:{port}/", ["127.0.0.1:{port}"], "refused http://127.0.0.1:{port}: not granted"),
+    # Another port of the granted host.
+    ("http://127.0.0.1:{port}/", ["http://127.0.0.1:1"], "refused http://127.0.0.1:{port}: not granted"),
+])
+def test_a_host_not_granted_is_refused_before_any_connection(hearth, tmp_path, server, url, grant, refused):
+    s = server()
+    fill = lambda text: text.format(port=s.port)
+    config = write_config(tmp_path, job(fill(url), grant=None if grant is None else [fill(g) for g in grant]))
+    out = hearth("run", config)
+    assert out.returncode == 0, out.stderr
+    assert "eval exact-match accuracy" in out.stdout
+    assert s.requests == [], "nothing reached the server"
+    lines = plugin_lines(out, fill(refused))
+    assert len(lines) == 1, f"logged once by name: {lines}\n{out.stderr}"
+
+
+def test_a_redirect_to_another_host_is_not_followed(hearth, tmp_path, server):
+    other = server()
+    s = server("redirect", target=f"http://127.0.0.1:{other.port}/stolen")
+    config = write_config(tmp_path, job(f"http://127.0.0.1:{s.port}/", grant=[f"http://127.0.0.1:{s.port}"]))
+    out = hearth("run", config)
+    assert out.returncode == 0, out.stderr
+    assert len(s.requests) >= 1 and other.requests == []
+    assert plugin_lines(out, "answered 302"), out.stderr
+
+
+def test_a_server_that_never_answers_is_cut_at_the_request_timeout(hearth, tmp_path, server):
+    s = server("silent")
+    config = write_config(tmp_path, job(f"http://127.0.0.1:{s.port}/", grant=[f"http://127.0.0.1:{s.port}"],
+                                        limits={"request-timeout-ms": 400}))
+    out = hearth("run", config, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "eval exact-match accuracy" in out.stdout
+    assert len(plugin_lines(out, "got no answer within 400 ms")) == 1, out.stderr
+
+
+def test_a_huge_response_is_cut_at_its_byte_limit(hearth, tmp_path, server):
+    s = server("huge")
+    config = write_config(tmp_path, job(f"http://127.0.0.1:{s.port}/", grant=[f"http://127.0.0.1:{s.port}"]))
+    out = hearth("run", config)
+    assert out.returncode == 0, out.stderr
+    assert len(plugin_lines(out, "cut a response body past 1048576 bytes (response-bytes")) == 1, out.stderr
+
+
+def test_requests_past_the_rate_limit_are_refused(hearth, tmp_path, server):
+    s = server()
+    config = write_config(tmp_path, job(f"http://127.0.0.1:{s.port}/", grant=[f"http://127.0.0.1:{s.port}"],
+                                        limits={"requests-per-minute": 2}))
+    out = hearth("run", config)
+    assert out.returncode == 0, out.stderr
+    assert len(s.requests) == 2, "start and the first step, then the limit"
+    assert len(plugin_lines(out, "refused requests past 2 a minute")) == 1, out.stderr
+
+
+@pytest.mark.parametrize("grant, why", [
+    (["localhost"], "no port"),
+    (["*"], "a user grants hosts by name"),
+    (["ftp://h:1"], "the scheme must be http or https"),
+])
+def test_a_bad_grant_is_refused_before_the_run(hearth, tmp_path, grant, why):
+    config = write_config(tmp_path, job("http://127.0.0.1:9/", grant=grant))
+    out = hearth("run", config)
+    assert out.returncode == 2, out.stderr
+    assert "plugin-permissions.http-json.network" in out.stderr and why in out.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_inspect_shows_what_a_plugin_asks_for(hearth):
+    out = hearth("plugins", "inspect", "http-json")
+    assert out.returncode == 0, out.stderr
+    assert "network: asks for * (a run grants them in [plugin-permissions.http-json] network)" in out.stdout
+    assert "environment: asks for HEARTH_TRACKER_TOKEN" in out.stdout
+    assert "3000 ms per request, 600 requests a minute, 4 at once" in out.stdout
+
+
+def test_raw_sockets_stay_refused_to_a_plugin_granted_hosts(hearth_bin, fixture_wasm, tmp_path):
+    """The permission opens wasi:http only. test_sandbox's `socket` fixture
+    (a tracker that opens TCP connections to 127.0.0.1:PORT), here asking
+    for that host and granted it, is still refused every connection."""
+    from test_sandbox import PORT
+
+    plugins = tmp_path / "third-party"
+    make_plugin(plugins, "socket", fixture_wasm("socket"),
+                limits=f'[permissions]\nnetwork = ["http://127.0.0.1:{PORT}"]\n')
+    config = write_config(tmp_path, SHORT_JOB + '\n[[trackers]]\nname = "socket"\n'
+                          f'\n[plugin-permissions.socket]\nnetwork = ["http://127.0.0.1:{PORT}"]\n')
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", PORT))
+    listener.listen()
+    listener.setblocking(False)
+    try:
+        out = run_hearth(hearth_bin, "run", "--plugin-dir", plugins, config, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    finally:
+        listener.close()
+    attempts = (tmp_path / "runs" / "short" / "trackers" / "socket" / "attempts.txt").read_text().splitlines()
+    assert attempts and all(a.startswith("denied: ") for a in attempts), attempts
