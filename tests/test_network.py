@@ -16,7 +16,8 @@ from conftest import LOGGED_STEPS, SHORT_JOB, make_plugin, run_hearth, write_con
 class Server:
     """A local HTTP server on a free port that records each request, and
     answers as `behaviour` says: "ok" (200), "redirect" (302 to `target`),
-    "silent" (reads the request, never answers), "huge" (a 4 MB body)."""
+    "silent" (reads the request, never answers), "huge" (a 4 MB body),
+    "trickle" (a byte every 0.1 s of a 1 MB body)."""
 
     def __init__(self, behaviour="ok", target=None):
         self.requests = []
@@ -34,6 +35,18 @@ class Server:
                     self.send_header("location", server.target)
                     self.send_header("content-length", "0")
                     self.end_headers()
+                    return
+                if server.behaviour == "trickle":
+                    self.send_response(200)
+                    self.send_header("content-length", "1000000")
+                    self.end_headers()
+                    try:
+                        for _ in range(300):
+                            self.wfile.write(b"x")
+                            self.wfile.flush()
+                            threading.Event().wait(0.1)
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass
                     return
                 reply = b"x" * (4 << 20) if server.behaviour == "huge" else b"{}"
                 self.send_response(200)
@@ -109,6 +122,9 @@ def test_a_granted_host_gets_every_step_with_the_granted_token_and_nothing_leaks
     assert all(d["run"] == "short" and d["project"] == "trackers-test" for d in docs)
     assert {r["headers"]["authorization"] for r in s.requests} == {f"Bearer {secret}"}
     assert {r["path"] for r in s.requests} == {"/metrics"}
+    summary = json.loads((tmp_path / "runs" / "short" / "summary.json").read_text())
+    (health,) = [t for t in summary["trackers"] if t["name"] == "http-json"]
+    assert health["network"] == {"sent": len(s.requests), "refused": 0, "cut": 0}, health
     # The grant is said once, by name; the secret nowhere.
     (said,) = plugin_lines(out, "granted network")
     assert f"http://127.0.0.1:{s.port}" in said and "HEARTH_TRACKER_TOKEN" in said
@@ -172,6 +188,15 @@ def test_a_server_that_never_answers_is_cut_at_the_request_timeout(hearth, tmp_p
     assert len(plugin_lines(out, "got no answer within 400 ms")) == 1, out.stderr
 
 
+def test_a_body_that_trickles_in_is_cut_at_the_request_timeout(hearth, tmp_path, server):
+    s = server("trickle")
+    config = write_config(tmp_path, job(f"http://127.0.0.1:{s.port}/", grant=[f"http://127.0.0.1:{s.port}"],
+                                        limits={"request-timeout-ms": 600}))
+    out = hearth("run", config, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert len(plugin_lines(out, "cut a response body still moving after 600 ms")) == 1, out.stderr
+
+
 def test_a_huge_response_is_cut_at_its_byte_limit(hearth, tmp_path, server):
     s = server("huge")
     config = write_config(tmp_path, job(f"http://127.0.0.1:{s.port}/", grant=[f"http://127.0.0.1:{s.port}"]))
@@ -188,6 +213,9 @@ def test_requests_past_the_rate_limit_are_refused(hearth, tmp_path, server):
     assert out.returncode == 0, out.stderr
     assert len(s.requests) == 2, "start and the first step, then the limit"
     assert len(plugin_lines(out, "refused requests past 2 a minute")) == 1, out.stderr
+    summary = json.loads((tmp_path / "runs" / "short" / "summary.json").read_text())
+    (health,) = [t for t in summary["trackers"] if t["name"] == "http-json"]
+    assert health["network"]["sent"] == 2 and health["network"]["refused"] >= 2, health
 
 
 @pytest.mark.parametrize("grant, why", [

@@ -63,6 +63,10 @@ pub struct TrackerHealth {
     pub values_dropped: u64,
     /// The step of the call after which it was disabled, if it was.
     pub disabled_at_step: Option<u64>,
+    /// For a tracker that asks for hosts: the requests its gate let
+    /// through, refused and cut.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::network::NetworkCounts>,
 }
 
 /// One fault of a tracker.
@@ -211,9 +215,14 @@ impl TrackerPlugin {
         self.health.faults.len() as u32
     }
 
-    /// Its faults, restarts and lost values so far.
-    pub fn health(&self) -> &TrackerHealth {
-        &self.health
+    /// Its faults, restarts and lost values so far, and its requests if it
+    /// asks for hosts.
+    pub fn health(&self) -> TrackerHealth {
+        let mut health = self.health.clone();
+        if !self.plugin.manifest.permissions.network.is_empty() {
+            health.network = Some(self.plugin.gate.counts());
+        }
+        health
     }
 
     /// The limit on one call, from its manifest.

@@ -601,7 +601,7 @@ impl Accelerator {
                 .finish()
                 .iter()
                 .map(|t| {
-                    let mut health = t.health().clone();
+                    let mut health = t.health();
                     // Values the hub's full queue never handed over.
                     health.values_dropped += dropped;
                     health
