@@ -7,13 +7,19 @@ and what the plugged runs' own accounts say the plugins took (`plugin_calls`
 of summary.json: the scheduler's wall time on the training loop and the
 trackers' CPU time on their thread, instantiations included) as a share of
 the run's steps: end to end, a few per cent of noise between runs of the
-same binary hides a cost of a fraction of one. Then runs the per-call
+same binary hides a cost of a fraction of one. Then the network rows: the
+`http-json` tracker fed every step, posting to a live local server and to a
+port where nothing listens, each against no tracker in the same rounds
+(n, median and min-max of the per-round ratios). Then runs the per-call
 micro-benchmark (host/bench/src/bin/plugin_calls.rs).
 A benchmark, not a test: nothing is asserted.
 Usage: make bench-plugins  (or: python plugin_overhead.py [ROUNDS])
 """
+import http.server
 import json
 import os
+import socket
+import threading
 import pathlib
 import statistics
 import subprocess
@@ -82,6 +88,50 @@ def measure(rounds: int) -> tuple[list, list, list]:
     return bare, plugged, shares
 
 
+def network_tracker(port: int) -> str:
+    return (f'\n[[trackers]]\nname = "http-json"\nurl = "http://127.0.0.1:{port}/log"\n'
+            f'\n[plugin-permissions.http-json]\nnetwork = ["http://127.0.0.1:{port}"]\n')
+
+
+class Sink(http.server.BaseHTTPRequestHandler):
+    """A live server: reads each POST and answers 200."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def measure_network(rounds: int) -> dict:
+    """Per-round ratios of tokens/s with `http-json` (live server, dead
+    port) to without, each round's runs in another order."""
+    live = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=live.serve_forever, daemon=True).start()
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        dead_port = probe.getsockname()[1]
+    sides = {"none": BASE, "live server": BASE + network_tracker(live.server_address[1]),
+             "dead port": BASE + network_tracker(dead_port)}
+    rates = {name: [] for name in sides}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            names = list(sides)
+            for i in range(rounds):
+                order = names[i % 3:] + names[:i % 3]
+                for name in order:
+                    folder = pathlib.Path(tmp) / f"{name.replace(' ', '-')}{i}"
+                    rates[name].append(summary(folder, sides[name])["tokens_per_sec"])
+                print(f"network round {i + 1} ({' then '.join(order)}): "
+                      + ", ".join(f"{n} {rates[n][-1]:.0f}" for n in names) + " tokens/s")
+    finally:
+        live.shutdown()
+    return rates
+
+
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     bare, plugged, shares = measure(rounds)
@@ -92,6 +142,13 @@ def main() -> None:
     print(f"  linear + jsonl/tensorboard/mlflow {p:7.0f} tokens/s")
     print(f"  ratio with/without = {p / b:.3f}; overhead {overhead_us:+.0f} µs/step (noise included)")
     print(f"  the plugins' own account: {statistics.median(shares) * 100:.2f} % of the steps")
+    rates = measure_network(rounds)
+    print(f"http-json fed every step, n={rounds}:")
+    print(f"  no tracker {statistics.median(rates['none']):9.0f} tokens/s")
+    for side in ["live server", "dead port"]:
+        ratios = [a / b for a, b in zip(rates[side], rates["none"])]
+        print(f"  {side:11s} {statistics.median(rates[side]):9.0f} tokens/s, ratio {statistics.median(ratios):.3f} "
+              f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
     print("per call:")
     subprocess.run(["cargo", "run", "--quiet", "-p", "hearth-bench", "--bin", "plugin_calls"], cwd=ROOT, check=True)
 
