@@ -102,6 +102,18 @@ def job(url, grant=None, env=None, limits=None, **options):
     return text
 
 
+def granted_job(s, **kwargs):
+    """job() posting to server `s`, its host granted."""
+    return job(f"http://127.0.0.1:{s.port}/", grant=[f"http://127.0.0.1:{s.port}"], **kwargs)
+
+
+def network_counts(tmp_path):
+    """The http-json tracker's request counts in summary.json."""
+    summary = json.loads((tmp_path / "runs" / "short" / "summary.json").read_text())
+    (health,) = [t for t in summary["trackers"] if t["name"] == "http-json"]
+    return health["network"]
+
+
 def plugin_lines(out, needle):
     return [l for l in out.stderr.splitlines() if "http-json" in l and needle in l]
 
@@ -122,9 +134,7 @@ def test_a_granted_host_gets_every_step_with_the_granted_token_and_nothing_leaks
     assert all(d["run"] == "short" and d["project"] == "trackers-test" for d in docs)
     assert {r["headers"]["authorization"] for r in s.requests} == {f"Bearer {secret}"}
     assert {r["path"] for r in s.requests} == {"/metrics"}
-    summary = json.loads((tmp_path / "runs" / "short" / "summary.json").read_text())
-    (health,) = [t for t in summary["trackers"] if t["name"] == "http-json"]
-    assert health["network"] == {"sent": len(s.requests), "refused": 0, "cut": 0}, health
+    assert network_counts(tmp_path) == {"sent": len(s.requests), "refused": 0, "cut": 0}
     # The grant is said once, by name; the secret nowhere.
     (said,) = plugin_lines(out, "granted network")
     assert f"http://127.0.0.1:{s.port}" in said and "HEARTH_TRACKER_TOKEN" in said
@@ -136,8 +146,7 @@ def test_a_granted_host_gets_every_step_with_the_granted_token_and_nothing_leaks
 
 def test_a_variable_not_granted_stays_out_of_reach(hearth, tmp_path, server):
     s = server()
-    config = write_config(tmp_path, job(f"http://127.0.0.1:{s.port}/", grant=[f"http://127.0.0.1:{s.port}"],
-                                        **{"token-env": "HEARTH_TRACKER_TOKEN"}))
+    config = write_config(tmp_path, granted_job(s, **{"token-env": "HEARTH_TRACKER_TOKEN"}))
     out = hearth("run", config, env={"HEARTH_TRACKER_TOKEN": "tok"})
     assert out.returncode == 0, out.stderr
     assert s.requests == [], "start failed before any request"
@@ -171,7 +180,7 @@ def test_a_host_not_granted_is_refused_before_any_connection(hearth, tmp_path, s
 def test_a_redirect_to_another_host_is_not_followed(hearth, tmp_path, server):
     other = server()
     s = server("redirect", target=f"http://127.0.0.1:{other.port}/stolen")
-    config = write_config(tmp_path, job(f"http://127.0.0.1:{s.port}/", grant=[f"http://127.0.0.1:{s.port}"]))
+    config = write_config(tmp_path, granted_job(s))
     out = hearth("run", config)
     assert out.returncode == 0, out.stderr
     assert len(s.requests) >= 1 and other.requests == []
@@ -180,8 +189,7 @@ def test_a_redirect_to_another_host_is_not_followed(hearth, tmp_path, server):
 
 def test_a_server_that_never_answers_is_cut_at_the_request_timeout(hearth, tmp_path, server):
     s = server("silent")
-    config = write_config(tmp_path, job(f"http://127.0.0.1:{s.port}/", grant=[f"http://127.0.0.1:{s.port}"],
-                                        limits={"request-timeout-ms": 400}))
+    config = write_config(tmp_path, granted_job(s, limits={"request-timeout-ms": 400}))
     out = hearth("run", config, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "eval exact-match accuracy" in out.stdout
@@ -190,8 +198,7 @@ def test_a_server_that_never_answers_is_cut_at_the_request_timeout(hearth, tmp_p
 
 def test_a_body_that_trickles_in_is_cut_at_the_request_timeout(hearth, tmp_path, server):
     s = server("trickle")
-    config = write_config(tmp_path, job(f"http://127.0.0.1:{s.port}/", grant=[f"http://127.0.0.1:{s.port}"],
-                                        limits={"request-timeout-ms": 600}))
+    config = write_config(tmp_path, granted_job(s, limits={"request-timeout-ms": 600}))
     out = hearth("run", config, timeout=120)
     assert out.returncode == 0, out.stderr
     assert len(plugin_lines(out, "cut a response body still moving after 600 ms")) == 1, out.stderr
@@ -199,7 +206,7 @@ def test_a_body_that_trickles_in_is_cut_at_the_request_timeout(hearth, tmp_path,
 
 def test_a_huge_response_is_cut_at_its_byte_limit(hearth, tmp_path, server):
     s = server("huge")
-    config = write_config(tmp_path, job(f"http://127.0.0.1:{s.port}/", grant=[f"http://127.0.0.1:{s.port}"]))
+    config = write_config(tmp_path, granted_job(s))
     out = hearth("run", config)
     assert out.returncode == 0, out.stderr
     assert len(plugin_lines(out, "cut a response body past 1048576 bytes (response-bytes")) == 1, out.stderr
@@ -207,15 +214,13 @@ def test_a_huge_response_is_cut_at_its_byte_limit(hearth, tmp_path, server):
 
 def test_requests_past_the_rate_limit_are_refused(hearth, tmp_path, server):
     s = server()
-    config = write_config(tmp_path, job(f"http://127.0.0.1:{s.port}/", grant=[f"http://127.0.0.1:{s.port}"],
-                                        limits={"requests-per-minute": 2}))
+    config = write_config(tmp_path, granted_job(s, limits={"requests-per-minute": 2}))
     out = hearth("run", config)
     assert out.returncode == 0, out.stderr
     assert len(s.requests) == 2, "start and the first step, then the limit"
     assert len(plugin_lines(out, "refused requests past 2 a minute")) == 1, out.stderr
-    summary = json.loads((tmp_path / "runs" / "short" / "summary.json").read_text())
-    (health,) = [t for t in summary["trackers"] if t["name"] == "http-json"]
-    assert health["network"]["sent"] == 2 and health["network"]["refused"] >= 2, health
+    counts = network_counts(tmp_path)
+    assert counts["sent"] == 2 and counts["refused"] >= 2, counts
 
 
 @pytest.mark.parametrize("grant, why", [
@@ -228,6 +233,14 @@ def test_a_bad_grant_is_refused_before_the_run(hearth, tmp_path, grant, why):
     out = hearth("run", config)
     assert out.returncode == 2, out.stderr
     assert "plugin-permissions.http-json.network" in out.stderr and why in out.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_grant_to_a_plugin_the_run_does_not_use_is_refused(hearth, tmp_path):
+    text = SHORT_JOB + '\n[plugin-permissions.mlflw]\nnetwork = ["127.0.0.1:5000"]\n'
+    out = hearth("run", write_config(tmp_path, text))
+    assert out.returncode == 2, out.stderr
+    assert "plugin-permissions.mlflw" in out.stderr and "names no tracker" in out.stderr
     assert not (tmp_path / "runs").exists()
 
 
