@@ -6,7 +6,8 @@
 # one hang cannot eat a whole device lease; with ARCHIVE=FILE.tgz set, the
 # logs so far are packed there after every step (a lease returns few files).
 # Usage: tests/gpu/checklist.sh OUT [STEP...]   (steps: env cuda parity run
-# graph launch fsdp bench offload profile; default all but profile;
+# graph launch fsdp bench offload profile offload-profile; default all
+# but the two profiles;
 # BENCH_ROUNDS, default 3; BENCH_SIZES, default the script's; PEERS, the
 # bench's peers; RUN_MPS, the run step's mixed precisions, default all three;
 # PROFILE_SIZES, default gpt2; PARITY_FILTER, a test name filter)
@@ -75,5 +76,6 @@ fsdp)
 bench) STEP_TIMEOUT=${BENCH_TIMEOUT:-${STEP_TIMEOUT:-240}} step bench python3 examples/bench/gpu_gpt_vs_accelerate.py "${BENCH_ROUNDS:-3}" ${BENCH_SIZES:-}; grep -E "^[a-z0-9-]+:|hearth |accelerate |ratio" "$OUT/bench.log" ;;
 profile) step profile python3 examples/bench/gpu_gpt_vs_accelerate.py --profile /tmp/profile ${PROFILE_SIZES:-gpt2}; grep -vE "^\s*$" "$OUT/profile.log" | tail -45 ;;
 offload) step offload python3 examples/bench/gpu_offload_memory.py 6; cat "$OUT/offload.log" ;;
+offload-profile) step offload-profile python3 examples/bench/gpu_offload_memory.py --profile /tmp/offload-profile; cat "$OUT/offload-profile.log" ;;
 *) echo "unknown step $s" ;;
 esac; done

@@ -238,12 +238,16 @@ impl UnitShard {
     /// offloaded shards are copied over).
     pub fn pack_shards(&self) -> Tensor {
         if self.offloaded() {
-            // Each pinned shard copied straight to its place on the GPU.
+            // Each pinned shard copied straight to its place on the GPU,
+            // queued without waiting (the host goes on launching work). The
+            // shards change only in the optimizer step, which the blocking
+            // copies of the gradients out of the GPU come before.
             let (kind, device) = (self.params[0].shard.kind(), self.params[0].full.device());
             let flat = Tensor::zeros([self.shard_numel], (kind, device));
             for p in &self.params {
                 let n = p.shard.numel() as i64;
-                flat.narrow(0, p.offset, n).copy_(&p.shard.reshape([-1]));
+                hearth_ops::copy_non_blocking(&flat.narrow(0, p.offset, n), &p.shard.reshape([-1]))
+                    .expect("a copy between a live shard and its place");
             }
             return flat;
         }
