@@ -362,15 +362,29 @@ impl WasiHttpHooks for HttpGate {
                 wasmtime_wasi_http::default_send_request(request, Some(options)),
             )
             .await;
+            let no_answer = || {
+                gate.count(|c| c.cut += 1);
+                gate.log_once(format!(
+                    "a request got no answer within {} ms (request-timeout-ms)",
+                    limits.timeout.as_millis()
+                ));
+            };
             let (response, io) = match sent {
                 Ok(Ok(sent)) => sent,
+                // wasmtime's own timeouts are the same deadline, and may
+                // fire first.
+                Ok(Err(
+                    e @ (HttpError::ConnectionTimeout
+                    | HttpError::ConnectionReadTimeout
+                    | HttpError::ConnectionWriteTimeout
+                    | HttpError::HttpResponseTimeout),
+                )) => {
+                    no_answer();
+                    return Err(e);
+                }
                 Ok(Err(e)) => return Err(e),
                 Err(_) => {
-                    gate.count(|c| c.cut += 1);
-                    gate.log_once(format!(
-                        "a request got no answer within {} ms (request-timeout-ms)",
-                        limits.timeout.as_millis()
-                    ));
+                    no_answer();
                     return Err(HttpError::HttpResponseTimeout);
                 }
             };
