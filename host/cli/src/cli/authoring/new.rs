@@ -111,6 +111,14 @@ const SDK: &[Template] = &[
         include_str!("../../../../../guest-sdk/src/files.rs"),
     ),
     (
+        "src/http.rs",
+        include_str!("../../../../../guest-sdk/src/http.rs"),
+    ),
+    (
+        "src/outbox.rs",
+        include_str!("../../../../../guest-sdk/src/outbox.rs"),
+    ),
+    (
         "wit/plugin.wit",
         include_str!("../../../../../guest-sdk/wit/plugin.wit"),
     ),
@@ -194,4 +202,21 @@ pub(in super::super) fn new_project(
         Lang::Python => write(&dir.join("wit/plugin.wit"), super::WIT)?,
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every source file of the SDK is vendored: a module left out breaks
+    /// the new project's build (`http.rs` once was, for the `http` feature).
+    #[test]
+    fn every_sdk_source_file_is_vendored() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guest-sdk/src");
+        for entry in std::fs::read_dir(&src).unwrap() {
+            let name = format!("src/{}", entry.unwrap().file_name().to_string_lossy());
+            assert!(
+                super::SDK.iter().any(|(path, _)| *path == name),
+                "{name} is not vendored (add it to SDK)"
+            );
+        }
+    }
 }
