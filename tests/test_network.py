@@ -17,7 +17,8 @@ class Server:
     """A local HTTP server on a free port that records each request, and
     answers as `behaviour` says: "ok" (200), "redirect" (302 to `target`),
     "silent" (reads the request, never answers), "huge" (a 4 MB body),
-    "trickle" (a byte every 0.1 s of a 1 MB body)."""
+    "trickle" (a byte every 0.1 s of a 1 MB body), "flaky" (503 to the
+    first 3 requests, then 200; only the 200s are recorded)."""
 
     def __init__(self, behaviour="ok", target=None):
         self.requests = []
@@ -26,6 +27,12 @@ class Server:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                if server.behaviour == "flaky" and server.failed < 3:
+                    server.failed += 1
+                    self.send_response(503)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
                 server.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
                 if server.behaviour == "silent":
                     threading.Event().wait(30)
@@ -60,7 +67,7 @@ class Server:
             def log_message(self, *args):
                 pass
 
-        self.behaviour, self.target = behaviour, target
+        self.behaviour, self.target, self.failed = behaviour, target, 0
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
@@ -89,6 +96,8 @@ def server():
 
 
 def job(url, grant=None, env=None, limits=None, **options):
+    # What cannot be sent is tried again at finish for a second, not 5.
+    options.setdefault("flush-seconds", 1)
     text = SHORT_JOB + f'\n[[trackers]]\nname = "http-json"\nurl = "{url}"\n'
     text += "".join(f"{k} = {json.dumps(v)}\n" for k, v in options.items())
     if grant is not None or env is not None:
@@ -107,11 +116,21 @@ def granted_job(s, **kwargs):
     return job(f"http://127.0.0.1:{s.port}/", grant=[f"http://127.0.0.1:{s.port}"], **kwargs)
 
 
-def network_counts(tmp_path):
-    """The http-json tracker's request counts in summary.json."""
+def tracker_health(tmp_path):
+    """The http-json tracker's entry in summary.json."""
     summary = json.loads((tmp_path / "runs" / "short" / "summary.json").read_text())
     (health,) = [t for t in summary["trackers"] if t["name"] == "http-json"]
-    return health["network"]
+    return health
+
+
+def network_counts(tmp_path):
+    """The http-json tracker's request counts in summary.json."""
+    return tracker_health(tmp_path)["network"]
+
+
+def logged_values(docs):
+    """(step, name) of every value in the records of the POSTed documents."""
+    return [(r["step"], k) for d in docs for r in d["records"] for k in r["values"]]
 
 
 def plugin_lines(out, needle):
@@ -142,6 +161,45 @@ def test_a_granted_host_gets_every_step_with_the_granted_token_and_nothing_leaks
     for path in (tmp_path / "runs").rglob("*"):
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), path
+
+
+def test_a_server_that_answers_503_gets_every_value_once_later_and_the_summary_counts_it(hearth, tmp_path, server):
+    s = server("flaky")
+    # Backing off 0.5, 1 and 2 s, the fourth attempt may fall in finish's flush.
+    out = hearth("run", write_config(tmp_path, granted_job(s, **{"flush-seconds": 8})))
+    assert out.returncode == 0, out.stderr
+    docs = s.documents()
+    assert "config" in docs[0], "the run's config is sent before its steps"
+    values = logged_values(docs)
+    assert len(values) == len(set(values)), "each value once"
+    assert sorted({step for step, _ in values}) == LOGGED_STEPS
+    health = tracker_health(tmp_path)
+    delivery = health["delivery"]
+    assert delivery["sent"] == len(values) and delivery["dropped"] == 0, delivery
+    assert delivery["retried"] > 0 and delivery["spooled"] >= delivery["retried"], delivery
+    assert health["faults"] == [], "a server that is down is no fault of the tracker"
+    assert not (tmp_path / "runs" / "short" / "trackers" / "http-json" / "outbox" / "spool.jsonl").exists()
+    assert len(plugin_lines(out, "answered 503")) == 1, out.stderr
+
+
+def test_a_dead_port_spools_every_value_and_the_summary_counts_them_dropped(hearth, tmp_path):
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # nothing listens there now
+    out = hearth("run", write_config(tmp_path, job(f"http://127.0.0.1:{port}/", grant=[f"http://127.0.0.1:{port}"])))
+    assert out.returncode == 0, out.stderr
+    assert "eval exact-match accuracy" in out.stdout
+    health = tracker_health(tmp_path)
+    assert health["faults"] == [] and health["disabled_at_step"] is None, health
+    delivery = health["delivery"]
+    assert delivery["sent"] == 0 and delivery["dropped"] == delivery["spooled"] > 0, delivery
+    # What could not be sent waits in the spool, a record a line, for a resumed run.
+    spool = (tmp_path / "runs" / "short" / "trackers" / "http-json" / "outbox" / "spool.jsonl").read_text()
+    records = [json.loads(line.split(" ", 1)[1]) for line in spool.splitlines()]
+    assert sorted({r["step"] for r in records if "step" in r}) == LOGGED_STEPS
+    assert sum(len(r.get("values", {})) for r in records) == delivery["dropped"]
+    assert plugin_lines(out, "could not be sent within 1s"), out.stderr
 
 
 def test_a_variable_not_granted_stays_out_of_reach(hearth, tmp_path, server):

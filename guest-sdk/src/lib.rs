@@ -111,6 +111,7 @@ pub mod checkpoint;
 pub mod files;
 #[cfg(feature = "http")]
 pub mod http;
+pub mod outbox;
 
 pub use bindings::tracker::exports::hearth::plugin::tracker::Restart;
 pub use bindings::tracker::hearth::plugin::types::{RunInfo, Value};

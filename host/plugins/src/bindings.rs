@@ -57,7 +57,7 @@ pub mod wrap_policy {
 }
 
 pub use tracker::hearth::plugin::types::{RunInfo, Value};
-use tracker::hearth::plugin::{log, types};
+use tracker::hearth::plugin::{delivery, log, types};
 
 /// Longest log line a plugin may send; the rest is cut.
 const MAX_LOG_LINE: usize = 4096;
@@ -74,5 +74,17 @@ impl log::Host for PluginState {
             log::Level::Warn => tracing::warn!("[plugin {name}] {message}"),
             log::Level::Error => tracing::error!("[plugin {name}] {message}"),
         }
+    }
+}
+
+impl delivery::Host for PluginState {
+    /// Keeps the tracker's latest counts for its health (summary.json).
+    fn report(&mut self, counts: delivery::Counts) {
+        self.delivery = Some(crate::tracker::DeliveryCounts {
+            sent: counts.sent,
+            retried: counts.retried,
+            spooled: counts.spooled,
+            dropped: counts.dropped,
+        });
     }
 }

@@ -43,7 +43,9 @@ pub use options::{toml_scalar, OptionSpec, OptionType};
 pub use registry::{Broken, Found, PluginSource, Registry, SearchPath};
 pub use runtime::FaultKind;
 pub use scheduler::{load_scheduler, SchedulerPlugin};
-pub use tracker::{load_tracker, load_tracker_with, TrackerFault, TrackerHealth, TrackerPlugin};
+pub use tracker::{
+    load_tracker, load_tracker_with, DeliveryCounts, TrackerFault, TrackerHealth, TrackerPlugin,
+};
 pub use usage::{plugin_usage, plugin_usage_since, PluginUsage};
 pub use wrap_policy::{load_wrap_policy, PolicyModule, WrapPolicyPlugin};
 

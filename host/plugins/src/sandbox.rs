@@ -90,6 +90,8 @@ pub struct PluginState {
     pub(crate) limits: StoreLimits,
     quota: Option<Arc<Quota>>,
     file_io_on_thread: bool,
+    /// A tracker's last delivery report (`hearth:plugin/delivery`), not yet taken.
+    pub(crate) delivery: Option<crate::tracker::DeliveryCounts>,
 }
 
 impl PluginState {
@@ -157,6 +159,7 @@ impl PluginState {
             limits,
             quota,
             file_io_on_thread,
+            delivery: None,
         })
     }
 

@@ -67,6 +67,24 @@ pub struct TrackerHealth {
     /// through, refused and cut.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub network: Option<crate::network::NetworkCounts>,
+    /// What the tracker last reported of its deliveries (a tracker that
+    /// sends to a service through the guest SDK's outbox), if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<DeliveryCounts>,
+}
+
+/// A tracker's own account of the logged values it delivers to a service
+/// (`hearth:plugin/delivery`): totals over the run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DeliveryCounts {
+    /// Values the service took.
+    pub sent: u64,
+    /// Values whose first attempt failed and that were tried again.
+    pub retried: u64,
+    /// Values that waited in the tracker's on-disk spool.
+    pub spooled: u64,
+    /// Values given up (refused, pushed out of a full spool, unsent at the end).
+    pub dropped: u64,
 }
 
 /// One fault of a tracker.
@@ -351,6 +369,10 @@ impl TrackerPlugin {
                 Call::Finish => tracker.call_finish(store).await,
             }
         });
+        // Reported during the call, also by one that then faulted.
+        if let Some(counts) = live.store.data_mut().delivery.take() {
+            self.health.delivery = Some(counts);
+        }
         match result {
             Ok(Ok(())) => Outcome::Kept,
             Ok(Err(message)) => {
