@@ -736,7 +736,10 @@ fn bf16_cross_entropy_kernels_agree_with_libtorch() {
 fn to_pinned_host_gives_page_locked_memory() {
     let device = cuda();
     let host = Tensor::randn([1000, 37], (Kind::Float, Device::Cpu));
-    for (from, t) in [("GPU", host.to_device(device)), ("host", host.shallow_clone())] {
+    for (from, t) in [
+        ("GPU", host.to_device(device)),
+        ("host", host.shallow_clone()),
+    ] {
         let pinned = hearth::ops::to_pinned_host(&t).unwrap();
         assert_eq!(pinned.device(), Device::Cpu, "from the {from}");
         assert!(pinned.is_pinned(device), "from the {from}: pageable memory");
