@@ -5,6 +5,7 @@ cycle or cross-folder file circle is in any crate's import graph
 (tests/tools/import_graph.py)."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -92,3 +93,33 @@ def test_the_library_crates_package_with_everything_their_builds_read(tmp_path):
         capture_output=True, text=True, check=True,
     ).stdout.split()
     assert "hearth-plugins-0.1.0/wit/plugin.wit" in listed, listed
+
+
+def features(cwd: Path) -> dict:
+    """Each registry package a `cargo build` in `cwd` compiles, with the
+    feature sets it is built with (`cargo tree`, normal and build edges)."""
+    out = subprocess.run(
+        ["cargo", "tree", "--offline", "-e", "normal,build", "--prefix", "none", "--no-dedupe", "-f", "{p} [{f}]"],
+        cwd=cwd, capture_output=True, text=True, check=True)
+    found = {}
+    for line in out.stdout.splitlines():
+        head, _, feats = line.strip().partition(" [")
+        if head and "(" not in head:  # path crates (hearth's own) carry "(/path)"
+            found.setdefault(head, set()).add(feats.rstrip("]"))
+    return found
+
+
+def test_a_program_on_hearth_resolves_the_dependency_builds_of_the_workspace():
+    """examples/library, a crate outside the workspace that depends on
+    hearth, gets every shared dependency with the workspace's features, so
+    its build (and test_library_crate's) reuses what `cargo build` compiled.
+    host/hearth/Cargo.toml turns on what the CLI adds; when this fails, add
+    the features it names there."""
+    example = ROOT / "examples" / "library"
+    # The workspace's versions (its lock, git-ignored there, as a user's
+    # first build would pick them today).
+    shutil.copy(ROOT / "Cargo.lock", example / "Cargo.lock")
+    workspace, program = features(ROOT), features(example)
+    differ = {name: (sorted(program[name]), sorted(workspace[name]))
+              for name in program if name in workspace and program[name] != workspace[name]}
+    assert not differ, f"(the program's features, the workspace's): {differ}"
