@@ -46,7 +46,10 @@
 //! ```
 //!
 //! The fault contract (what happens after a panic, a missed deadline or a
-//! memory-cap hit) is [`Tracker`]'s.
+//! memory-cap hit) is [`Tracker`]'s. A tracker that sends its values to a
+//! service (the `http` feature's client) delivers them through an
+//! [`outbox::Outbox`]: retries with back-off, a bounded spool in `/logs`,
+//! a bounded flush at `finish`, and counts in the run's `summary.json`.
 
 #![warn(missing_docs)]
 
