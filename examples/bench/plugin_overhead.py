@@ -9,8 +9,10 @@ trackers' CPU time on their thread, instantiations included) as a share of
 the run's steps: end to end, a few per cent of noise between runs of the
 same binary hides a cost of a fraction of one. Then the network rows: the
 `http-json` tracker fed every step, posting to a live local server and to a
-port where nothing listens, each against no tracker in the same rounds
-(n, median and min-max of the per-round ratios). Then runs the per-call
+port where nothing listens, and the `mlflow` tracker with `tracking-uri`
+on a live `mlflow server` (the mlflow package's, SQLite) and on a dead
+port, each against no tracker in the same rounds (n, median and min-max
+of the per-round ratios). Then runs the per-call
 micro-benchmark (host/bench/src/bin/plugin_calls.rs).
 A benchmark, not a test: nothing is asserted.
 Usage: make bench-plugins  (or: python plugin_overhead.py [ROUNDS])
@@ -21,10 +23,14 @@ import os
 import socket
 import threading
 import pathlib
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HEARTH = pathlib.Path(os.environ.get("HEARTH_BIN", ROOT / "target" / "debug" / "hearth"))
@@ -93,6 +99,32 @@ def network_tracker(port: int) -> str:
             f'\n[plugin-permissions.http-json]\nnetwork = ["http://127.0.0.1:{port}"]\n')
 
 
+def mlflow_tracker(port: int) -> str:
+    return (f'\n[[trackers]]\nname = "mlflow"\ntracking-uri = "http://127.0.0.1:{port}"\n'
+            f'\n[plugin-permissions.mlflow]\nnetwork = ["http://127.0.0.1:{port}"]\n')
+
+
+def start_mlflow_server(folder: pathlib.Path):
+    """The mlflow package's own tracking server (SQLite) on a free port,
+    once it answers /health: (process, port)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}", "--default-artifact-root", str(folder / "art")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return server, port
+        except OSError:
+            time.sleep(0.5)
+    os.killpg(server.pid, signal.SIGTERM)
+    sys.exit("mlflow server did not start")
+
+
 class Sink(http.server.BaseHTTPRequestHandler):
     """A live server: reads each POST and answers 200."""
 
@@ -106,29 +138,39 @@ class Sink(http.server.BaseHTTPRequestHandler):
         pass
 
 
+NETWORK_SIDES = ["http-json, live server", "http-json, dead port", "mlflow, live server", "mlflow, dead port"]
+
+
 def measure_network(rounds: int) -> dict:
-    """Per-round ratios of tokens/s with `http-json` (live server, dead
-    port) to without, each round's runs in another order."""
+    """Tokens/s per round with `http-json` (a live local server, a dead
+    port) and `mlflow` (a live `mlflow server`, a dead port), and without
+    a tracker, each round's runs in another order."""
     live = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Sink)
     threading.Thread(target=live.serve_forever, daemon=True).start()
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         dead_port = probe.getsockname()[1]
-    sides = {"none": BASE, "live server": BASE + network_tracker(live.server_address[1]),
-             "dead port": BASE + network_tracker(dead_port)}
+    server_dir = pathlib.Path(tempfile.mkdtemp())
+    mlflow, mlflow_port = start_mlflow_server(server_dir)
+    sides = dict(zip(["none"] + NETWORK_SIDES, [
+        BASE, BASE + network_tracker(live.server_address[1]), BASE + network_tracker(dead_port),
+        BASE + mlflow_tracker(mlflow_port), BASE + mlflow_tracker(dead_port)]))
     rates = {name: [] for name in sides}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             names = list(sides)
             for i in range(rounds):
-                order = names[i % 3:] + names[:i % 3]
+                order = names[i % len(names):] + names[:i % len(names)]
                 for name in order:
-                    folder = pathlib.Path(tmp) / f"{name.replace(' ', '-')}{i}"
+                    folder = pathlib.Path(tmp) / f"{name.replace(' ', '-').replace(',', '')}{i}"
                     rates[name].append(summary(folder, sides[name])["tokens_per_sec"])
                 print(f"network round {i + 1} ({' then '.join(order)}): "
                       + ", ".join(f"{n} {rates[n][-1]:.0f}" for n in names) + " tokens/s")
     finally:
         live.shutdown()
+        os.killpg(mlflow.pid, signal.SIGTERM)
+        mlflow.wait(timeout=30)
+        shutil.rmtree(server_dir, ignore_errors=True)
     return rates
 
 
@@ -143,11 +185,11 @@ def main() -> None:
     print(f"  ratio with/without = {p / b:.3f}; overhead {overhead_us:+.0f} µs/step (noise included)")
     print(f"  the plugins' own account: {statistics.median(shares) * 100:.2f} % of the steps")
     rates = measure_network(rounds)
-    print(f"http-json fed every step, n={rounds}:")
-    print(f"  no tracker {statistics.median(rates['none']):9.0f} tokens/s")
-    for side in ["live server", "dead port"]:
+    print(f"network trackers fed every step, n={rounds}:")
+    print(f"  no tracker             {statistics.median(rates['none']):9.0f} tokens/s")
+    for side in NETWORK_SIDES:
         ratios = [a / b for a, b in zip(rates[side], rates["none"])]
-        print(f"  {side:11s} {statistics.median(rates[side]):9.0f} tokens/s, ratio {statistics.median(ratios):.3f} "
+        print(f"  {side:22s} {statistics.median(rates[side]):9.0f} tokens/s, ratio {statistics.median(ratios):.3f} "
               f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
     print("per call:")
     subprocess.run(["cargo", "run", "--quiet", "-p", "hearth-bench", "--bin", "plugin_calls"], cwd=ROOT, check=True)
