@@ -18,7 +18,8 @@ class Server:
     answers as `behaviour` says: "ok" (200), "redirect" (302 to `target`),
     "silent" (reads the request, never answers), "huge" (a 4 MB body),
     "trickle" (a byte every 0.1 s of a 1 MB body), "flaky" (503 to the
-    first 3 requests, then 200; only the 200s are recorded)."""
+    first 3 requests, then 200; only the 200s are recorded), "2gb" (a 2 GB
+    body, sent as fast as it is read; `sent` counts its bytes out)."""
 
     def __init__(self, behaviour="ok", target=None):
         self.requests = []
@@ -55,6 +56,20 @@ class Server:
                     except (BrokenPipeError, ConnectionResetError):
                         pass
                     return
+                if server.behaviour == "2gb":
+                    # Claims 2 GB and sends as fast as the client reads,
+                    # counting what it got out before the client hung up.
+                    self.send_response(200)
+                    self.send_header("content-length", str(2 << 30))
+                    self.end_headers()
+                    chunk = b"x" * (1 << 20)
+                    try:
+                        while server.sent < 2 << 30:
+                            self.wfile.write(chunk)
+                            server.sent += len(chunk)
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass
+                    return
                 reply = b"x" * (4 << 20) if server.behaviour == "huge" else b"{}"
                 self.send_response(200)
                 self.send_header("content-length", str(len(reply)))
@@ -64,10 +79,12 @@ class Server:
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 
+            do_GET = do_POST
+
             def log_message(self, *args):
                 pass
 
-        self.behaviour, self.target, self.failed = behaviour, target, 0
+        self.behaviour, self.target, self.failed, self.sent = behaviour, target, 0, 0
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
@@ -270,6 +287,18 @@ def test_a_huge_response_is_cut_at_its_byte_limit(hearth, tmp_path, server):
     assert len(plugin_lines(out, "cut a response body past 1048576 bytes (response-bytes")) == 1, out.stderr
 
 
+def test_a_2_gb_response_is_cut_at_its_byte_limit_and_the_rest_is_never_read(hearth, tmp_path, server):
+    s = server("2gb")
+    out = hearth("run", write_config(tmp_path, granted_job(s)), timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "eval exact-match accuracy" in out.stdout
+    assert len(plugin_lines(out, "cut a response body past 1048576 bytes (response-bytes")) == 1, out.stderr
+    # The client hung up near the limit: the server got out socket buffers'
+    # worth beyond it per request, nowhere near 2 GB.
+    assert 0 < s.sent < (256 << 20), s.sent
+    assert network_counts(tmp_path)["cut"] >= 1
+
+
 def test_requests_past_the_rate_limit_are_refused(hearth, tmp_path, server):
     s = server()
     config = write_config(tmp_path, granted_job(s, limits={"requests-per-minute": 2}))
@@ -335,3 +364,35 @@ def test_raw_sockets_stay_refused_to_a_plugin_granted_hosts(hearth_bin, fixture_
         listener.close()
     attempts = (tmp_path / "runs" / "short" / "trackers" / "socket" / "attempts.txt").read_text().splitlines()
     assert attempts and all(a.startswith("denied: ") for a in attempts), attempts
+
+
+def test_a_plugin_that_opens_10000_requests_at_once_is_contained_and_the_run_goes_on(
+        hearth_bin, fixture_wasm, tmp_path, server):
+    """The `flood` fixture opens 10,000 requests without waiting for any.
+    Past `concurrent-requests` (4) each is refused before any connection
+    (said once, by the plugin's name); the handles it keeps piling up hit
+    the sandbox's cap on live resources, which traps the plugin: a fault,
+    by name, and after three the tracker is disabled. Training goes on and
+    at most 4 requests per instance are let through."""
+    s = server()
+    grant = f"http://127.0.0.1:{s.port}"
+    plugins = tmp_path / "third-party"
+    make_plugin(plugins, "flood", fixture_wasm("flood"),
+                limits=f'[permissions]\nnetwork = ["{grant}"]\n[options.url]\ntype = "text"\n')
+    config = write_config(tmp_path, SHORT_JOB + f'\n[[trackers]]\nname = "flood"\nurl = "{grant}"\n'
+                          f'\n[plugin-permissions.flood]\nnetwork = ["{grant}"]\n')
+    out = run_hearth(hearth_bin, "run", "--plugin-dir", plugins, config, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "eval exact-match accuracy" in out.stdout
+    said = [l for l in out.stderr.splitlines() if "flood" in l and "past 4 in flight at once" in l]
+    assert len(said) == 1, out.stderr
+    summary = json.loads((tmp_path / "runs" / "short" / "summary.json").read_text())
+    (health,) = [t for t in summary["trackers"] if t["name"] == "flood"]
+    assert health["disabled_at_step"] is not None, health
+    assert {f["call"] for f in health["faults"]} == {"start"}, health
+    assert all("resource table has no free keys" in f["message"] for f in health["faults"]), health
+    # Let through: at most 4 per instance (a trapped instance's requests
+    # are dropped with it, perhaps before they connect).
+    instances, network = 1 + health["restarts"], health["network"]
+    assert 1 <= network["sent"] <= 4 * instances and len(s.requests) <= network["sent"], (network, len(s.requests))
+    assert network["refused"] > 100, network

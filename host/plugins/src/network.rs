@@ -166,6 +166,7 @@ struct NetLimits {
     request_bytes: u64,
     response_bytes: u64,
     per_minute: usize,
+    concurrent_requests: u64,
     timeout: Duration,
 }
 
@@ -175,6 +176,7 @@ impl From<&Limits> for NetLimits {
             request_bytes: l.request_bytes,
             response_bytes: l.response_bytes,
             per_minute: l.requests_per_minute as usize,
+            concurrent_requests: l.concurrent_requests,
             timeout: Duration::from_millis(l.request_timeout_ms),
         }
     }
@@ -293,20 +295,22 @@ impl HttpGate {
                     limits.per_minute, self.shared.plugin
                 ));
             }
+            // Only a request let through counts toward the minute's.
+            let permit = self
+                .shared
+                .in_flight
+                .clone()
+                .try_acquire_owned()
+                .map_err(|_| {
+                    format!(
+                    "refused a request past {} in flight at once (concurrent-requests; raise it in \
+                     the run config's [plugin-limits.{}])",
+                    limits.concurrent_requests, self.shared.plugin
+                )
+                })?;
             recent.push_back(now);
+            Ok(permit)
         }
-        self.shared
-            .in_flight
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| {
-                format!(
-                "refused a request past {} in flight at once (concurrent-requests; raise it in the \
-                 run config's [plugin-limits.{}])",
-                self.shared.in_flight.available_permits().max(1),
-                self.shared.plugin
-            )
-            })
     }
 }
 
