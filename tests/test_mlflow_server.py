@@ -91,3 +91,12 @@ def test_mlflow_logs_every_step_to_a_real_tracking_server_and_finishes_the_run(h
     assert health["delivery"] == {"sent": values, "retried": 0, "spooled": 0, "dropped": 0}, health
     assert health["faults"] == []
     assert not (run_dir / "trackers" / "mlflow" / "outbox" / "spool.jsonl").exists()
+
+
+def test_a_tracking_uri_that_is_not_http_is_refused_by_name_and_the_run_goes_on(hearth, tmp_path):
+    text = SHORT_JOB + '\n[[trackers]]\nname = "mlflow"\ntracking-uri = "ftp://127.0.0.1:21"\n'
+    out = hearth("run", write_config(tmp_path, text))
+    assert out.returncode == 0, out.stderr
+    assert "eval exact-match accuracy" in out.stdout
+    said = [l for l in out.stderr.splitlines() if "`mlflow` failed in start" in l]
+    assert said and 'tracking-uri "ftp://127.0.0.1:21": an http(s):// URL' in said[0], out.stderr

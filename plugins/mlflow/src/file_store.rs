@@ -12,9 +12,9 @@
 //! The sandbox hides the host path of `/logs`, so artifact locations are
 //! written relative to the store root; hearth logs no artifacts.
 
-use super::{key, now_ms};
+use super::{key, now_ms, param_text, Logged};
 use hearth_guest::files::{write_atomically, Appenders};
-use hearth_guest::{Entries, RunInfo, Value};
+use hearth_guest::{Entries, RunInfo};
 use std::fs;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -134,13 +134,7 @@ impl FileStore {
             write_atomically(&format!("{dir}/tags/{name}"), text)?;
         }
         for (name, value) in &config {
-            let text = match value {
-                Value::Float(v) => format!("{v:?}"),
-                Value::Int(v) => v.to_string(),
-                Value::Boolean(v) => if *v { "True" } else { "False" }.to_string(),
-                Value::Text(v) => v.clone(),
-            };
-            write_atomically(&format!("{dir}/params/{}", key(name)), &text)?;
+            write_atomically(&format!("{dir}/params/{}", key(name)), &param_text(value))?;
         }
         self.dir = Some(dir);
         self.meta = Some(meta);
@@ -152,11 +146,9 @@ impl FileStore {
         let dir = self.dir.clone().ok_or("log called before start")?;
         let ms = now_ms();
         for (name, value) in values {
-            let number = match value {
-                Value::Float(v) => v,
-                Value::Int(v) => v as f64,
-                Value::Boolean(v) => f64::from(u8::from(v)),
-                Value::Text(text) => {
+            let number = match Logged::from(value) {
+                Logged::Metric(v) => v,
+                Logged::Tag(text) => {
                     write_atomically(&format!("{dir}/tags/{}", key(&name)), &text)?;
                     continue;
                 }

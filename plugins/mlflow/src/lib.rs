@@ -33,6 +33,35 @@ fn key(name: &str) -> String {
     k.trim_matches('/').replace("..", "__")
 }
 
+/// A config value as an MLflow param's text (Python's spelling of bools,
+/// as Accelerate's tracker logs them).
+fn param_text(value: &Value) -> String {
+    match value {
+        Value::Float(v) => format!("{v:?}"),
+        Value::Int(v) => v.to_string(),
+        Value::Boolean(v) => if *v { "True" } else { "False" }.to_string(),
+        Value::Text(v) => v.clone(),
+    }
+}
+
+/// A logged value as MLflow takes it: a number is a metric (bools as 0/1),
+/// text a tag.
+enum Logged {
+    Metric(f64),
+    Tag(String),
+}
+
+impl From<Value> for Logged {
+    fn from(value: Value) -> Self {
+        match value {
+            Value::Float(v) => Logged::Metric(v),
+            Value::Int(v) => Logged::Metric(v as f64),
+            Value::Boolean(v) => Logged::Metric(f64::from(u8::from(v))),
+            Value::Text(text) => Logged::Tag(text),
+        }
+    }
+}
+
 /// Where the run goes.
 enum Store {
     File(file_store::FileStore),

@@ -10,7 +10,7 @@
 //! so a fresh instance after a fault, or a resumed run, goes on logging to
 //! the same MLflow run.
 
-use super::{key, now_ms};
+use super::{key, now_ms, param_text, Logged};
 use hearth_guest::outbox::{Attempt, Outbox, Record, Settings};
 use hearth_guest::{Entries, Start, Value};
 use serde_json::{json, Value as Json};
@@ -301,15 +301,9 @@ impl Server {
             let params: Vec<Json> = start
                 .config
                 .iter()
-                .map(|(name, value)| {
-                    let text = match value {
-                        Value::Float(v) => format!("{v:?}"),
-                        Value::Int(v) => v.to_string(),
-                        Value::Boolean(v) => if *v { "True" } else { "False" }.to_string(),
-                        Value::Text(v) => v.clone(),
-                    };
-                    json!({"key": key(name), "value": clipped(&text)})
-                })
+                .map(
+                    |(name, value)| json!({"key": key(name), "value": clipped(&param_text(value))}),
+                )
                 .collect();
             let line = json!({ "params": params }).to_string();
             outbox.push_now(Record::new(0, line), |r: &[Record]| api.send(r));
@@ -323,11 +317,9 @@ impl Server {
         let (mut metrics, mut tags) = (Vec::new(), Vec::new());
         let n = values.len() as u64;
         for (name, value) in values {
-            let v = match value {
-                Value::Float(v) => v,
-                Value::Int(v) => v as f64,
-                Value::Boolean(v) => f64::from(u8::from(v)),
-                Value::Text(text) => {
+            let v = match Logged::from(value) {
+                Logged::Metric(v) => v,
+                Logged::Tag(text) => {
                     tags.push(json!({"key": key(&name), "value": clipped(&text)}));
                     continue;
                 }
