@@ -233,7 +233,7 @@ def test_plugins_list_and_inspect_show_the_built_ins(hearth):
         cells = [c.strip() for c in line.strip("│").split("┆")]
         if len(cells) == 5:
             rows[cells[0]] = cells
-    for name in ["jsonl", "csv", "tensorboard", "mlflow", "dvclive"]:
+    for name in ["jsonl", "csv", "tensorboard", "mlflow", "dvclive", "wandb"]:
         _, _, kind, world, found = rows[name]
         assert kind == "tracker" and world == f"hearth:plugin/tracker-plugin@{WIT_VERSION}" and "built-in" in found
     assert rows["linear"][2:4] == ["scheduler", f"hearth:plugin/scheduler-plugin@{WIT_VERSION}"]

@@ -1,15 +1,20 @@
 """The built-in tracker plugins, read back by the readers of the tools they
-imitate: TensorBoard's EventAccumulator, MlflowClient, and DVCLive itself
-(writing the same values) — plus jsonl/csv with the standard library."""
+imitate: TensorBoard's EventAccumulator, MlflowClient, DVCLive itself
+(writing the same values), wandb's own reader of `.wandb` files beside a
+wandb run of the same values — plus jsonl/csv with the standard library."""
 import csv
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 from conftest import LOGGED_STEPS, SHORT_JOB, run_hearth, tracker_tables, write_config
 
-TRACKERS = ["jsonl", "csv", "tensorboard", "mlflow", "dvclive"]
+TRACKERS = ["jsonl", "csv", "tensorboard", "mlflow", "dvclive", "wandb"]
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +136,59 @@ def test_dvclive_files_equal_what_dvclive_writes(run_dir, logged, tmp_path, monk
             ra, rb = list(csv.reader(a, delimiter="\t")), list(csv.reader(b, delimiter="\t"))
         assert ra[0] == rb[0]
         assert [(int(s), float(v)) for s, v in ra[1:]] == [(int(s), float(v)) for s, v in rb[1:]]
+
+
+def wandb_inspect(run_folder: Path, *flags: str):
+    """wandb's reader of a run's `.wandb` file (`wandb leet inspect`, which
+    checks every record's checksum): its records, or with `--summary` the
+    run's state."""
+    wandb = Path(sys.executable).parent / "wandb"
+    out = subprocess.run([wandb, "leet", "inspect", str(run_folder), "--json", *flags], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    if flags:
+        return json.loads(out.stdout)
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def without_clock(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k not in ("_runtime", "_timestamp") and not k.startswith("_wandb")}
+
+
+def test_wandb_reads_every_record_and_they_equal_what_wandb_writes(run_dir, logged, tmp_path, monkeypatch):
+    """wandb itself, fed the same values through Accelerate's WandBTracker in
+    offline mode, is the oracle: the same config, the same history rows
+    (the values logged at one step merged into one row) and the same
+    summary, each read back by wandb's reader."""
+    from accelerate import PartialState
+    from accelerate.tracking import WandBTracker
+
+    (ours,) = (run_dir / "trackers" / "wandb").glob("offline-run-*")
+    records = wandb_inspect(ours)
+    assert [r["type"] for r in records[:2]] == ["header", "run"]
+    assert [r["num"] for r in records] == list(range(1, len(records) + 1))
+    history = [r["history"] for r in records if r["type"] == "history"]
+    assert [h["step"]["num"] for h in history] == LOGGED_STEPS
+    assert {h["step"]["num"]: without_clock(h["item"]) for h in history} == {s: {**v, "_step": s} for s, v in logged.items()}
+    assert records[-1]["type"] == "exit" and records[-1]["exit"].get("exit_code", 0) == 0
+
+    config = json.loads((run_dir / "trackers" / "jsonl" / "config.json").read_text())["config"]
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.chdir(tmp_path)
+    PartialState()
+    tracker = WandBTracker("trackers-test", name="short", dir=str(tmp_path))
+    tracker.start()
+    tracker.store_init_configuration(config)
+    for step in sorted(logged):
+        tracker.log(logged[step], step=step)
+    tracker.finish()
+    (ref,) = (tmp_path / "wandb").glob("offline-run-*")
+    ref_history = [r["history"] for r in wandb_inspect(ref) if r["type"] == "history"]
+    assert [without_clock(h["item"]) for h in history] == [without_clock(h["item"]) for h in ref_history]
+
+    mine, theirs = wandb_inspect(ours, "--summary"), wandb_inspect(ref, "--summary")
+    for key in ("project", "name", "state", "step", "exit_code"):
+        assert mine[key] == theirs[key], key
+    assert mine["state"] == "finished"
+    assert without_clock(mine["config"]) == without_clock(theirs["config"])
+    assert without_clock(mine["summary"]) == without_clock(theirs["summary"])

@@ -58,7 +58,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
     println!("scheduler `linear`  lrs(step)          {us:7.2} µs/call");
 
-    for name in ["jsonl", "csv", "tensorboard", "mlflow", "dvclive"] {
+    for name in ["jsonl", "csv", "tensorboard", "mlflow", "dvclive", "wandb"] {
         let mut tracker = load_tracker(&registry.find(name)?.manifest, &scratch.join(name))?;
         tracker.start(run.clone(), entries(0));
         let values = entries(1);

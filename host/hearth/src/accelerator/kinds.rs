@@ -45,6 +45,8 @@ pub enum LoggerType {
     Mlflow,
     /// DVCLive's files (the `dvclive` plugin).
     Dvclive,
+    /// A Weights & Biases offline run, for `wandb sync` (the `wandb` plugin).
+    Wandb,
 }
 
 hearth_ops::spelled_enum! {
@@ -53,14 +55,15 @@ hearth_ops::spelled_enum! {
         Tensorboard = "tensorboard",
         Mlflow = "mlflow",
         Dvclive = "dvclive",
+        Wandb = "wandb",
     }
     // Accelerate's trackers that talk to a service or library hearth has no
     // plugin for (a plugin can be written for any of them).
     refused |s| {
-        "aim" | "wandb" | "trackio" | "comet_ml" | "clearml" | "swanlab" => format!(
+        "aim" | "trackio" | "comet_ml" | "clearml" | "swanlab" => format!(
             "hearth has no tracker plugin for {s:?} (Accelerate's talks to its service); \
              write one against wit/ (see the book's plugin author's guide), or use \
-             tensorboard, mlflow, dvclive, jsonl or csv"
+             tensorboard, mlflow, dvclive, wandb, jsonl or csv"
         ),
     }
 }
