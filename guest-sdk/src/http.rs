@@ -146,9 +146,28 @@ pub fn request(
     Ok(Response { status, body })
 }
 
+/// `text` as one URL path segment or query value: every byte but
+/// RFC 3986's unreserved characters percent-encoded.
+pub fn percent_encoded(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn query_values_are_percent_encoded() {
+        assert_eq!(percent_encoded("my proj/x&y"), "my%20proj%2Fx%26y");
+        assert_eq!(percent_encoded("a-b_c.d~e"), "a-b_c.d~e");
+    }
 
     #[test]
     fn urls_split_into_scheme_authority_and_path() {

@@ -147,6 +147,11 @@ pub struct Settings {
     pub max_backoff: Duration,
     /// How long [`Outbox::flush`] keeps trying.
     pub flush: Duration,
+    /// Also send, whatever `batch` says, once this long has passed since
+    /// the last attempt: at most one request per interval while values
+    /// come fast, each at once when they come slowly (none: `batch` alone
+    /// decides). What waits when no further record comes goes at `flush`.
+    pub interval: Option<Duration>,
 }
 
 impl Default for Settings {
@@ -158,6 +163,7 @@ impl Default for Settings {
             backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(30),
             flush: Duration::from_secs(5),
+            interval: None,
         }
     }
 }
@@ -181,6 +187,8 @@ pub struct Outbox {
     /// Values the last flush left unsent, counted as dropped until a later
     /// instance (or flush) takes them up again.
     unsent_at_flush: u64,
+    /// When a send was last tried (or the outbox opened).
+    last_attempt: Instant,
     /// Refusals and drops are said once each.
     said_refused: bool,
     said_full: bool,
@@ -227,6 +235,7 @@ impl Outbox {
             next_backoff,
             counts,
             unsent_at_flush: 0,
+            last_attempt: Instant::now(),
             said_refused: false,
             said_full: false,
         };
@@ -244,11 +253,16 @@ impl Outbox {
         self.waiting.len()
     }
 
-    /// Adds `record`; once [`Settings::batch`] wait and no back-off is
-    /// running, tries to send them (with `send`).
+    /// Adds `record`; once [`Settings::batch`] wait (or
+    /// [`Settings::interval`] has passed) and no back-off is running,
+    /// tries to send them (with `send`).
     pub fn push(&mut self, record: Record, send: impl FnMut(&[Record]) -> Attempt) {
         let full = self.waiting.len() + 1 >= self.settings.batch.max(1);
-        self.push_and_try(record, send, full)
+        let due = self
+            .settings
+            .interval
+            .is_some_and(|every| self.last_attempt.elapsed() >= every);
+        self.push_and_try(record, send, full || due)
     }
 
     /// Adds `record` and, unless a back-off is running, tries at once to
@@ -311,6 +325,7 @@ impl Outbox {
     /// Sends waiting records, oldest first, until they are gone or an
     /// attempt fails.
     fn drain(&mut self, mut send: impl FnMut(&[Record]) -> Attempt) {
+        self.last_attempt = Instant::now();
         let spooled_before = self.spooled;
         while !self.waiting.is_empty() {
             let n = self.waiting.len().min(self.settings.per_request.max(1));
@@ -537,6 +552,36 @@ mod tests {
             }
         );
         assert!(!dir.path().join(SPOOL).exists());
+    }
+
+    #[test]
+    fn with_an_interval_fast_records_go_together_and_slow_ones_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let service = Service::new(false);
+        let settings = Settings {
+            batch: usize::MAX,
+            interval: Some(Duration::from_millis(200)),
+            ..fast()
+        };
+        let mut outbox = Outbox::open(dir.path(), settings).unwrap();
+        // Fast: within the interval nothing is sent.
+        for step in 0..5 {
+            outbox.push(record(step), service.send());
+        }
+        assert_eq!(*service.attempts.borrow(), 0);
+        // The interval passes: the next push sends all six in one request.
+        std::thread::sleep(Duration::from_millis(220));
+        outbox.push(record(5), service.send());
+        assert_eq!(*service.attempts.borrow(), 1);
+        assert_eq!(service.took.borrow().len(), 6);
+        // Slow: a record after a quiet interval goes at once.
+        std::thread::sleep(Duration::from_millis(220));
+        outbox.push(record(6), service.send());
+        assert_eq!((*service.attempts.borrow(), outbox.waiting()), (2, 0));
+        // What waits when no record follows goes at flush.
+        outbox.push(record(7), service.send());
+        assert_eq!(outbox.waiting(), 1);
+        assert_eq!(outbox.flush(service.send()).sent, 16);
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! the same MLflow run.
 
 use super::{key, now_ms, param_text, Logged};
+use hearth_guest::http::percent_encoded;
 use hearth_guest::outbox::{Attempt, Outbox, Record, Settings};
 use hearth_guest::{Entries, Start, Value};
 use serde_json::{json, Value as Json};
@@ -229,18 +230,6 @@ impl Batch {
     }
 }
 
-/// `text` as a URL query value.
-fn percent_encoded(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 /// A metric's value as MLflow's JSON takes it: non-finite ones as strings.
 fn number(v: f64) -> Json {
     if v.is_finite() {
@@ -347,12 +336,6 @@ impl Server {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn query_values_are_percent_encoded() {
-        assert_eq!(percent_encoded("my proj/x&y"), "my%20proj%2Fx%26y");
-        assert_eq!(percent_encoded("a-b_c.d~e"), "a-b_c.d~e");
-    }
 
     #[test]
     fn non_finite_metrics_are_strings_mlflow_parses() {

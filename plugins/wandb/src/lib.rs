@@ -1,30 +1,45 @@
 //! The `wandb` tracker, with Accelerate's `WandBTracker` semantics: the run
 //! config becomes the W&B config, the values logged at one step one
 //! history row (merged, as `run.log(values, step=step)` merges them), and
-//! `finish` the run's summary (the last value of each key) and its exit. It writes an offline run, as `wandb.init(mode="offline")` does:
-//! `/logs/offline-run-<time>-<id>/run-<id>.wandb`, the record file that
-//! `wandb sync RUN/trackers/wandb` uploads and `wandb leet inspect` reads.
+//! `finish` the run's summary (the last value of each key) and its exit.
+//!
+//! `mode = "offline"` (the default) writes what `wandb.init(mode="offline")`
+//! writes ([`offline`]), for `wandb sync`; `mode = "online"` makes the
+//! calls wandb's client makes to a W&B server ([`online`]).
 //!
 //! The run id is kept in `/logs/run-id`: a fresh instance after a fault, or
-//! a resumed run, writes a new file for the same W&B run (marked
-//! `resumed`), as wandb's client does when a run is resumed.
+//! a resumed run, goes on with the same W&B run.
 
 mod datastore;
+mod offline;
+mod online;
 mod records;
 
-use datastore::Log;
+use hearth_guest::outbox::Settings;
 use hearth_guest::{export_tracker, Entries, Start, Tracker, Value};
-use prost::Message;
-use records::*;
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const RUN_ID_FILE: &str = "/logs/run-id";
-/// What the header says wrote the file, and the oldest reader it needs
-/// (the value wandb's own client writes).
-const PRODUCER: &str = concat!("hearth-wandb ", env!("CARGO_PKG_VERSION"));
-const MIN_CONSUMER: &str = "0.70.0";
+
+/// A history row or a summary: each key's value as JSON text.
+pub type Row = BTreeMap<String, String>;
+
+/// The run, as both modes describe it to W&B.
+pub struct RunInfo {
+    pub id: String,
+    /// The id was this run's before (a resumed run, a fresh instance).
+    pub resumed: bool,
+    pub project: String,
+    /// Empty: the default entity of whoever syncs (or of the API key).
+    pub entity: String,
+    pub name: String,
+    /// The run config, each value as JSON text.
+    pub config: Vec<(String, String)>,
+    /// Unix seconds.
+    pub started: f64,
+}
 
 fn now() -> f64 {
     SystemTime::now()
@@ -48,11 +63,14 @@ fn value_json(value: &Value) -> String {
     }
 }
 
-fn item(key: &str, value_json: String) -> Item {
-    Item {
-        nested_key: vec![key.to_string()],
-        value_json,
-    }
+/// `row` as one JSON object, each value through `value` (its JSON text
+/// as it is, or wrapped).
+fn json_object(row: &Row, value: impl Fn(&str) -> String) -> String {
+    let fields: Vec<String> = row
+        .iter()
+        .map(|(key, v)| format!("{}:{}", serde_json::json!(key), value(v)))
+        .collect();
+    format!("{{{}}}", fields.join(","))
 }
 
 /// A new run id as wandb makes them: 8 characters of `[a-z0-9]`, from the
@@ -89,26 +107,21 @@ fn check_run_id(id: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// `YYYYMMDD_HHMMSS` in UTC, as wandb names run folders.
-fn folder_time(unix: f64) -> String {
-    let secs = unix as i64;
-    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Howard Hinnant's days-to-civil.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}{month:02}{day:02}_{:02}{:02}{:02}",
-        rest / 3600,
-        rest / 60 % 60,
-        rest % 60
-    )
+/// The run id: the option, the kept one, or a new one (kept); and whether
+/// it was this run's before.
+fn run_id(chosen: String) -> Result<(String, bool), String> {
+    let kept = std::fs::read_to_string(RUN_ID_FILE)
+        .ok()
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty());
+    let id = match (chosen.is_empty(), &kept) {
+        (false, _) => chosen,
+        (true, Some(kept)) => return Ok((kept.clone(), true)),
+        (true, None) => new_run_id(),
+    };
+    check_run_id(&id)?;
+    std::fs::write(RUN_ID_FILE, &id).map_err(|e| format!("writing {RUN_ID_FILE}: {e}"))?;
+    Ok((id.clone(), kept.as_deref() == Some(id.as_str())))
 }
 
 fn text_option(start: &Start, key: &str) -> String {
@@ -118,124 +131,102 @@ fn text_option(start: &Start, key: &str) -> String {
     }
 }
 
-/// An offline run being written.
+fn int_option(start: &Start, key: &str, default: i64) -> i64 {
+    match start.option(key) {
+        Some(Value::Int(n)) => *n,
+        _ => default,
+    }
+}
+
+impl RunInfo {
+    fn new(start: &Start) -> Result<Self, String> {
+        let (id, resumed) = run_id(text_option(start, "id"))?;
+        let or = |option: String, default: &str| match option {
+            o if o.is_empty() => default.to_string(),
+            o => o,
+        };
+        Ok(RunInfo {
+            id,
+            resumed,
+            project: or(text_option(start, "project"), &start.run.project),
+            entity: text_option(start, "entity"),
+            name: or(text_option(start, "name"), &start.run.run),
+            config: start
+                .config
+                .iter()
+                .map(|(key, value)| (key.clone(), value_json(value)))
+                .collect(),
+            started: now(),
+        })
+    }
+}
+
+/// Where the run goes.
+enum Sink {
+    Offline(offline::Offline),
+    Online(Box<online::Online>),
+}
+
+impl Sink {
+    fn start(start: &Start, run: RunInfo) -> Result<Self, String> {
+        match text_option(start, "mode").as_str() {
+            "" | "offline" => Ok(Sink::Offline(offline::Offline::start(&run)?)),
+            "online" => {
+                let key = std::env::var("WANDB_API_KEY").ok().filter(|k| !k.is_empty()).ok_or(
+                    "mode = \"online\" needs WANDB_API_KEY: grant it in [plugin-permissions.wandb] env",
+                )?;
+                let settings = Settings {
+                    batch: usize::MAX,
+                    interval: Some(Duration::from_secs(
+                        int_option(start, "send-every-seconds", 15).max(0) as u64,
+                    )),
+                    spool_bytes: int_option(start, "spool-mb", 64).max(1) as u64 * (1 << 20),
+                    flush: Duration::from_secs(int_option(start, "flush-seconds", 5).max(0) as u64),
+                    ..Settings::default()
+                };
+                let base = text_option(start, "base-url");
+                Ok(Sink::Online(Box::new(online::Online::start(
+                    base, key, run, settings,
+                )?)))
+            }
+            other => Err(format!(
+                "option mode = {other:?}: \"offline\" or \"online\""
+            )),
+        }
+    }
+}
+
+/// A run being logged: the row being gathered and the summary.
 struct Run {
-    id: String,
-    log: Log,
-    next_num: i64,
+    sink: Sink,
     started: f64,
-    /// The row being gathered: wandb merges the values logged at one step
-    /// into one history row, written when the step moves on.
-    row: Option<(u64, BTreeMap<String, String>)>,
+    /// The row being gathered (its step, and its logged values): wandb
+    /// merges the values logged at one step into one history row, sent
+    /// when the step moves on.
+    row: Option<(u64, Row, u64)>,
     /// The last value of each key: the summary.
-    last: BTreeMap<String, String>,
+    last: Row,
 }
 
 impl Run {
-    fn write(&mut self, mut record: Record) -> Result<(), String> {
-        record.num = self.next_num;
-        record.info = Some(RecordInfo {
-            stream_id: self.id.clone(),
-        });
-        self.next_num += 1;
-        self.log.append(&record.encode_to_vec())
-    }
-
-    /// The run id: the option, the kept one, or a new one (kept).
-    fn id(start: &Start) -> Result<(String, bool), String> {
-        let kept = std::fs::read_to_string(RUN_ID_FILE)
-            .ok()
-            .map(|t| t.trim().to_string());
-        let chosen = text_option(start, "id");
-        let id = match (chosen.is_empty(), kept) {
-            (false, _) => chosen,
-            (true, Some(kept)) if !kept.is_empty() => return Ok((kept, true)),
-            (true, _) => new_run_id(),
-        };
-        check_run_id(&id)?;
-        let resumed = std::fs::read_to_string(RUN_ID_FILE).is_ok_and(|t| t.trim() == id);
-        std::fs::write(RUN_ID_FILE, &id).map_err(|e| format!("writing {RUN_ID_FILE}: {e}"))?;
-        Ok((id, resumed))
-    }
-
-    /// A new folder and file for this instance's records.
-    fn create_file(id: &str, started: f64) -> Result<Log, String> {
-        let base = format!("/logs/offline-run-{}-{id}", folder_time(started));
-        let folder = (1..)
-            .map(|n| {
-                if n == 1 {
-                    base.clone()
-                } else {
-                    format!("{base}-{n}")
-                }
-            })
-            .find(|f| std::fs::metadata(f).is_err())
-            .expect("an unused folder name");
-        std::fs::create_dir_all(&folder).map_err(|e| format!("creating {folder}: {e}"))?;
-        Log::create(&format!("{folder}/run-{id}.wandb"))
-    }
-
     fn start(start: &Start) -> Result<Self, String> {
-        let (id, resumed) = Self::id(start)?;
-        let started = now();
-        let mut run = Run {
-            log: Self::create_file(&id, started)?,
-            id: id.clone(),
-            next_num: 1,
+        let run = RunInfo::new(start)?;
+        let started = run.started;
+        Ok(Run {
+            sink: Sink::start(start, run)?,
             started,
             row: None,
-            last: BTreeMap::new(),
-        };
-        let project = match text_option(start, "project") {
-            p if p.is_empty() => start.run.project.clone(),
-            p => p,
-        };
-        let name = match text_option(start, "name") {
-            n if n.is_empty() => start.run.run.clone(),
-            n => n,
-        };
-        run.write(Record {
-            header: Some(HeaderRecord {
-                version_info: Some(VersionInfo {
-                    producer: PRODUCER.into(),
-                    min_consumer: MIN_CONSUMER.into(),
-                }),
-            }),
-            ..Default::default()
-        })?;
-        let config = start
-            .config
-            .iter()
-            .map(|(key, value)| ConfigItem {
-                key: key.clone(),
-                value_json: value_json(value),
-            })
-            .collect();
-        run.write(Record {
-            run: Some(RunRecord {
-                run_id: id,
-                entity: text_option(start, "entity"),
-                project,
-                config: Some(ConfigRecord { update: config }),
-                display_name: name,
-                host: String::new(),
-                start_time: Some(Timestamp {
-                    seconds: started as i64,
-                    nanos: (started.fract() * 1e9) as i32,
-                }),
-                resumed,
-            }),
-            ..Default::default()
-        })?;
-        Ok(run)
+            last: Row::new(),
+        })
     }
 
-    /// Gathers `values` into the row of `step`, writing the row before it.
+    /// Gathers `values` into the row of `step`, sending the row before it.
     fn log(&mut self, step: u64, values: Entries) -> Result<(), String> {
-        if self.row.as_ref().is_some_and(|(at, _)| *at != step) {
-            self.write_row()?;
+        if self.row.as_ref().is_some_and(|(at, _, _)| *at != step) {
+            self.send_row()?;
         }
-        let (_, row) = self.row.get_or_insert_with(|| (step, BTreeMap::new()));
+        let (_, row, n) = self.row.get_or_insert_with(|| (step, Row::new(), 0));
+        *n += values.len() as u64;
         row.extend(
             values
                 .iter()
@@ -244,10 +235,9 @@ impl Run {
         Ok(())
     }
 
-    /// The gathered row as one history record, with wandb's `_step`,
-    /// `_runtime` and `_timestamp`.
-    fn write_row(&mut self) -> Result<(), String> {
-        let Some((step, mut row)) = self.row.take() else {
+    /// The gathered row, with wandb's `_step`, `_runtime` and `_timestamp`.
+    fn send_row(&mut self) -> Result<(), String> {
+        let Some((step, mut row, values)) = self.row.take() else {
             return Ok(());
         };
         let time = now();
@@ -257,40 +247,28 @@ impl Run {
             value_json(&Value::Float(time - self.started)),
         );
         row.insert("_timestamp".into(), value_json(&Value::Float(time)));
-        let items = row
-            .iter()
-            .map(|(key, value)| item(key, value.clone()))
-            .collect();
-        self.last.extend(row);
-        self.write(Record {
-            history: Some(HistoryRecord {
-                item: items,
-                step: Some(HistoryStep { num: step as i64 }),
-            }),
-            ..Default::default()
-        })
+        self.last.extend(row.clone());
+        match &mut self.sink {
+            Sink::Offline(offline) => offline.row(step, &row),
+            Sink::Online(online) => {
+                online.row(values, &row);
+                Ok(())
+            }
+        }
     }
 
     fn finish(&mut self) -> Result<(), String> {
-        self.write_row()?;
+        self.send_row()?;
         let runtime = now() - self.started;
-        let mut update: Vec<Item> = std::mem::take(&mut self.last)
-            .into_iter()
-            .filter(|(key, _)| key != "_runtime")
-            .map(|(key, value)| item(&key, value))
-            .collect();
-        update.push(item("_runtime", value_json(&Value::Float(runtime))));
-        self.write(Record {
-            summary: Some(SummaryRecord { update }),
-            ..Default::default()
-        })?;
-        self.write(Record {
-            exit: Some(RunExitRecord {
-                exit_code: 0,
-                runtime: runtime as i32,
-            }),
-            ..Default::default()
-        })
+        let mut summary = std::mem::take(&mut self.last);
+        summary.insert("_runtime".into(), value_json(&Value::Float(runtime)));
+        match &mut self.sink {
+            Sink::Offline(offline) => offline.finish(&summary, runtime),
+            Sink::Online(online) => {
+                online.finish(&summary);
+                Ok(())
+            }
+        }
     }
 }
 
@@ -325,14 +303,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn folder_times_are_utc_like_wandbs() {
-        // datetime.fromtimestamp(t, timezone.utc).strftime("%Y%m%d_%H%M%S")
-        assert_eq!(folder_time(0.0), "19700101_000000");
-        assert_eq!(folder_time(1_795_857_853.99), "20261128_092413");
-        assert_eq!(folder_time(951_782_400.0), "20000229_000000");
-    }
-
-    #[test]
     fn values_are_spelled_as_pythons_json_dumps_spells_them() {
         assert_eq!(value_json(&Value::Float(0.5)), "0.5");
         assert_eq!(value_json(&Value::Float(1.0)), "1.0");
@@ -341,6 +311,20 @@ mod tests {
         assert_eq!(value_json(&Value::Int(-3)), "-3");
         assert_eq!(value_json(&Value::Boolean(true)), "true");
         assert_eq!(value_json(&Value::Text("a\"b".into())), "\"a\\\"b\"");
+    }
+
+    #[test]
+    fn rows_are_json_objects_with_escaped_keys() {
+        let row: Row = [
+            ("a\"b".to_string(), "1".to_string()),
+            ("c".into(), "\"x\"".into()),
+        ]
+        .into();
+        assert_eq!(json_object(&row, str::to_string), r#"{"a\"b":1,"c":"x"}"#);
+        assert_eq!(
+            json_object(&row, |v| format!("{{\"value\":{v}}}")),
+            r#"{"a\"b":{"value":1},"c":{"value":"x"}}"#
+        );
     }
 
     #[test]
