@@ -11,7 +11,8 @@ same binary hides a cost of a fraction of one. Then the network rows: the
 `http-json` tracker fed every step, posting to a live local server and to a
 port where nothing listens, and the `mlflow` tracker with `tracking-uri`
 on a live `mlflow server` (the mlflow package's, SQLite) and on a dead
-port, each against no tracker in the same rounds (n, median and min-max
+port, and the `wandb` tracker offline and online to a dead port, each
+against no tracker in the same rounds (n, median and min-max
 of the per-round ratios). Then runs the per-call
 micro-benchmark (host/bench/src/bin/plugin_calls.rs).
 A benchmark, not a test: nothing is asserted.
@@ -104,6 +105,14 @@ def mlflow_tracker(port: int) -> str:
             f'\n[plugin-permissions.mlflow]\nnetwork = ["http://127.0.0.1:{port}"]\n')
 
 
+def wandb_tracker(port) -> str:
+    """The wandb tracker: offline (port None), or online to `port`."""
+    if port is None:
+        return '\n[[trackers]]\nname = "wandb"\n'
+    return (f'\n[[trackers]]\nname = "wandb"\nmode = "online"\nbase-url = "http://127.0.0.1:{port}"\nflush-seconds = 1\n'
+            f'\n[plugin-permissions.wandb]\nnetwork = ["http://127.0.0.1:{port}"]\nenv = ["WANDB_API_KEY"]\n')
+
+
 def start_mlflow_server(folder: pathlib.Path):
     """The mlflow package's own tracking server (SQLite) on a free port,
     once it answers /health: (process, port)."""
@@ -138,7 +147,8 @@ class Sink(http.server.BaseHTTPRequestHandler):
         pass
 
 
-NETWORK_SIDES = ["http-json, live server", "http-json, dead port", "mlflow, live server", "mlflow, dead port"]
+NETWORK_SIDES = ["http-json, live server", "http-json, dead port", "mlflow, live server", "mlflow, dead port",
+                 "wandb, offline", "wandb, dead port"]
 
 
 def measure_network(rounds: int) -> dict:
@@ -151,10 +161,12 @@ def measure_network(rounds: int) -> dict:
         probe.bind(("127.0.0.1", 0))
         dead_port = probe.getsockname()[1]
     server_dir = pathlib.Path(tempfile.mkdtemp())
+    os.environ.setdefault("WANDB_API_KEY", "bench" + "k" * 35)  # online mode wants one; the port is dead
     mlflow, mlflow_port = start_mlflow_server(server_dir)
     sides = dict(zip(["none"] + NETWORK_SIDES, [
         BASE, BASE + network_tracker(live.server_address[1]), BASE + network_tracker(dead_port),
-        BASE + mlflow_tracker(mlflow_port), BASE + mlflow_tracker(dead_port)]))
+        BASE + mlflow_tracker(mlflow_port), BASE + mlflow_tracker(dead_port),
+        BASE + wandb_tracker(None), BASE + wandb_tracker(dead_port)]))
     rates = {name: [] for name in sides}
     try:
         with tempfile.TemporaryDirectory() as tmp:

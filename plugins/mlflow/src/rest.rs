@@ -267,7 +267,10 @@ impl Server {
             _ => default,
         };
         let settings = Settings {
-            batch: option_int("batch", 1).max(1) as usize,
+            batch: option_int("batch", 100).max(1) as usize,
+            interval: Some(Duration::from_secs(
+                option_int("send-every-seconds", 1).max(0) as u64,
+            )),
             spool_bytes: option_int("spool-mb", 64).max(1) as u64 * (1 << 20),
             flush: Duration::from_secs(option_int("flush-seconds", 5).max(0) as u64),
             ..Settings::default()
