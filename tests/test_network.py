@@ -4,6 +4,7 @@ test runs the short job with the built-in `http-json` tracker against a
 local HTTP server started here (Python's http.server), and checks what
 that server received, what the run said, and that the run completed."""
 import http.server
+import ipaddress
 import json
 import socket
 import threading
@@ -21,7 +22,7 @@ class Server:
     first 3 requests, then 200; only the 200s are recorded), "2gb" (a 2 GB
     body, sent as fast as it is read; `sent` counts its bytes out)."""
 
-    def __init__(self, behaviour="ok", target=None):
+    def __init__(self, behaviour="ok", target=None, host="127.0.0.1"):
         self.requests = []
         server = self
 
@@ -85,7 +86,7 @@ class Server:
                 pass
 
         self.behaviour, self.target, self.failed, self.sent = behaviour, target, 0, 0
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = http.server.ThreadingHTTPServer((host, 0), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
@@ -102,8 +103,8 @@ class Server:
 def server():
     made = []
 
-    def make(behaviour="ok", target=None):
-        s = Server(behaviour, target)
+    def make(behaviour="ok", target=None, host="127.0.0.1"):
+        s = Server(behaviour, target, host)
         made.append(s)
         return s
 
@@ -112,7 +113,7 @@ def server():
         s.close()
 
 
-def job(url, grant=None, env=None, limits=None, **options):
+def job(url, grant=None, env=None, limits=None, private_addresses=None, **options):
     # What cannot be sent is tried again at finish for a second, not 5.
     options.setdefault("flush-seconds", 1)
     text = SHORT_JOB + f'\n[[trackers]]\nname = "http-json"\nurl = "{url}"\n'
@@ -123,6 +124,8 @@ def job(url, grant=None, env=None, limits=None, **options):
             text += f"network = {json.dumps(grant)}\n"
         if env is not None:
             text += f"env = {json.dumps(env)}\n"
+        if private_addresses is not None:
+            text += f"private-addresses = {json.dumps(private_addresses)}\n"
     if limits:
         text += "\n[plugin-limits.http-json]\n" + "".join(f"{k} = {v}\n" for k, v in limits.items())
     return text
@@ -250,6 +253,37 @@ def test_a_host_not_granted_is_refused_before_any_connection(hearth, tmp_path, s
     assert s.requests == [], "nothing reached the server"
     lines = plugin_lines(out, fill(refused))
     assert len(lines) == 1, f"logged once by name: {lines}\n{out.stderr}"
+
+
+def test_a_granted_name_that_resolves_to_a_private_address_is_refused_unless_the_user_allows_it(hearth, tmp_path, server):
+    """DNS rebinding: a granted name whose lookup gives a loopback or
+    private address (a cloud's metadata service, a host inside the user's
+    network) is refused, naming the address, and nothing connects; the
+    address checked is the one connected to. This machine's own name
+    resolves to such an address (/etc/hosts); with `private-addresses =
+    true` the same request goes through."""
+    name = socket.gethostname()
+    try:
+        addresses = {a[4][0] for a in socket.getaddrinfo(name, None)}
+    except socket.gaierror as e:
+        pytest.skip(f"this machine's name {name!r} does not resolve here ({e}): no name to try")
+    if not all(ipaddress.ip_address(a).is_private or ipaddress.ip_address(a).is_loopback for a in addresses):
+        pytest.skip(f"this machine's name {name!r} resolves to a public address ({addresses}): no name to try")
+    s = server("ok", host="0.0.0.0")  # whichever local address the name gives
+    url = f"http://{name}:{s.port}/"
+    out = hearth("run", write_config(tmp_path, job(url, grant=[f"http://{name}:{s.port}"])))
+    assert out.returncode == 0, out.stderr
+    assert "eval exact-match accuracy" in out.stdout
+    assert s.requests == [], "nothing reached the server"
+    said = plugin_lines(out, f"refused {name}:{s.port}: the name resolves to")
+    assert len(said) == 1 and "private-addresses = true" in said[0], out.stderr
+    assert network_counts(tmp_path)["sent"] == 0 and network_counts(tmp_path)["refused"] >= 1
+
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    out = hearth("run", write_config(allowed, job(url, grant=[f"http://{name}:{s.port}"], private_addresses=True)), cwd=allowed)
+    assert out.returncode == 0, out.stderr
+    assert len(s.requests) >= 2, "the run and its steps reached the server"
 
 
 def test_a_redirect_to_another_host_is_not_followed(hearth, tmp_path, server):

@@ -131,6 +131,12 @@ pub struct PermissionGrant {
     /// never logged).
     #[serde(default)]
     pub env: Vec<String>,
+    /// Granted names may resolve to loopback, private and link-local
+    /// addresses too (a tracking server inside your network); without it
+    /// a granted name reaches public addresses only, and such an address
+    /// is reached only when granted as an IP literal.
+    #[serde(default)]
+    pub private_addresses: bool,
 }
 
 /// What a plugin was granted: the part of its asks its user granted.
@@ -141,6 +147,8 @@ pub struct Granted {
     /// Environment variables it gets (names; the values are read when an
     /// instance starts).
     pub env: Vec<String>,
+    /// Granted names may resolve to private addresses too.
+    pub private_addresses: bool,
 }
 
 /// Whether `name` can be an environment variable's name.
@@ -418,6 +426,7 @@ impl Manifest {
                 .filter(|n| self.permissions.env.contains(n))
                 .cloned()
                 .collect(),
+            private_addresses: grant.private_addresses,
         };
         Ok(manifest)
     }

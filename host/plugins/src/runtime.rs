@@ -140,7 +140,12 @@ impl Prepared {
                 false,
             )
         });
-        let gate = HttpGate::new(name.into(), manifest.granted.network.clone(), limits);
+        let gate = HttpGate::new(
+            name.into(),
+            manifest.granted.network.clone(),
+            manifest.granted.private_addresses,
+            limits,
+        );
         Ok(Self {
             gate,
             budget: OutputBudget::new(name.into(), limits),

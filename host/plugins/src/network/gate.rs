@@ -1,23 +1,11 @@
-//! The network permission: which hosts a plugin may reach over
-//! `wasi:http`, and the gate that checks every request before a connection.
-//!
-//! A plugin's `plugin.toml` asks (`[permissions] network = [...]`), the
-//! run config grants (`[plugin-permissions.<name>] network = [...]`), and
-//! the plugin gets the hosts in both. Each entry is `HOST:PORT` (https),
-//! `http://HOST:PORT` (plain http allowed too), or either with a `*.`
-//! prefix for any subdomain; a manifest may also ask `"*"`: whatever its
-//! user grants (a generic tracker such as `http-json`). Names compare
-//! without case; an IP literal is a host like any other, reached only
-//! when granted as written.
-//!
-//! The gate ([`HttpGate`]) refuses, before any name lookup or connection,
-//! a request whose scheme, host or port no grant covers, and one past the
-//! plugin's limits (requests per minute, concurrent requests); it bounds
-//! each request's time and the bytes each way. Redirects are the guest's
-//! to follow, each a new request through the gate. Raw sockets stay
-//! refused (the sandbox builds every plugin's WASI context without them).
+//! The gate every `wasi:http` request of a plugin passes: grants and
+//! limits checked before any name lookup, then [`connect`](super::connect)
+//! for the way out, and the request's and response's bodies cut at their
+//! byte and time limits.
 
-use super::Limits;
+use super::connect::{self, Reach, Unreached};
+use super::HostRule;
+use crate::Limits;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use std::collections::{HashSet, VecDeque};
@@ -28,137 +16,6 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
-
-/// One host a plugin may reach.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostRule {
-    /// Plain `http://` allowed as well as https.
-    pub http: bool,
-    /// The host name (lower case) or IP literal; with `subdomains`, the
-    /// domain whose subdomains are meant.
-    pub host: String,
-    /// `*.` prefix: any name ending in `.host` (not `host` itself).
-    pub subdomains: bool,
-    /// The port.
-    pub port: u16,
-}
-
-impl HostRule {
-    /// Parses `[http://][*.]HOST:PORT`.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let bad = |why: &str| {
-            format!("{text:?}: {why} (write HOST:PORT, http://HOST:PORT or *.DOMAIN:PORT)")
-        };
-        if text == ANY_GRANTED {
-            return Err(bad("a user grants hosts by name, not \"*\""));
-        }
-        let (http, rest) = match text.split_once("://") {
-            Some(("http", rest)) => (true, rest),
-            Some(("https", rest)) => (false, rest),
-            Some(_) => return Err(bad("the scheme must be http or https")),
-            None => (false, text),
-        };
-        let (host, port) = rest.rsplit_once(':').ok_or_else(|| bad("no port"))?;
-        let port: u16 = port
-            .parse()
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or_else(|| bad("the port must be 1..=65535"))?;
-        let (subdomains, host) = match host.strip_prefix("*.") {
-            Some(domain) => (true, domain),
-            None => (false, host),
-        };
-        let valid = !host.is_empty()
-            && host.len() <= 253
-            && host
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
-            && !host.starts_with('.')
-            && !host.ends_with('.');
-        if !valid {
-            return Err(bad(
-                "the host must be a DNS name or an IPv4 address (letters, digits, '-' and '.'; \
-                 no '*' but a leading \"*.\", no path)",
-            ));
-        }
-        Ok(Self {
-            http,
-            host: host.to_ascii_lowercase(),
-            subdomains,
-            port,
-        })
-    }
-
-    /// Whether this rule lets a request to `host:port` over `https` (or
-    /// plain http) through.
-    pub fn allows(&self, https: bool, host: &str, port: u16) -> bool {
-        if port != self.port || !(https || self.http) {
-            return false;
-        }
-        let host = host.to_ascii_lowercase();
-        if self.subdomains {
-            host.len() > self.host.len() + 1
-                && host.ends_with(&self.host)
-                && host.as_bytes()[host.len() - self.host.len() - 1] == b'.'
-        } else {
-            host == self.host
-        }
-    }
-
-    /// Whether this rule (an ask) covers all that `grant` allows.
-    fn covers(&self, grant: &HostRule) -> bool {
-        if grant.port != self.port || (grant.http && !self.http) {
-            return false;
-        }
-        match (self.subdomains, grant.subdomains) {
-            (false, false) => grant.host == self.host,
-            (true, _) => {
-                grant.host.len() > self.host.len()
-                    && grant.host.ends_with(&format!(".{}", self.host))
-            }
-            (false, true) => false,
-        }
-    }
-}
-
-impl std::fmt::Display for HostRule {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let scheme = if self.http { "http://" } else { "" };
-        let star = if self.subdomains { "*." } else { "" };
-        write!(f, "{scheme}{star}{}:{}", self.host, self.port)
-    }
-}
-
-/// What a manifest may ask: hosts, or `"*"` for whatever its user grants.
-pub const ANY_GRANTED: &str = "*";
-
-/// Checks a manifest's `network` entries.
-pub fn check_asks(asks: &[String]) -> Result<(), String> {
-    for ask in asks.iter().filter(|a| *a != ANY_GRANTED) {
-        HostRule::parse(ask)?;
-    }
-    Ok(())
-}
-
-/// The hosts a plugin gets: each granted entry that one of its asks
-/// covers. Errors name a grant that does not parse (`"*"` among them: a
-/// user grants hosts by name).
-pub fn intersect(asks: &[String], grants: &[String]) -> Result<Vec<HostRule>, String> {
-    let any = asks.iter().any(|a| a == ANY_GRANTED);
-    let asked: Vec<HostRule> = asks
-        .iter()
-        .filter(|a| *a != ANY_GRANTED)
-        .filter_map(|a| HostRule::parse(a).ok())
-        .collect();
-    let mut out = Vec::new();
-    for grant in grants {
-        let rule = HostRule::parse(grant)?;
-        if any || asked.iter().any(|a| a.covers(&rule)) {
-            out.push(rule);
-        }
-    }
-    Ok(out)
-}
 
 /// A plugin's network limits, from its [`Limits`].
 #[derive(Debug, Clone, Copy)]
@@ -198,6 +55,8 @@ pub struct NetworkCounts {
 struct Shared {
     plugin: Arc<str>,
     rules: Vec<HostRule>,
+    /// Granted names may resolve to private addresses too.
+    private_addresses: bool,
     limits: NetLimits,
     /// Permits for requests in flight; one is held until the response's
     /// body is read or dropped.
@@ -218,12 +77,19 @@ pub struct HttpGate {
 
 impl HttpGate {
     /// A gate for plugin `plugin` that lets requests to `rules` through
-    /// within `limits` (none at all with no rules).
-    pub fn new(plugin: Arc<str>, rules: Vec<HostRule>, limits: &Limits) -> Self {
+    /// within `limits` (none at all with no rules); with
+    /// `private_addresses`, granted names may resolve to private addresses.
+    pub fn new(
+        plugin: Arc<str>,
+        rules: Vec<HostRule>,
+        private_addresses: bool,
+        limits: &Limits,
+    ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 plugin,
                 rules,
+                private_addresses,
                 limits: limits.into(),
                 in_flight: Arc::new(Semaphore::new(limits.concurrent_requests as usize)),
                 recent: Mutex::new(VecDeque::new()),
@@ -339,6 +205,12 @@ impl WasiHttpHooks for HttpGate {
             }
         };
         self.count(|c| c.sent += 1);
+        // admit() checked the scheme, the host and the port.
+        let uri = request.uri();
+        let https = uri.scheme_str() == Some("https");
+        let host = uri.host().unwrap_or_default().to_string();
+        let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let reach = Reach::of(&host, self.shared.private_addresses);
         let gate = self.clone();
         let limits = self.shared.limits;
         let deadline = Instant::now() + limits.timeout;
@@ -361,11 +233,28 @@ impl WasiHttpHooks for HttpGate {
             WasiBody::new(Limited { body, cut })
         });
         Box::new(async move {
-            let sent = tokio::time::timeout_at(
-                deadline.into(),
-                wasmtime_wasi_http::default_send_request(request, Some(options)),
-            )
-            .await;
+            let exchange = async {
+                let addrs = match connect::resolve(&host, port, reach).await {
+                    Ok(addrs) => addrs,
+                    Err(Unreached::Refused(why)) => {
+                        // Counted as sent when admitted: refused after all.
+                        gate.count(|c| {
+                            c.sent -= 1;
+                            c.refused += 1;
+                        });
+                        gate.log_once(why);
+                        return Err(HttpError::DestinationIpProhibited);
+                    }
+                    Err(Unreached::Lookup(e)) => {
+                        return Err(HttpError::DnsError {
+                            rcode: Some(e.to_string()),
+                            info_code: None,
+                        })
+                    }
+                };
+                connect::send(request, &addrs, &host, https, options).await
+            };
+            let sent = tokio::time::timeout_at(deadline.into(), exchange).await;
             let no_answer = || {
                 gate.count(|c| c.cut += 1);
                 gate.log_once(format!(
@@ -375,8 +264,6 @@ impl WasiHttpHooks for HttpGate {
             };
             let (response, io) = match sent {
                 Ok(Ok(sent)) => sent,
-                // wasmtime's own timeouts are the same deadline, and may
-                // fire first.
                 Ok(Err(
                     e @ (HttpError::ConnectionTimeout
                     | HttpError::ConnectionReadTimeout
@@ -400,10 +287,7 @@ impl WasiHttpHooks for HttpGate {
                     Side::Response,
                     Some(permit),
                 );
-                WasiBody::new(Limited {
-                    body: http_body_util::BodyExt::boxed_unsync(body),
-                    cut,
-                })
+                WasiBody::new(Limited { body, cut })
             });
             Ok((response, Box::new(io) as Box<dyn Future<Output = _> + Send>))
         })
@@ -423,6 +307,8 @@ struct Cut {
     limit: u64,
     deadline: Instant,
     side: Side,
+    /// Wakes a body that stalls at the deadline (made on the first wait).
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
     /// The request's place among those in flight, given back with the body.
     _permit: Option<OwnedSemaphorePermit>,
 }
@@ -441,6 +327,7 @@ impl Cut {
             limit,
             deadline,
             side,
+            timer: None,
             _permit: permit,
         }
     }
@@ -474,11 +361,14 @@ impl Body for Limited {
             Side::Request => ("request", "request-bytes"),
             Side::Response => ("response", "response-bytes"),
         };
-        if Instant::now() > this.cut.deadline {
-            let ms = this.cut.gate.shared.limits.timeout.as_millis();
-            return Poll::Ready(Some(Err(this.cut.fail(format!(
+        let late = |cut: &Cut| {
+            let ms = cut.gate.shared.limits.timeout.as_millis();
+            cut.fail(format!(
                 "cut a {what} body still moving after {ms} ms (request-timeout-ms)"
-            )))));
+            ))
+        };
+        if Instant::now() > this.cut.deadline {
+            return Poll::Ready(Some(Err(late(&this.cut))));
         }
         match Pin::new(&mut this.body).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
@@ -494,6 +384,16 @@ impl Body for Limited {
                 this.cut.left -= len;
                 Poll::Ready(Some(Ok(frame)))
             }
+            Poll::Pending => {
+                // A body that stalls is woken at the deadline and cut.
+                let deadline = this.cut.deadline;
+                let timer = (this.cut.timer)
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline.into())));
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Some(Err(late(&this.cut)))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
             other => other,
         }
     }
@@ -504,75 +404,5 @@ impl Body for Limited {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rules_parse_and_match_by_scheme_host_and_port() {
-        let r = HostRule::parse("API.example.com:443").unwrap();
-        assert!(r.allows(true, "api.example.com", 443));
-        assert!(
-            r.allows(true, "Api.Example.Com", 443),
-            "names compare without case"
-        );
-        assert!(!r.allows(false, "api.example.com", 443), "https only");
-        assert!(!r.allows(true, "api.example.com", 444));
-        assert!(!r.allows(true, "x.api.example.com", 443));
-        let http = HostRule::parse("http://127.0.0.1:8080").unwrap();
-        assert!(http.allows(false, "127.0.0.1", 8080) && http.allows(true, "127.0.0.1", 8080));
-        assert!(
-            !http.allows(false, "localhost", 8080),
-            "an IP literal is not its name"
-        );
-        let sub = HostRule::parse("*.wandb.ai:443").unwrap();
-        assert!(sub.allows(true, "api.wandb.ai", 443));
-        assert!(!sub.allows(true, "wandb.ai", 443), "subdomains only");
-        assert!(!sub.allows(true, "evilwandb.ai", 443));
-        for bad in [
-            "example.com",
-            "ftp://a:1",
-            "a:0",
-            "a:99999",
-            "*:443",
-            "a/b:1",
-            "a.*.b:1",
-            ":80",
-            "[::1]:80",
-        ] {
-            assert!(HostRule::parse(bad).is_err(), "{bad} must not parse");
-        }
-        assert_eq!(sub.to_string(), "*.wandb.ai:443");
-        assert_eq!(http.to_string(), "http://127.0.0.1:8080");
-    }
-
-    #[test]
-    fn a_plugin_gets_what_it_asked_and_was_granted() {
-        let asks = ["api.example.com:443".to_string(), "*.wandb.ai:443".into()];
-        let got = intersect(
-            &asks,
-            &[
-                "api.example.com:443".into(),
-                "http://api.example.com:443".into(),
-                "api.wandb.ai:443".into(),
-                "other.com:443".into(),
-            ],
-        )
-        .unwrap();
-        let got: Vec<String> = got.iter().map(|r| r.to_string()).collect();
-        assert_eq!(got, ["api.example.com:443", "api.wandb.ai:443"]);
-        assert!(
-            intersect(&asks, &[]).unwrap().is_empty(),
-            "nothing without a grant"
-        );
-        let any = intersect(&["*".into()], &["http://localhost:5000".into()]).unwrap();
-        assert_eq!(any.len(), 1, "\"*\" asks for whatever the user grants");
-        assert!(
-            intersect(&["*".into()], &["*".into()]).is_err(),
-            "a user grants hosts by name"
-        );
     }
 }
