@@ -20,7 +20,7 @@ APT_PACKAGES := libopenmpi-dev openmpi-bin libclang-dev
 NEED_NPM :=
 # The Python packages `build` installs while it compiles.
 PY_GOAL := python-env
-test setup: APT_PACKAGES += chromium
+test setup: APT_PACKAGES += chromium openssl
 test setup: NEED_NPM := 1
 test setup test-isa bench bench-plugins bench-checkpoint bench-fsdp gpu-bundle soak: PY_GOAL := python-test-env
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

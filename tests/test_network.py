@@ -7,6 +7,8 @@ import http.server
 import ipaddress
 import json
 import socket
+import ssl
+import subprocess
 import threading
 
 import pytest
@@ -22,7 +24,7 @@ class Server:
     first 3 requests, then 200; only the 200s are recorded), "2gb" (a 2 GB
     body, sent as fast as it is read; `sent` counts its bytes out)."""
 
-    def __init__(self, behaviour="ok", target=None, host="127.0.0.1"):
+    def __init__(self, behaviour="ok", target=None, host="127.0.0.1", tls=None):
         self.requests = []
         server = self
 
@@ -87,6 +89,10 @@ class Server:
 
         self.behaviour, self.target, self.failed, self.sent = behaviour, target, 0, 0
         self.httpd = http.server.ThreadingHTTPServer((host, 0), Handler)
+        if tls is not None:  # (certificate chain, key) files: https
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
@@ -103,8 +109,8 @@ class Server:
 def server():
     made = []
 
-    def make(behaviour="ok", target=None, host="127.0.0.1"):
-        s = Server(behaviour, target, host)
+    def make(behaviour="ok", target=None, host="127.0.0.1", tls=None):
+        s = Server(behaviour, target, host, tls)
         made.append(s)
         return s
 
@@ -284,6 +290,48 @@ def test_a_granted_name_that_resolves_to_a_private_address_is_refused_unless_the
     out = hearth("run", write_config(allowed, job(url, grant=[f"http://{name}:{s.port}"], private_addresses=True)), cwd=allowed)
     assert out.returncode == 0, out.stderr
     assert len(s.requests) >= 2, "the run and its steps reached the server"
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory):
+    """A certificate authority of the test's own (openssl) and a server
+    certificate it signed for 127.0.0.1: (ca.pem, server.pem, server.key)."""
+    d = tmp_path_factory.mktemp("tls")
+
+    def openssl(*args):
+        out = subprocess.run(["openssl", *args], cwd=d, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+            "-subj", "/CN=hearth test CA", "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
+    (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
+                                  "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "server.pem", "-days", "2", "-extfile", "server.ext")
+    return d / "ca.pem", d / "server.pem", d / "server.key"
+
+
+def test_https_trusts_the_webpki_roots_and_the_authorities_of_ssl_cert_file(hearth, tmp_path, server, certificates):
+    """A server whose certificate no webpki root signed is refused at the
+    TLS handshake (said once, by name); with SSL_CERT_FILE naming the
+    authority that signed it, the same run reaches it over https."""
+    ca, cert, key = certificates
+    s = server("ok", tls=(cert, key))
+    text = job(f"https://127.0.0.1:{s.port}/", grant=[f"127.0.0.1:{s.port}"])
+    out = hearth("run", write_config(tmp_path, text))
+    assert out.returncode == 0, out.stderr
+    assert s.requests == [], "nothing got through an untrusted handshake"
+    said = plugin_lines(out, f"TLS with 127.0.0.1:{s.port} failed")
+    assert len(said) == 1 and "SSL_CERT_FILE" in said[0], out.stderr
+
+    trusted = tmp_path / "trusted"
+    trusted.mkdir()
+    out = hearth("run", write_config(trusted, text), cwd=trusted, env={"SSL_CERT_FILE": str(ca)})
+    assert out.returncode == 0, out.stderr
+    assert len(s.requests) > len(LOGGED_STEPS), "the run and every step got through"
+    assert network_counts(trusted)["sent"] == len(s.requests)
 
 
 def test_a_redirect_to_another_host_is_not_followed(hearth, tmp_path, server):

@@ -16,6 +16,8 @@
 
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::CertificateDer;
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, LazyLock};
@@ -143,17 +145,40 @@ pub async fn resolve(host: &str, port: u16, reach: Reach) -> Result<Vec<SocketAd
     )))
 }
 
-/// The TLS client setup every https request shares: the webpki roots.
-static TLS: LazyLock<Arc<rustls::ClientConfig>> = LazyLock::new(|| {
-    let roots = rustls::RootCertStore {
+/// The TLS client setup every https request shares: the webpki roots, and
+/// the certificates of the PEM file `SSL_CERT_FILE` names (a company's own
+/// certificate authority), read once.
+static TLS: LazyLock<Result<Arc<rustls::ClientConfig>, String>> = LazyLock::new(|| {
+    let mut roots = rustls::RootCertStore {
         roots: webpki_roots::TLS_SERVER_ROOTS.into(),
     };
-    Arc::new(
+    if let Some(file) = std::env::var_os("SSL_CERT_FILE").filter(|f| !f.is_empty()) {
+        let shown = std::path::Path::new(&file).display().to_string();
+        let bad = |e: &dyn std::fmt::Display| {
+            format!("SSL_CERT_FILE {shown}: {e} (it must name a PEM file of certificates)")
+        };
+        let certs = CertificateDer::pem_file_iter(&file).map_err(|e| bad(&e))?;
+        let mut added = 0;
+        for cert in certs {
+            roots.add(cert.map_err(|e| bad(&e))?).map_err(|e| bad(&e))?;
+            added += 1;
+        }
+        if added == 0 {
+            return Err(bad(&"no certificate in it"));
+        }
+        tracing::info!("https: trusting {added} certificate(s) from SSL_CERT_FILE {shown} beside the webpki roots");
+    }
+    Ok(Arc::new(
         rustls::ClientConfig::builder()
             .with_root_certificates(roots)
             .with_no_client_auth(),
-    )
+    ))
 });
+
+/// The shared TLS setup, or why it cannot be made.
+pub fn tls() -> Result<Arc<rustls::ClientConfig>, String> {
+    TLS.clone()
+}
 
 /// A connection, plain or TLS.
 trait Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
@@ -187,7 +212,8 @@ pub async fn send(
             Err(_) => rustls::pki_types::ServerName::try_from(host.to_string())
                 .map_err(|_| HttpError::HttpRequestUriInvalid)?,
         };
-        let tls = tokio_rustls::TlsConnector::from(TLS.clone());
+        let config = tls().map_err(|_| HttpError::TlsCertificateError)?;
+        let tls = tokio_rustls::TlsConnector::from(config);
         Box::new(
             tokio::time::timeout(connect_timeout, tls.connect(name, tcp))
                 .await

@@ -252,6 +252,12 @@ impl WasiHttpHooks for HttpGate {
                         })
                     }
                 };
+                if https {
+                    if let Err(why) = connect::tls() {
+                        gate.log_once(why);
+                        return Err(HttpError::TlsCertificateError);
+                    }
+                }
                 connect::send(request, &addrs, &host, https, options).await
             };
             let sent = tokio::time::timeout_at(deadline.into(), exchange).await;
@@ -272,6 +278,13 @@ impl WasiHttpHooks for HttpGate {
                 )) => {
                     no_answer();
                     return Err(e);
+                }
+                Ok(Err(HttpError::Tls(e))) => {
+                    gate.log_once(format!(
+                        "TLS with {host}:{port} failed: {e} (a certificate hearth does not trust? \
+                         SSL_CERT_FILE adds a PEM file of certificate authorities)"
+                    ));
+                    return Err(HttpError::Tls(e));
                 }
                 Ok(Err(e)) => return Err(e),
                 Err(_) => {
