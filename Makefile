@@ -126,9 +126,16 @@ EXAMPLES := target/example-plugins
 JS_EXAMPLE := examples/trackers/js
 example-plugins: python-test-env $(EXAMPLES)/python-tracker/python-tracker.wasm $(EXAMPLES)/js-tracker/js-tracker.wasm
 
-$(EXAMPLES)/python-tracker/python-tracker.wasm: examples/trackers/python/app.py examples/trackers/python/plugin.toml wit/plugin.wit $(PY_TEST_STAMP)
-	mkdir -p $(@D)
-	cd examples/trackers/python && ../../../$(VENV)/bin/componentize-py -d ../../../wit -w tracker-plugin componentize app -o ../../../$@
+# Its WIT: world.wit, hearth's package, and WASI 0.2's packages as the
+# host's wasmtime-wasi-http ships them (its wit/deps, found by cargo).
+PY_WIT := target/example-wit/python
+$(EXAMPLES)/python-tracker/python-tracker.wasm: examples/trackers/python/app.py examples/trackers/python/world.wit examples/trackers/python/plugin.toml wit/plugin.wit Cargo.lock $(PY_TEST_STAMP)
+	rm -rf $(PY_WIT) && mkdir -p $(PY_WIT)/deps $(@D)
+	cp examples/trackers/python/world.wit $(PY_WIT)/
+	cp -r wit $(PY_WIT)/deps/hearth-plugin
+	manifest=$$(cargo metadata --format-version 1 --locked | $(PY) -c "import json, sys; print(next(p['manifest_path'] for p in json.load(sys.stdin)['packages'] if p['name'] == 'wasmtime-wasi-http'))") && \
+		cp $$(dirname $$manifest)/wit/deps/*.wit $(PY_WIT)/deps/
+	cd examples/trackers/python && ../../../$(VENV)/bin/componentize-py -d ../../../$(PY_WIT) -w python-tracker componentize app -o ../../../$@
 	cp examples/trackers/python/plugin.toml $(@D)/
 
 # `npm install --no-save` installs what package-lock.json pins without

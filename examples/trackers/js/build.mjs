@@ -2,7 +2,8 @@
 //
 // Assembles the WIT in build/wit (world.wit, hearth's package from ../../../wit,
 // and the WASI 0.2.12 packages jco ships), then runs componentize-js with the
-// http and fetch-event features off: hearth grants plugins no network.
+// http and fetch-event features off: the tracker calls wasi:http itself
+// (world.wit imports it), synchronously, rather than through fetch().
 import { componentize } from '@bytecodealliance/componentize-js';
 import { cp, mkdir, rm, writeFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
@@ -17,7 +18,7 @@ await rm(wit, { recursive: true, force: true });
 await mkdir(join(wit, 'deps'), { recursive: true });
 await cp(join(here, 'world.wit'), join(wit, 'world.wit'));
 await cp(join(here, '..', '..', '..', 'wit'), join(wit, 'deps', 'hearth-plugin'), { recursive: true });
-for (const pkg of ['wasi-filesystem', 'wasi-io', 'wasi-clocks']) {
+for (const pkg of ['wasi-filesystem', 'wasi-io', 'wasi-clocks', 'wasi-http', 'wasi-random', 'wasi-cli', 'wasi-sockets']) {
   await cp(join(wasi, pkg), join(wit, 'deps', pkg), { recursive: true });
 }
 const { component } = await componentize({
