@@ -20,6 +20,8 @@ class Server:
     """A local HTTP server on a free port that records each request, and
     answers as `behaviour` says: "ok" (200), "redirect" (302 to `target`),
     "silent" (reads the request, never answers), "huge" (a 4 MB body),
+    "endless" (a body with no length that never ends, until the client
+    hangs up; `sent` counts its bytes out),
     "trickle" (a byte every 0.1 s of a 1 MB body), "flaky" (503 to the
     first 3 requests, then 200; only the 200s are recorded), "2gb" (a 2 GB
     body, sent as fast as it is read; `sent` counts its bytes out)."""
@@ -70,6 +72,18 @@ class Server:
                         while server.sent < 2 << 30:
                             self.wfile.write(chunk)
                             server.sent += len(chunk)
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass
+                    return
+                if server.behaviour == "endless":
+                    # HTTP/1.0 style: no length, the body ends when the connection does.
+                    self.send_response(200)
+                    self.send_header("connection", "close")
+                    self.end_headers()
+                    try:
+                        while True:
+                            self.wfile.write(b"x" * 65536)
+                            server.sent += 65536
                     except (BrokenPipeError, ConnectionResetError):
                         pass
                     return
@@ -367,6 +381,18 @@ def test_a_huge_response_is_cut_at_its_byte_limit(hearth, tmp_path, server):
     out = hearth("run", config)
     assert out.returncode == 0, out.stderr
     assert len(plugin_lines(out, "cut a response body past 1048576 bytes (response-bytes")) == 1, out.stderr
+
+
+def test_an_endless_body_is_cut_at_its_byte_limit_and_the_connection_dropped(hearth, tmp_path, server):
+    s = server("endless")
+    out = hearth("run", write_config(tmp_path, granted_job(s)))
+    assert out.returncode == 0, out.stderr
+    assert "eval exact-match accuracy" in out.stdout
+    assert len(plugin_lines(out, "cut a response body past 1048576 bytes (response-bytes")) == 1, out.stderr
+    assert network_counts(tmp_path)["cut"] >= 1
+    # Each response was dropped soon after its limit: the server could not
+    # push much more than the limit and the socket buffers per request.
+    assert s.sent < len(s.requests) * (1 << 20) + (64 << 20), (s.sent, len(s.requests))
 
 
 def test_a_2_gb_response_is_cut_at_its_byte_limit_and_the_rest_is_never_read(hearth, tmp_path, server):
