@@ -3,10 +3,13 @@ each is contained with a message naming it, the run completes (and its
 training loop never waits for them), a well-behaved
 tracker beside them still sees every step, and nothing outside a tracker's
 own folder is touched."""
+import hashlib
 import os
 import pathlib
+import shutil
 import socket
 import subprocess
+import tomllib
 
 import pytest
 
@@ -231,11 +234,13 @@ def test_plugins_list_and_inspect_show_the_built_ins(hearth):
     rows = {}
     for line in listing.stdout.splitlines():
         cells = [c.strip() for c in line.strip("│").split("┆")]
-        if len(cells) == 5:
+        if len(cells) == 6:
             rows[cells[0]] = cells
     for name in ["jsonl", "csv", "tensorboard", "mlflow", "dvclive", "wandb"]:
-        _, _, kind, world, found = rows[name]
+        _, _, kind, world, found, sha256 = rows[name]
         assert kind == "tracker" and world == f"hearth:plugin/tracker-plugin@{WIT_VERSION}" and "built-in" in found
+        # The embedded component is the one `make plugins` built.
+        assert sha256 == hashlib.sha256((ROOT / "target" / "plugins" / name / f"{name}.wasm").read_bytes()).hexdigest()
     assert rows["linear"][2:4] == ["scheduler", f"hearth:plugin/scheduler-plugin@{WIT_VERSION}"]
     # Long names keep the columns aligned.
     widths = {len(l) for l in listing.stdout.splitlines() if l.startswith("│")}
@@ -244,6 +249,41 @@ def test_plugins_list_and_inspect_show_the_built_ins(hearth):
     assert inspect.returncode == 0, inspect.stderr
     assert "its logging folder, read-write, at /logs" in inspect.stdout
     assert "network: none" in inspect.stdout and "loads:       yes" in inspect.stdout
+
+
+def test_a_swapped_plugin_is_refused_by_its_pin_naming_both_hashes(hearth, tmp_path):
+    """`hearth plugins lock` pins what a config uses in hearth.lock (the
+    hash `sha256sum` gives); the pinned component runs; the same file
+    replaced by another component of the same world is refused before it
+    is compiled, naming both hashes, and nothing trains."""
+    plugins = tmp_path / "third-party"
+    shutil.copytree(ROOT / "target" / "plugins" / "jsonl", plugins / "jsonl")
+    component = plugins / "jsonl" / "jsonl.wasm"
+    pinned = hashlib.sha256(component.read_bytes()).hexdigest()
+    config = write_config(tmp_path, SHORT_JOB + '\n[[trackers]]\nname = "jsonl"\n')
+    locked = hearth("plugins", "lock", config, "--plugin-dir", plugins)
+    assert locked.returncode == 0, locked.stderr
+    assert tomllib.loads((tmp_path / "hearth.lock").read_text()) == {"plugins": {"jsonl": pinned}}
+    out = hearth("run", "--plugin-dir", plugins, config)
+    assert out.returncode == 0, out.stderr
+
+    shutil.copy(ROOT / "target" / "plugins" / "csv" / "csv.wasm", component)
+    swapped = hashlib.sha256(component.read_bytes()).hexdigest()
+    shutil.rmtree(tmp_path / "runs")
+    out = hearth("run", "--plugin-dir", plugins, config)
+    assert out.returncode != 0
+    assert "jsonl" in out.stderr and pinned in out.stderr and swapped in out.stderr, out.stderr
+    assert not (tmp_path / "runs" / "short" / "model.safetensors").exists()
+    listing = hearth("plugins", "list", "--plugin-dir", plugins)
+    assert swapped in listing.stdout
+
+    # A table's own pin works the same way, and must agree with the lock.
+    table_pinned = write_config(tmp_path, SHORT_JOB + f'\n[[trackers]]\nname = "jsonl"\nsha256 = "{swapped}"\n')
+    out = hearth("run", "--plugin-dir", plugins, table_pinned)
+    assert out.returncode != 0 and f"pins `jsonl` to {swapped}, but" in out.stderr and pinned in out.stderr, out.stderr
+    (tmp_path / "hearth.lock").unlink()
+    out = hearth("run", "--plugin-dir", plugins, table_pinned)
+    assert out.returncode == 0, out.stderr
 
 
 def plugin_lines(out, name):

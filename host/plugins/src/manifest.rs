@@ -393,9 +393,28 @@ pub struct Manifest {
     /// nothing until then.
     #[serde(skip)]
     pub granted: Granted,
+    /// The sha256 its user pinned ([`Manifest::with_pin`]): a component
+    /// that hashes otherwise is refused before it is compiled.
+    #[serde(skip)]
+    pub pin: Option<String>,
 }
 
 impl Manifest {
+    /// This manifest pinned to the component whose sha256 is `pin`, when
+    /// one is given.
+    pub fn with_pin(&self, pin: Option<&str>) -> Manifest {
+        let mut manifest = self.clone();
+        if let Some(pin) = pin {
+            manifest.pin = Some(pin.to_ascii_lowercase());
+        }
+        manifest
+    }
+
+    /// The sha256 of its component (what a pin names).
+    pub fn component_sha256(&self) -> Result<String, PluginError> {
+        Ok(super::pin::sha256_hex(&self.component_bytes()?))
+    }
+
     /// This manifest with its limits raised (or lowered) as a run config's
     /// `[plugin-limits.<name>]` asks, when it does.
     pub fn with_limits(&self, raised: Option<&LimitOverrides>) -> Manifest {

@@ -81,6 +81,9 @@ impl Prepared {
             });
         }
         let bytes = manifest.component_bytes()?;
+        if let Some(pin) = &manifest.pin {
+            super::pin::check_pin(name, &path, pin, &bytes)?;
+        }
         check_is_component(name, &path, &bytes)?;
         let engine = PluginEngine::global();
         let component = engine.compile(name, &path, &bytes)?;

@@ -1,11 +1,13 @@
-//! `hearth plugins list | inspect NAME | check PATH | schedule NAME`, and
-//! the author's `new | build | install | pack | wit` (in `authoring/`).
+//! `hearth plugins list | inspect NAME | check PATH | schedule NAME |
+//! lock CONFIG`, and the author's `new | build | install | pack | wit` (in
+//! `authoring/`).
 
 use super::authoring;
 use super::Failure;
 use clap::{Args, Subcommand};
+use hearth::train::TrainConfig;
 use hearth_plugins::{check_plugin, load_scheduler, Manifest, PluginKind, Registry, SearchPath};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Arguments of `hearth plugins`.
 #[derive(Debug, Args)]
@@ -22,8 +24,15 @@ pub(super) struct PluginsArgs {
 
 #[derive(Debug, Subcommand)]
 enum PluginsCommand {
-    /// List installed plugins: name, version, kind, WIT world, where found.
+    /// List installed plugins: name, version, kind, WIT world, where found,
+    /// and the sha256 of each component (what a pin names).
     List,
+    /// Pin the plugins CONFIG uses: write the sha256 of each one's component
+    /// into hearth.lock beside it; `hearth run` then refuses any other.
+    Lock {
+        /// The run config.
+        config: PathBuf,
+    },
     /// Show one plugin's manifest, permissions and limits, and whether it loads.
     Inspect {
         /// The plugin's name.
@@ -147,6 +156,37 @@ fn schedule(registry: &Registry, args: &ScheduleArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// `hearth plugins lock CONFIG`: the sha256 of each plugin the config
+/// uses, found as `hearth run CONFIG` finds it, into hearth.lock beside it
+/// (pins of plugins it does not use are kept: the lock serves every config
+/// in the folder).
+fn lock(args: &PluginsArgs, config_path: &Path) -> Result<(), Failure> {
+    let config = TrainConfig::from_file(config_path).map_err(Failure::bad_input)?;
+    let project = config_path.parent().unwrap_or(Path::new("."));
+    let reg = Registry::discover(&SearchPath::standard(&args.plugin_dirs, Some(project)))
+        .map_err(Failure::bad_input)?;
+    let mut lock = config.lock.clone();
+    for name in config.used_plugins().map_err(Failure::bad_input)? {
+        let found = reg.find(&name).map_err(Failure::bad_input)?;
+        let sha256 = found
+            .manifest
+            .component_sha256()
+            .map_err(Failure::bad_input)?;
+        let what = match lock.plugins.insert(name.clone(), sha256.clone()) {
+            None => "pinned".to_string(),
+            Some(old) if old == sha256 => "unchanged".to_string(),
+            Some(old) => format!("re-pinned (was {old})"),
+        };
+        println!("{name:<24} {sha256}  {what}");
+        if let Some(pin) = config.table_pin(&name).filter(|p| *p != sha256) {
+            println!("  note: the config itself pins {name} to {pin}: edit its sha256 key");
+        }
+    }
+    let path = lock.write_for(config_path).map_err(Failure::failed)?;
+    println!("wrote {}", path.display());
+    Ok(())
+}
+
 fn registry(args: &PluginsArgs) -> Result<Registry, Failure> {
     let project = args
         .config
@@ -255,15 +295,18 @@ pub(super) fn execute(args: PluginsArgs) -> Result<(), Failure> {
             if reg.plugins().is_empty() {
                 println!("no plugins found");
             } else {
-                let mut t = super::table(&["name", "version", "kind", "world", "found in"]);
+                let mut t =
+                    super::table(&["name", "version", "kind", "world", "found in", "sha256"]);
                 for f in reg.plugins() {
                     let m = &f.manifest;
+                    let sha256 = m.component_sha256().unwrap_or_else(|e| format!("({e})"));
                     t.add_row(vec![
                         m.name.clone(),
                         m.version.to_string(),
                         m.kind.to_string(),
                         m.world.clone(),
                         format!("{} ({})", m.dir.display(), f.source),
+                        sha256,
                     ]);
                 }
                 println!("{t}");
@@ -277,6 +320,7 @@ pub(super) fn execute(args: PluginsArgs) -> Result<(), Failure> {
                 );
             }
         }
+        PluginsCommand::Lock { config } => lock(&args, config)?,
         PluginsCommand::Inspect { name } => {
             let reg = registry(&args)?;
             let found = reg.find(name).map_err(Failure::bad_input)?;

@@ -94,6 +94,7 @@ pub fn plan(
             let invalid = |key: &str, message: String| config.invalid(key, message);
             let mut settings = section.resolve(&invalid).map_err(TrainError::Config)?;
             settings.policy_limits = config.policy_limits(Some(&settings.auto_wrap_policy));
+            settings.policy_pin = config.pin(&settings.auto_wrap_policy);
             Some(settings)
         }
         None => None,

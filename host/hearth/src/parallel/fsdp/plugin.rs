@@ -165,6 +165,10 @@ pub struct FsdpSettings {
     /// The limits raised for the wrap-policy plugin, over its manifest's.
     #[serde(skip)]
     pub policy_limits: Option<hearth_plugins::LimitOverrides>,
+    /// The sha256 the wrap-policy plugin is pinned to (a run's
+    /// `hearth.lock`); its component must hash so.
+    #[serde(skip)]
+    pub policy_pin: Option<String>,
 }
 
 fn parse_bool(value: &str) -> Result<bool, String> {
@@ -437,6 +441,7 @@ impl FsdpPlugin {
             cpu_ram_efficient_loading,
             mixed_precision_policy,
             policy_limits: self.policy_limits.clone(),
+            policy_pin: None,
         })
     }
 }

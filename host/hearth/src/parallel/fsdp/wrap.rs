@@ -33,7 +33,8 @@ pub enum ShardingError {
 
 /// The module paths the configured policy wraps in `tree` (the root not
 /// listed), from the plugin named by `settings` on `search`, under its
-/// manifest's limits as `settings.policy_limits` raises them.
+/// manifest's limits as `settings.policy_limits` raises them, refused
+/// unless it hashes as `settings.policy_pin` says when that is set.
 pub fn policy_units(
     tree: &ModuleTree,
     settings: &FsdpSettings,
@@ -41,7 +42,8 @@ pub fn policy_units(
 ) -> Result<Vec<String>, ShardingError> {
     let registry = Registry::discover(search)?;
     let found = registry.find(&settings.auto_wrap_policy)?;
-    let manifest = found.manifest.with_limits(settings.policy_limits.as_ref());
+    let manifest = (found.manifest.with_limits(settings.policy_limits.as_ref()))
+        .with_pin(settings.policy_pin.as_deref());
     let policy = load_wrap_policy(&manifest)?;
     let modules = policy_modules(tree);
     let mut units = policy.units(&settings.policy_options.to_string(), &modules)?;

@@ -19,6 +19,10 @@ use serde::Deserialize;
 pub struct TrackerSection {
     /// The plugin's name (`hearth plugins list` shows what is installed).
     pub name: String,
+    /// The sha256 of the plugin's component, pinned: a component that
+    /// hashes otherwise is refused (`hearth plugins list` prints each one's).
+    #[serde(default)]
+    pub sha256: Option<String>,
     /// The plugin's options: the rest of the table.
     #[serde(flatten)]
     #[schemars(with = "serde_json::Map<String, serde_json::Value>")]

@@ -51,6 +51,9 @@ pub struct TrainConfig {
     /// The file this config was read from (paths in it are relative to its folder).
     #[serde(skip)]
     pub source: PathBuf,
+    /// The plugins pinned in `hearth.lock` beside it (empty without one).
+    #[serde(skip)]
+    pub lock: super::PluginLock,
 }
 
 /// The JSON Schema of a training config (`hearth config schema`), from
@@ -83,6 +86,7 @@ impl TrainConfig {
             message: e.to_string(),
         })?;
         config.source = path.into();
+        config.lock = super::PluginLock::read_for(path)?;
         config.validate()?;
         Ok(config)
     }
@@ -127,15 +131,9 @@ impl TrainConfig {
         plugin_names("trackers", "tracker", trackers, &invalid)?;
         let hooks = self.checkpoint_hooks.iter().map(|h| h.name.as_str());
         plugin_names("checkpoint-hooks", "checkpoint hook", hooks, &invalid)?;
-        let policy = match &self.fsdp {
-            Some(f) => Some(f.resolve(&invalid)?.auto_wrap_policy),
-            None => None,
-        };
-        let used: Vec<&str> = (self.trackers.iter().map(|t| t.name.as_str()))
-            .chain(self.checkpoint_hooks.iter().map(|h| h.name.as_str()))
-            .chain(self.scheduler.iter().map(|s| s.name.as_str()))
-            .chain(policy.as_deref())
-            .collect();
+        let used = self.used_plugins()?;
+        let used: Vec<&str> = used.iter().map(String::as_str).collect();
+        self.check_pins()?;
         let unused = |section: &str, name: &str| {
             invalid(
                 &format!("{section}.{name}"),
@@ -172,13 +170,90 @@ impl TrainConfig {
         Ok(())
     }
 
-    /// `manifest` with the limits `[plugin-limits.<its name>]` sets and
-    /// what `[plugin-permissions.<its name>]` grants of its asks.
+    /// The plugins this run uses: its trackers, checkpoint hooks,
+    /// scheduler and (sharded) wrap policy.
+    pub fn used_plugins(&self) -> Result<Vec<String>, ConfigError> {
+        let invalid = |key: &str, message: String| self.invalid(key, message);
+        let policy = match &self.fsdp {
+            Some(f) => Some(f.resolve(&invalid)?.auto_wrap_policy),
+            None => None,
+        };
+        Ok((self.trackers.iter().map(|t| t.name.clone()))
+            .chain(self.checkpoint_hooks.iter().map(|h| h.name.clone()))
+            .chain(self.scheduler.iter().map(|s| s.name.clone()))
+            .chain(policy)
+            .collect())
+    }
+
+    /// The `sha256` keys of the plugin tables: (the key, the plugin, the pin).
+    fn table_pins(&self) -> Vec<(String, &str, &str)> {
+        let mut pins = Vec::new();
+        for (i, t) in self.trackers.iter().enumerate() {
+            if let Some(pin) = &t.sha256 {
+                pins.push((
+                    format!("trackers[{i}].sha256"),
+                    t.name.as_str(),
+                    pin.as_str(),
+                ));
+            }
+        }
+        for (i, h) in self.checkpoint_hooks.iter().enumerate() {
+            if let Some(pin) = &h.sha256 {
+                pins.push((
+                    format!("checkpoint-hooks[{i}].sha256"),
+                    h.name.as_str(),
+                    pin.as_str(),
+                ));
+            }
+        }
+        if let Some(s) = &self.scheduler {
+            if let Some(pin) = &s.sha256 {
+                pins.push(("scheduler.sha256".into(), s.name.as_str(), pin.as_str()));
+            }
+        }
+        pins
+    }
+
+    /// Each table's pin is a sha256 and agrees with `hearth.lock`.
+    fn check_pins(&self) -> Result<(), ConfigError> {
+        for (key, name, pin) in self.table_pins() {
+            let pin = hearth_plugins::parse_pin(pin).map_err(|e| self.invalid(&key, e))?;
+            if let Some(locked) = self.lock.plugins.get(name).filter(|l| **l != pin) {
+                return Err(self.invalid(
+                    &key,
+                    format!(
+                        "pins `{name}` to {pin}, but {} pins it to {locked}: keep one",
+                        super::PluginLock::path_for(&self.source).display()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The sha256 the plugin `name` is pinned to: its table's, else
+    /// `hearth.lock`'s.
+    pub fn pin(&self, name: &str) -> Option<String> {
+        self.table_pin(name)
+            .or_else(|| self.lock.plugins.get(name).cloned())
+    }
+
+    /// The sha256 a table of this config (`sha256 = "…"`) pins `name` to.
+    pub fn table_pin(&self, name: &str) -> Option<String> {
+        self.table_pins()
+            .into_iter()
+            .find(|(_, n, _)| *n == name)
+            .map(|(_, _, pin)| pin.to_ascii_lowercase())
+    }
+
+    /// `manifest` with the limits `[plugin-limits.<its name>]` sets, what
+    /// `[plugin-permissions.<its name>]` grants of its asks, and its pin.
     pub fn plugin_manifest(&self, manifest: &hearth_plugins::Manifest) -> hearth_plugins::Manifest {
         let limited = manifest.with_limits(self.plugin_limits.get(&manifest.name));
         limited
             .with_grant(self.plugin_permissions.get(&manifest.name))
             .expect("grants are checked when the config is read")
+            .with_pin(self.pin(&manifest.name).as_deref())
     }
 
     /// What `[plugin-limits.<name>]` raises for the wrap policy `policy`
