@@ -6,6 +6,7 @@ import hashlib
 import json
 
 import torch
+import xxhash
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -78,6 +79,14 @@ def test_a_tampered_checkpoint_stops_the_resume_naming_the_hook_and_file(hearth,
     tampered = text.replace('"epoch": 0', '"epoch": 9')
     assert tampered != text and len(tampered) == len(text)
     victim.write_text(tampered)
+    # A tamperer, not a failing disk: hearth's own manifest is rewritten to
+    # match, so only the hook's sha256 can tell.
+    manifest_path = victim.parent / "hearth_checkpoint.json"
+    manifest = json.loads(manifest_path.read_text())
+    for f in manifest["files"]:
+        if f["name"] == "trainer_state.json":
+            f["xxh3"] = xxhash.xxh3_64_hexdigest(tampered.encode())
+    manifest_path.write_text(json.dumps(manifest))
     out = hearth("run", config, "--output-dir", tmp_path / "out", "--resume", "--steps", "30", "-q")
     assert out.returncode == 1, out.stdout + out.stderr
     assert "manifest-sha256" in out.stderr and "trainer_state.json has sha256" in out.stderr

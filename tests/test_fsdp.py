@@ -5,6 +5,7 @@ PyTorch class), and wrap policies and `[fsdp]` values that must stop a run."""
 import json
 import os
 import pathlib
+import random
 import signal
 import sys
 import time
@@ -606,3 +607,38 @@ def test_full_shard_on_text_evaluates_and_writes_its_model_on_two_processes(hear
     # 9 000 bytes, the last tenth held out: 13 windows of 65 bytes.
     assert summary["eval"]["kind"] == "validation-loss" and summary["eval"]["tokens"] == 13 * 64, summary["eval"]
     assert (run / "model.safetensors").exists()
+
+
+def test_a_flipped_bit_in_a_shard_another_rank_wrote_is_caught_and_resume_falls_back(hearth, hearth_bin, tmp_path):
+    """A sharded checkpoint's shard written by rank 1 (its hash came to the
+    writer with the gather that waits for every rank): one random bit
+    inverted at 20 positions; `verify` exits 1 naming the shard each time,
+    and a 2-process `--resume` skips the checkpoint and resumes from the
+    one before."""
+    table = fsdp_table("transformer-based", 'transformer-cls-names-to-wrap = ["Block"]').replace("SHARD_GRAD_OP", "FULL_SHARD")
+    table += 'state-dict-type = "SHARDED_STATE_DICT"\n'
+    text = job(table, steps=4).replace("log-every = 2\n", "log-every = 2\nsave-every = 2\n")
+    config = write_config(tmp_path, text)
+    saved = mpirun(hearth_bin, 2, "run", config, "--quiet", "--output-dir", tmp_path / "out", cwd=tmp_path)
+    assert saved.returncode == 0, saved.stderr
+    newest = tmp_path / "out" / "fsdp" / "checkpoints" / "checkpoint_1"
+    shard = newest / "pytorch_model_fsdp_0" / "shard-00002-model-00001-of-00001.safetensors"
+    assert shard.exists(), sorted(p.name for p in newest.rglob("*"))
+    rng = random.Random(7)
+    for i in range(20):
+        data = bytearray(shard.read_bytes())
+        end = 8 + int.from_bytes(data[:8], "little") if i == 0 else len(data)
+        pos = rng.randrange(end)
+        data[pos] ^= 1 << rng.randrange(8)
+        original = shard.read_bytes()
+        shard.write_bytes(bytes(data))
+        out = hearth("checkpoint", "verify", newest)
+        assert out.returncode == 1 and "pytorch_model_fsdp_0/shard-00002" in out.stderr, (i, pos, out.stderr)
+        if i == 19:
+            resumed = mpirun(hearth_bin, 2, "run", config, "--quiet", "--resume", "--steps", 6,
+                             "--output-dir", tmp_path / "out", cwd=tmp_path)
+            said = resumed.stdout + resumed.stderr
+            assert resumed.returncode == 0, said
+            assert "checkpoint_1 is damaged" in said and "checkpoint_0" in said, said
+        else:
+            shard.write_bytes(original)

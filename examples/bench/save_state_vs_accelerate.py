@@ -2,7 +2,8 @@
 ~1 GB fp32 model with its AdamW state (~3 GB on disk) on the CPU, in one run.
 
 Runs the peer script (shared/bench/peer_save_state.py) and hearth's
-(host/bench/src/bin/save_state.rs, sync and async, and SHARD_GRAD_OP with
+(host/bench/src/bin/save_state.rs, sync — also with content hashes off,
+HEARTH_CHECKPOINT_HASHES=off, to price them — and async, and SHARD_GRAD_OP with
 SHARDED_STATE_DICT on 4 processes under mpirun, each writing its quarter)
 alternately, ROUNDS times, each round in another order, and prints the
 medians and the ratios. Both time the save up to a finished
@@ -34,8 +35,9 @@ MPIRUN = ["mpirun", "--oversubscribe", "-n", "4"]
 os.environ.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 
 
-def run(cmd) -> dict:
-    text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+def run(cmd, env=None) -> dict:
+    text = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}).stdout.strip().splitlines()[-1]
     print("  " + text[:160])
     return parse(text)
 
@@ -59,7 +61,7 @@ def measure(rounds: int, sharded: bool = True) -> dict:
     peer = shared_bench_file("peer_save_state.py")
     if peer is None:
         sys.exit("shared/bench/peer_save_state.py not found (set HEARTH_SHARED_DIR)")
-    results = {"accelerate": [], "hearth": [], "hearth async": [], "hearth async again": [], "dd": []}
+    results = {"accelerate": [], "hearth": [], "hearth, no hashes": [], "hearth async": [], "hearth async again": [], "dd": []}
     if sharded:
         results["hearth sharded×4"] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -67,6 +69,8 @@ def measure(rounds: int, sharded: bool = True) -> dict:
             "dd": lambda: dd_write(tmp),
             "accelerate": lambda: run([sys.executable, str(peer), f"{tmp}/peer"]),
             "hearth": lambda: run([str(HEARTH), f"{tmp}/hearth", "sync"]),
+            # The same save and load without content hashes: what they cost.
+            "hearth, no hashes": lambda: run([str(HEARTH), f"{tmp}/hearth", "sync"], {"HEARTH_CHECKPOINT_HASHES": "off"}),
             "hearth async": lambda: run([str(HEARTH), f"{tmp}/hearth", "async"]),
             # The second async save of a process (the first one's buffers reused).
             "hearth async again": lambda: run([str(HEARTH), f"{tmp}/hearth", "async-again"]),
@@ -98,6 +102,9 @@ def main(rounds: int) -> None:
         print(f"  {k} returns to training after {returned:.2f} s")
     print(f"  ratio save GB/s hearth/accelerate = {med['hearth']['gbps'] / med['accelerate']['gbps']:.2f}")
     print(f"  ratio load time accelerate/hearth = {med['accelerate']['load'] / med['hearth']['load']:.2f}")
+    bare = med["hearth, no hashes"]
+    print(f"  content hashes cost: save time with/without = {med['hearth']['save'] / bare['save']:.3f}, "
+          f"load time with/without = {med['hearth']['load'] / bare['load']:.3f}")
     sharded = med["hearth sharded×4"]
     print(f"  ratio save time 1 process full / 4 processes sharded = {med['hearth']['save'] / sharded['save']:.2f}")
     print(f"  ratio load time 1 process full / 4 processes sharded = {med['hearth']['load'] / sharded['load']:.2f}")

@@ -156,6 +156,15 @@ impl Failure {
             code: EXIT_FAILURE,
         }
     }
+    /// A run stopped politely by a signal, its checkpoint saved: exit
+    /// status 75, which `hearth launch` and requeue scripts take as
+    /// "resume me".
+    pub(super) fn preempted(error: impl Into<anyhow::Error>) -> Self {
+        Self {
+            error: error.into(),
+            code: hearth::train::PREEMPTED_EXIT as u8,
+        }
+    }
     /// A config's model or data that could not be built outside a run:
     /// libtorch and I/O failures fail, everything else is the config's.
     pub(super) fn building(error: hearth::train::TrainError) -> Self {

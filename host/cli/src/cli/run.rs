@@ -60,6 +60,7 @@ pub(super) fn execute(args: RunArgs) -> Result<(), Failure> {
             hearth::profiling::ProfileError::Activity(_)
             | hearth::profiling::ProfileError::Schedule(_),
         ) => Failure::bad_input(e),
+        TrainError::Preempted { .. } => Failure::preempted(e),
         _ => Failure::failed(e),
     })?;
     if summary.process_index != 0 {

@@ -2,7 +2,7 @@
 //! `hearth checkpoint inspect` and `hearth checkpoint verify`.
 
 use super::safetensors_io::{open_mapped, CheckpointError};
-use super::state_dir::{verify_complete, MANIFEST_NAME};
+use super::state_dir::{verify_complete, verify_contents, MANIFEST_NAME};
 use std::path::{Path, PathBuf};
 
 /// One tensor of a safetensors file.
@@ -52,8 +52,9 @@ pub struct FileReport {
     pub tensors: Vec<TensorInfo>,
 }
 
-/// Checks a checkpoint folder completely: its manifest, every file's size,
-/// every safetensors file's header and data, every JSON file's syntax.
+/// Checks a checkpoint folder completely: its manifest, every file's size
+/// and content hash, every safetensors file's header and data, every JSON
+/// file's syntax.
 /// Returns what it found, file by file.
 pub fn verify_checkpoint(dir: &Path) -> Result<Vec<FileReport>, CheckpointError> {
     describe_checkpoint(dir, true)
@@ -67,6 +68,9 @@ pub fn describe_checkpoint(
     read_data: bool,
 ) -> Result<Vec<FileReport>, CheckpointError> {
     let manifest = verify_complete(dir)?;
+    if read_data {
+        verify_contents(dir, &manifest)?;
+    }
     let mut reports = Vec::new();
     for f in manifest.files {
         let path: PathBuf = dir.join(&f.name);

@@ -5,6 +5,7 @@
 //! folders are written whole or not at all, numbered, rotated and found.
 
 mod describe;
+pub mod digest;
 mod model_files;
 pub mod pretrained;
 mod safetensors_io;
@@ -27,6 +28,7 @@ pub use sharded::{
     HeldRows, Piece, ShardedTensors,
 };
 pub use state_dir::{
-    newest_complete, numbered_checkpoints, rotate, verify_complete, HookRecord, Manifest,
-    ManifestFile, StagedCheckpoint, TensorKey, MANIFEST_NAME,
+    newest_complete, newest_intact, numbered_checkpoints, rotate, set_aside, verify_complete,
+    verify_contents, verify_intact, HookRecord, Manifest, ManifestFile, StagedCheckpoint,
+    TensorKey, MANIFEST_NAME,
 };

@@ -1,12 +1,14 @@
 //! Reading and writing named tensors as safetensors.
 
+use super::digest::Hashing;
 use super::writeback::Writeback;
 use hearth_ops::durable::replace_atomically;
 pub(crate) use hearth_ops::tensor::{dtype_of, kind_of, tensor_bytes};
-use safetensors::tensor::{Dtype, SafeTensors, TensorView, View};
+use safetensors::tensor::{Dtype, Metadata, SafeTensors, TensorInfo, TensorView, View};
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use tch::{Device, Kind, Tensor};
 
@@ -59,6 +61,16 @@ pub enum CheckpointError {
         /// The folder.
         path: PathBuf,
         /// What is wrong.
+        why: String,
+    },
+    /// A file of the checkpoint no longer hashes as it did when written.
+    #[error(
+        "{path} is damaged: {why}; resume from an older checkpoint or restore this one from a copy"
+    )]
+    Damaged {
+        /// The checkpoint folder.
+        path: PathBuf,
+        /// Which file changed, and its hashes.
         why: String,
     },
     /// No checkpoint where one was looked for.
@@ -140,7 +152,12 @@ impl View for &ShapedView<'_> {
 }
 
 /// Writes `tensors` to `path` atomically, with `{"format": "pt"}` metadata.
-pub fn save_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), CheckpointError> {
+/// Returns the file's content hash ([`super::digest`]; none when hashes
+/// are off).
+pub fn save_safetensors(
+    path: &Path,
+    tensors: &[(String, Tensor)],
+) -> Result<Option<String>, CheckpointError> {
     save_safetensors_with(path, tensors, HashMap::new())
 }
 
@@ -149,7 +166,7 @@ pub(super) fn save_safetensors_with(
     path: &Path,
     tensors: &[(String, Tensor)],
     mut metadata: HashMap<String, String>,
-) -> Result<(), CheckpointError> {
+) -> Result<Option<String>, CheckpointError> {
     let mut cpu = Vec::with_capacity(tensors.len());
     for (name, t) in tensors {
         let kind = t.kind();
@@ -178,30 +195,73 @@ pub(super) fn save_safetensors_with(
         })
         .collect();
     metadata.insert("format".to_string(), "pt".to_string());
-    let metadata = Some(metadata);
     let refs: Vec<(&str, &ShapedView)> = views.iter().map(|(n, v)| (n.as_str(), v)).collect();
     // Streamed to the file tensor by tensor (no copy of the whole file in
-    // memory), then fsynced and renamed into place.
+    // memory) and hashed on the way, then fsynced and renamed into place.
     let mut format_error = None;
+    let mut digest = None;
     let written = replace_atomically(path, |tmp| {
         *writeback.borrow_mut() = Some(Writeback::new(tmp));
-        safetensors::serialize_to_file(refs, metadata, tmp).map_err(|e| match e {
+        let file = std::fs::File::create(tmp)?;
+        let mut out = Hashing::new(BufWriter::with_capacity(1 << 20, file));
+        write_safetensors(&mut out, refs, metadata).map_err(|e| match e {
             safetensors::SafeTensorError::IoError(io) => io,
             other => {
                 let message = other.to_string();
                 format_error = Some(message.clone());
                 std::io::Error::other(message)
             }
-        })
+        })?;
+        let (buffered, hash) = out.finish();
+        buffered.into_inner().map_err(|e| e.into_error())?;
+        digest = hash;
+        Ok(())
     });
     match (written, format_error) {
-        (Ok(()), _) => Ok(()),
+        (Ok(()), _) => Ok(digest),
         (Err(_), Some(message)) => Err(CheckpointError::Format {
             path: path.into(),
             message,
         }),
         (Err(source), None) => Err(CheckpointError::io(path)(source)),
     }
+}
+
+/// Writes a safetensors file to `out`, byte for byte as the safetensors
+/// crate's `serialize` lays it out (its `prepare`): tensors by descending
+/// dtype, then by name; an 8-byte little-endian header length; the header
+/// JSON padded with spaces to a multiple of 8; the data. Written here,
+/// rather than by `serialize_to_file`, so that the bytes pass through a
+/// hasher on their way.
+fn write_safetensors<V: View>(
+    out: &mut Hashing<impl Write>,
+    mut data: Vec<(&str, V)>,
+    metadata: HashMap<String, String>,
+) -> Result<(), safetensors::SafeTensorError> {
+    data.sort_by(|(ln, l), (rn, r)| r.dtype().cmp(&l.dtype()).then(ln.cmp(rn)));
+    let mut offset = 0;
+    let infos = data
+        .iter()
+        .map(|(name, v)| {
+            let n = v.data_len();
+            let info = TensorInfo {
+                dtype: v.dtype(),
+                shape: v.shape().to_vec(),
+                data_offsets: (offset, offset + n),
+            };
+            offset += n;
+            (name.to_string(), info)
+        })
+        .collect();
+    let header = Metadata::new(Some(metadata), infos)?;
+    let mut header = serde_json::to_string(&header)?.into_bytes();
+    header.resize(header.len().next_multiple_of(8), b' ');
+    out.write_all(&(header.len() as u64).to_le_bytes())?;
+    out.write_all(&header)?;
+    for (_, v) in data {
+        out.write_all_overlapped(&v.data())?;
+    }
+    Ok(())
 }
 
 /// A safetensors file mapped into memory.
@@ -300,6 +360,46 @@ pub fn read_safetensor(path: &Path, name: &str) -> Result<Tensor, CheckpointErro
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn files_are_byte_for_byte_what_the_safetensors_crate_writes() {
+        let tensors = [
+            (
+                "b.weight",
+                Tensor::from_slice(&[1.5f32, -2.0, 3.25, 0.0]).view([2, 2]),
+            ),
+            ("a.bias", Tensor::from_slice(&[7i64, -9])),
+            (
+                "c.half",
+                Tensor::from_slice(&[0.5f32, 1.0, 2.0]).to_kind(Kind::BFloat16),
+            ),
+            ("d.empty", Tensor::zeros([0, 3], (Kind::Float, Device::Cpu))),
+            ("a.mask", Tensor::from_slice(&[true, false, true])),
+        ];
+        let named: Vec<(String, Tensor)> = tensors
+            .iter()
+            .map(|(n, t)| (n.to_string(), t.shallow_clone()))
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.safetensors");
+        let digest = save_safetensors(&path, &named).unwrap();
+        let ours = std::fs::read(&path).unwrap();
+        let views: Vec<(String, TensorView)> = tensors
+            .iter()
+            .map(|(n, t)| {
+                let shape: Vec<usize> = t.size().iter().map(|&d| d as usize).collect();
+                (
+                    n.to_string(),
+                    TensorView::new(dtype_of(t.kind()).unwrap(), shape, tensor_bytes(t)).unwrap(),
+                )
+            })
+            .collect();
+        let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+        let theirs = safetensors::serialize(views, Some(metadata)).unwrap();
+        assert_eq!(ours, theirs);
+        assert_eq!(digest.unwrap(), super::super::digest::of_bytes(&theirs));
+    }
+
     use super::*;
 
     #[test]

@@ -81,7 +81,7 @@ pub struct HeldRows {
 
 /// Writes `pieces` to `path` (atomically), with the metadata torch's reader
 /// needs to place them.
-pub fn save_pieces(path: &Path, pieces: &[Piece]) -> Result<(), CheckpointError> {
+pub fn save_pieces(path: &Path, pieces: &[Piece]) -> Result<Option<String>, CheckpointError> {
     let info: serde_json::Map<String, serde_json::Value> = pieces
         .iter()
         .map(|p| {

@@ -1,7 +1,7 @@
 //! Checkpoint folders that are complete or absent: a save is written into a
 //! hidden temporary folder beside its destination, every file fsynced, a
-//! manifest (`hearth_checkpoint.json`, names and sizes) written last, and
-//! the folder renamed into place. A folder without a valid manifest is
+//! manifest (`hearth_checkpoint.json`: names, sizes and content hashes)
+//! written last, and the folder renamed into place. A folder without a valid manifest is
 //! incomplete and never loaded. Numbered checkpoints
 //! (`checkpoints/checkpoint_<n>`) are listed, rotated and found here.
 
@@ -49,6 +49,11 @@ pub struct ManifestFile {
     pub name: String,
     /// Size in bytes.
     pub size: u64,
+    /// Its content hash (xxh3-64, 16 hex digits; [`super::digest`]),
+    /// computed while it was written. Absent in checkpoints of a hearth
+    /// before hashes: those load on their sizes alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xxh3: Option<String>,
 }
 
 /// What an entry of a folder being written is.
@@ -107,7 +112,7 @@ impl StagedCheckpoint {
         })
     }
 
-    fn record(&mut self, name: &str) -> Result<(), CheckpointError> {
+    fn record(&mut self, name: &str, xxh3: Option<String>) -> Result<(), CheckpointError> {
         let path = self.tmp.join(name);
         let size = fs::metadata(&path)
             .map_err(CheckpointError::io(&path))?
@@ -115,6 +120,7 @@ impl StagedCheckpoint {
         self.files.push(ManifestFile {
             name: name.into(),
             size,
+            xxh3,
         });
         Ok(())
     }
@@ -125,21 +131,22 @@ impl StagedCheckpoint {
         name: &str,
         tensors: &[(String, Tensor)],
     ) -> Result<(), CheckpointError> {
-        save_safetensors(&self.tmp.join(name), tensors)?;
-        self.record(name)
+        let xxh3 = save_safetensors(&self.tmp.join(name), tensors)?;
+        self.record(name, xxh3)
     }
 
-    /// Records `name`, written into the folder by another process (its
-    /// own part of the checkpoint), as hearth's.
-    pub fn adopt(&mut self, name: &str) -> Result<(), CheckpointError> {
-        self.record(name)
+    /// Records `name`, written into the folder by this process or another
+    /// one (its own part of the checkpoint) with content hash `xxh3`, as
+    /// hearth's.
+    pub fn adopt(&mut self, name: &str, xxh3: Option<String>) -> Result<(), CheckpointError> {
+        self.record(name, xxh3)
     }
 
     /// Writes raw bytes as `name`.
     pub fn bytes(&mut self, name: &str, bytes: &[u8]) -> Result<(), CheckpointError> {
         let path = self.tmp.join(name);
         write_atomically(&path, |f| f.write_all(bytes)).map_err(CheckpointError::io(&path))?;
-        self.record(name)
+        self.record(name, super::digest::recorded(bytes))
     }
 
     /// Writes `value` as pretty JSON in `name`.
@@ -248,7 +255,16 @@ impl StagedCheckpoint {
                     File::open(&entry.path)
                         .and_then(|f| f.sync_all())
                         .map_err(CheckpointError::io(&entry.path))?;
-                    self.record(&entry.name)?;
+                    // A hook's file: hearth never saw its bytes, so it
+                    // reads them once (hooks' files are small).
+                    let xxh3 = match super::digest::enabled() {
+                        true => Some(
+                            super::digest::of_file(&entry.path)
+                                .map_err(CheckpointError::io(&entry.path))?,
+                        ),
+                        false => None,
+                    };
+                    self.record(&entry.name, xxh3)?;
                 }
                 EntryKind::Other => {
                     return Err(CheckpointError::State {
@@ -353,6 +369,53 @@ pub fn verify_complete(dir: &Path) -> Result<Manifest, CheckpointError> {
     Ok(manifest)
 }
 
+/// Checks every file of `dir` against the content hash `manifest`
+/// records for it (one read of each file). A file whose bytes changed —
+/// a flipped bit on the disk, in memory or on the way — is an error
+/// naming it and the checkpoint. A checkpoint without hashes (a hearth
+/// before them, or `HEARTH_CHECKPOINT_HASHES=off`, wrote it) passes, said
+/// once per process; with hashes off nothing is checked.
+pub fn verify_contents(dir: &Path, manifest: &Manifest) -> Result<(), CheckpointError> {
+    if !super::digest::enabled() {
+        return Ok(());
+    }
+    if manifest.files.iter().all(|f| f.xxh3.is_none()) && !manifest.files.is_empty() {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            tracing::warn!(
+                "{} records no content hashes (written by a hearth before them, or with \
+                 HEARTH_CHECKPOINT_HASHES=off): its files are checked by size only",
+                dir.display()
+            )
+        });
+        return Ok(());
+    }
+    for f in &manifest.files {
+        let Some(expected) = &f.xxh3 else { continue };
+        let path = dir.join(&f.name);
+        let actual = super::digest::of_file(&path).map_err(CheckpointError::io(&path))?;
+        if &actual != expected {
+            return Err(CheckpointError::Damaged {
+                path: dir.into(),
+                why: format!(
+                    "{} has changed since it was written (content hash {actual}, the manifest \
+                     recorded {expected})",
+                    f.name
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// [`verify_complete`] and [`verify_contents`]: the manifest, every file
+/// at its size, and every file's bytes as they were written.
+pub fn verify_intact(dir: &Path) -> Result<Manifest, CheckpointError> {
+    let manifest = verify_complete(dir)?;
+    verify_contents(dir, &manifest)?;
+    Ok(manifest)
+}
+
 /// The numbered checkpoints `checkpoint_<n>` in `folder`, by number.
 pub fn numbered_checkpoints(folder: &Path) -> Vec<(u64, PathBuf)> {
     let mut found: Vec<(u64, PathBuf)> = fs::read_dir(folder)
@@ -372,13 +435,61 @@ pub fn numbered_checkpoints(folder: &Path) -> Vec<(u64, PathBuf)> {
 /// The newest complete numbered checkpoint in `folder`; newer incomplete
 /// ones are skipped with a warning.
 pub fn newest_complete(folder: &Path) -> Option<(u64, PathBuf)> {
+    newest_passing(folder, verify_complete)
+}
+
+/// The newest numbered checkpoint in `folder` that is complete and whose
+/// files hash as they did when written (what a resume starts from), and
+/// the newer ones skipped, each with a warning that says why.
+pub fn newest_intact(folder: &Path) -> (Option<(u64, PathBuf)>, Vec<PathBuf>) {
+    let mut skipped = Vec::new();
     for (n, dir) in numbered_checkpoints(folder).into_iter().rev() {
-        match verify_complete(&dir) {
+        match verify_intact(&dir) {
+            Ok(_) => return (Some((n, dir)), skipped),
+            Err(e) => {
+                tracing::warn!("skipping checkpoint: {e}");
+                skipped.push(dir);
+            }
+        }
+    }
+    (None, skipped)
+}
+
+fn newest_passing(
+    folder: &Path,
+    check: impl Fn(&Path) -> Result<Manifest, CheckpointError>,
+) -> Option<(u64, PathBuf)> {
+    for (n, dir) in numbered_checkpoints(folder).into_iter().rev() {
+        match check(&dir) {
             Ok(_) => return Some((n, dir)),
             Err(e) => tracing::warn!("skipping checkpoint: {e}"),
         }
     }
     None
+}
+
+/// Moves a numbered checkpoint that a resume skipped (damaged or
+/// incomplete) out of the numbering, to `checkpoint_<n>.damaged` beside
+/// it (`.damaged-2`, … if taken), so that the resumed run's saves can take
+/// its number; nothing in it is deleted. Returns where it went.
+pub fn set_aside(dir: &Path) -> Result<PathBuf, CheckpointError> {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    let to = (1..)
+        .map(|i| match i {
+            1 => parent.join(format!("{name}.damaged")),
+            i => parent.join(format!("{name}.damaged-{i}")),
+        })
+        .find(|p| !p.exists())
+        .expect("an unused name");
+    fs::rename(dir, &to).map_err(CheckpointError::io(dir))?;
+    File::open(parent)
+        .and_then(|d| d.sync_all())
+        .map_err(CheckpointError::io(parent))?;
+    Ok(to)
 }
 
 /// Keeps the newest `limit` numbered checkpoints in `folder` (by number)

@@ -71,6 +71,10 @@ pub enum LaunchError {
         /// Its exit code, when it exited.
         code: Option<i32>,
     },
+    /// Every process stopped politely for a signal, its checkpoint saved
+    /// (exit status 75: resume me).
+    #[error("the job was stopped by a signal after saving a checkpoint; it resumes from it with --resume (or a restart)")]
+    Preempted,
     /// mpirun failed without naming a process.
     #[error("mpirun {0}")]
     Mpirun(String),
@@ -81,6 +85,7 @@ impl LaunchError {
     pub fn exit_code(&self) -> i32 {
         match self {
             LaunchError::RankFailed { code: Some(c), .. } if *c != 0 => *c,
+            LaunchError::Preempted => crate::train::PREEMPTED_EXIT,
             _ => 1,
         }
     }
@@ -147,6 +152,20 @@ pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
         match result {
             // A process failed (not the launch itself, and not on bad
             // input, exit 2, which would fail again): all start again.
+            // Stopped politely: a signal to the launcher (the scheduler
+            // taking the machine) ends the launch with status 75 for a
+            // requeue; one that reached a process alone is a restart.
+            Err(LaunchError::Preempted)
+                if !super::signals::Forwarding::get().signalled()
+                    && restarts < spec.max_restarts =>
+            {
+                restarts += 1;
+                eprintln!(
+                    "hearth launch: the processes stopped politely after a checkpoint; starting \
+                     them again from it (restart {restarts} of {})",
+                    spec.max_restarts
+                );
+            }
             Err(e @ (LaunchError::RankFailed { .. } | LaunchError::Mpirun(_)))
                 if restarts < spec.max_restarts && e.exit_code() != 2 =>
             {
@@ -390,16 +409,23 @@ fn launch_mpirun(spec: &LaunchSpec, run: &Restart) -> Result<(), LaunchError> {
     };
     let out = forward_mpirun(Box::new(child.stdout.take().expect("piped")), false);
     let err = forward_mpirun(Box::new(child.stderr.take().expect("piped")), true);
+    let forwarding = super::signals::Forwarding::get();
+    forwarding.set_mpirun(Some(child.id()));
     let status = child.wait().map_err(|source| LaunchError::Start {
         program: "mpirun".into(),
         source,
         hint: "the launcher lost its child",
-    })?;
+    });
+    forwarding.set_mpirun(None);
+    let status = status?;
     let _ = (out.join(), err.join());
     if status.success() {
         return Ok(());
     }
     let report = report.lock().unwrap_or_else(|p| p.into_inner());
+    if report.code == Some(crate::train::PREEMPTED_EXIT) {
+        return Err(LaunchError::Preempted);
+    }
     match report.rank {
         Some(rank) => Err(LaunchError::RankFailed {
             rank,
@@ -485,13 +511,23 @@ fn launch_spawn(spec: &LaunchSpec, run: &Restart) -> Result<(), LaunchError> {
         forwarders.push(forward(child.stderr.take().expect("piped"), prefix(true)));
         children.push((rank, child));
     }
+    let forwarding = super::signals::Forwarding::get();
+    forwarding.set_children(children.iter().map(|(_, c)| c.id()).collect());
     let mut running: Vec<usize> = (0..children.len()).collect();
+    // A process that stopped politely (status 75) is not a failure: the
+    // others agreed on the same step and stop on their own once the
+    // checkpoint is saved; signalling them now would cut the save short.
+    let mut preempted = false;
     let outcome = loop {
         let mut failed = None;
         running.retain(|&i| {
             let (rank, child) = &mut children[i];
             match child.try_wait() {
                 Ok(None) => true,
+                Ok(Some(status)) if status.code() == Some(crate::train::PREEMPTED_EXIT) => {
+                    preempted = true;
+                    false
+                }
                 Ok(Some(status)) => {
                     if !status.success() && failed.is_none() {
                         failed = Some((*rank, status));
@@ -510,10 +546,15 @@ fn launch_spawn(spec: &LaunchSpec, run: &Restart) -> Result<(), LaunchError> {
             });
         }
         if running.is_empty() {
-            break Ok(());
+            break if preempted {
+                Err(LaunchError::Preempted)
+            } else {
+                Ok(())
+            };
         }
         std::thread::sleep(Duration::from_millis(50));
     };
+    forwarding.set_children(Vec::new());
     for f in forwarders {
         let _ = f.join();
     }
@@ -522,7 +563,7 @@ fn launch_spawn(spec: &LaunchSpec, run: &Restart) -> Result<(), LaunchError> {
 
 /// The processes `pid` started, and theirs, from Linux's
 /// `/proc/<pid>/task/<tid>/children`.
-fn descendants(pid: u32) -> Vec<u32> {
+pub(super) fn descendants(pid: u32) -> Vec<u32> {
     let mut found = Vec::new();
     let mut pending = vec![pid];
     while let Some(p) = pending.pop() {

@@ -5,6 +5,7 @@
 
 mod config;
 mod launcher;
+mod signals;
 
 pub use config::{
     basic_config, default_launch_config_path, read_launch_config, write_basic_config, LaunchConfig,

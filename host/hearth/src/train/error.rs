@@ -102,6 +102,21 @@ pub enum TrainError {
         #[source]
         source: crate::checkpoint::pretrained::InitError,
     },
+    /// A signal asked for a polite stop: every process finished step
+    /// `step`, and `checkpoint` holds it (exit with
+    /// [`super::PREEMPTED_EXIT`]).
+    #[error(
+        "stopped by {signal} after step {step}; the checkpoint {checkpoint} holds it: resume with \
+         `hearth run CONFIG --resume` (the same output folder)"
+    )]
+    Preempted {
+        /// The last step taken.
+        step: u64,
+        /// The signal's name.
+        signal: &'static str,
+        /// The checkpoint saved at that step.
+        checkpoint: std::path::PathBuf,
+    },
     /// The loss became NaN or infinite.
     #[error("training diverged at step {step}: the loss is {loss}; lower optimizer.lr or set optimizer.max-grad-norm")]
     Diverged {

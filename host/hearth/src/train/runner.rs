@@ -43,7 +43,15 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
         registry.as_ref(),
         &run_dir,
     )?;
-    let trained = job.train(&mut acc, config, options, &run_dir)?;
+    let trained = match job.train(&mut acc, config, options, &run_dir) {
+        // Stopped by a signal: the trackers are flushed and finished as at
+        // a run's end; the checkpoint is saved.
+        Err(stopped @ TrainError::Preempted { .. }) => {
+            acc.end_training().map_err(TrainError::State)?;
+            return Err(stopped);
+        }
+        other => other?,
+    };
     let eval = job.evaluate(&acc, config)?;
     if let Some(e) = &eval {
         let mut values = eval_entries(e);
@@ -113,6 +121,8 @@ struct Job {
     grad_norm: Option<Tensor>,
     /// The step as a CUDA graph (`run.cuda-graph`).
     graphed: Option<GraphedStep>,
+    /// The signals that stop the run politely (`run.save-on-signal`).
+    preemption: Option<super::preempt::Preemption>,
 }
 
 /// The dataset and the model, built and checked before the run writes
@@ -197,6 +207,7 @@ impl Job {
             grad_norm: None,
             graphed: None,
             file_names,
+            preemption: super::preempt::from_config(&config.run)?,
         })
     }
 
@@ -297,9 +308,13 @@ impl Job {
                 (window_micro, window_steps, window_busy) = (0, 0, 0.0);
                 window_start = Instant::now();
             }
-            self.between_steps(acc, config, step, &progress)?;
+            let saved = self.between_steps(acc, config, step, &progress)?;
             if let Some(profile) = profile.as_mut() {
                 profile.step()?;
+            }
+            if let Some(signal) = super::preempt::agreed_signal(acc, self.preemption.as_ref())? {
+                progress.finish();
+                return Err(self.stop(acc, step, signal, saved)?);
             }
         }
         let timed_steps = (steps + 1).saturating_sub(self.first_step + warmup);
@@ -448,14 +463,46 @@ impl Job {
         })
     }
 
+    /// Stops politely after step `step` for `signal`: the checkpoint of
+    /// that step (`saved` if one was just saved, else a new one) written
+    /// and committed. Returns the error the run ends with.
+    fn stop(
+        &mut self,
+        acc: &mut Accelerator,
+        step: u64,
+        signal: i32,
+        saved: Option<std::path::PathBuf>,
+    ) -> Result<TrainError, TrainError> {
+        let checkpoint = match saved {
+            Some(saved) => saved,
+            None => acc.save_state(None).map_err(TrainError::State)?,
+        };
+        acc.wait_for_checkpoint().map_err(TrainError::State)?;
+        // No process leaves before the checkpoint is committed: a launcher
+        // (mpirun) stops the rest when one exits.
+        acc.wait_for_everyone()?;
+        let signal = super::preempt::signal_name(signal);
+        if let Some(history) = &mut self.history {
+            history
+                .event(step, &format!("stopped by {signal}"), &checkpoint)
+                .map_err(io_err(history.path()))?;
+        }
+        Ok(TrainError::Preempted {
+            step,
+            signal,
+            checkpoint,
+        })
+    }
+
     /// After optimizer step `step`: evaluation and checkpoints when due.
+    /// Returns the checkpoint saved, if one was.
     fn between_steps(
         &mut self,
         acc: &mut Accelerator,
         config: &TrainConfig,
         step: u64,
         progress: &Progress,
-    ) -> Result<(), TrainError> {
+    ) -> Result<Option<std::path::PathBuf>, TrainError> {
         if let Some(every) = config.eval.every {
             if step % every == 0 && step != self.steps {
                 if let Some(e) = self.evaluate(acc, config)? {
@@ -478,8 +525,9 @@ impl Job {
                     .event(step, "checkpoint", &saved)
                     .map_err(io_err(history.path()))?;
             }
+            return Ok(Some(saved));
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Each process scores its shard of the held-out data; the sums of all

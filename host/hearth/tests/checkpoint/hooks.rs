@@ -192,12 +192,24 @@ fn manifest_sha256_refuses_a_changed_byte_and_restores_nothing() {
     acc.load_state(None)
         .expect("an untouched checkpoint verifies");
 
-    // Same size, one byte different: only the hashes can tell.
+    // Same size, one byte different, and hearth's own manifest rewritten
+    // to match (a tamperer, not a failing disk): only the hook's sha256
+    // can tell.
     let victim = saved.join("optimizer.safetensors");
     let mut bytes = std::fs::read(&victim).unwrap();
     let last = bytes.len() - 1;
     bytes[last] ^= 0x40;
     std::fs::write(&victim, &bytes).unwrap();
+    let manifest_path = saved.join(hearth::checkpoint::MANIFEST_NAME);
+    let untouched_manifest = std::fs::read(&manifest_path).unwrap();
+    let mut manifest: hearth::checkpoint::Manifest =
+        serde_json::from_slice(&untouched_manifest).unwrap();
+    for f in &mut manifest.files {
+        if f.name == "optimizer.safetensors" {
+            f.xxh3 = Some(hearth::checkpoint::digest::of_bytes(&bytes));
+        }
+    }
+    std::fs::write(&manifest_path, serde_json::to_vec(&manifest).unwrap()).unwrap();
     zero(&vs);
     let err = acc.load_state(None).unwrap_err();
     let chain = format!("{:#}", anyhow::Error::from(err));
@@ -212,6 +224,7 @@ fn manifest_sha256_refuses_a_changed_byte_and_restores_nothing() {
     // A file added after the save is refused too.
     bytes[last] ^= 0x40;
     std::fs::write(&victim, &bytes).unwrap();
+    std::fs::write(&manifest_path, &untouched_manifest).unwrap();
     std::fs::write(saved.join("extra.txt"), "x").unwrap();
     let chain = format!(
         "{:#}",

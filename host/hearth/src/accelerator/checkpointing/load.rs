@@ -8,8 +8,8 @@ use super::{
     SchedulerFile, TrainerState,
 };
 use crate::checkpoint::{
-    load_safetensors, model_shards_dir, newest_complete, optimizer_shards_dir,
-    stage_checkpoint_in_model, verify_complete, CheckpointError, TensorKey,
+    load_safetensors, model_shards_dir, newest_intact, optimizer_shards_dir, set_aside,
+    stage_checkpoint_in_model, verify_complete, verify_intact, CheckpointError, TensorKey,
 };
 use crate::data::LoaderState;
 use crate::optim::{GroupState, OptimizerState};
@@ -29,8 +29,9 @@ impl Accelerator {
     }
 
     /// Restores a checkpoint written by [`save_state`](Self::save_state)
-    /// from `dir`, or — with `None` — the newest complete one of the
-    /// project (incomplete ones are skipped with a warning), and continues
+    /// from `dir`, or — with `None` — the newest intact one of the project
+    /// (incomplete ones, and ones whose files no longer hash as written,
+    /// are skipped with a warning that says why), and continues
     /// the iteration count after it. Every prepared object must have its
     /// counterpart in the checkpoint. All or nothing: every file is read
     /// and checked before anything is restored, and when an object refuses
@@ -39,13 +40,14 @@ impl Accelerator {
     pub fn load_state(&mut self, dir: Option<&Path>) -> Result<PathBuf, CheckpointError> {
         let _span = crate::profiling::span("hearth::load_state");
         self.wait_for_checkpoint()?;
-        let dir = match dir {
-            Some(d) => d.to_path_buf(),
+        // The newest intact checkpoint has had its files hashed already.
+        let (dir, hashed, skipped) = match dir {
+            Some(d) => (d.to_path_buf(), false, Vec::new()),
             None => {
                 let folder = self.project.checkpoints_dir();
-                newest_complete(&folder)
-                    .map(|(_, d)| d)
-                    .ok_or(CheckpointError::NotFound(folder))?
+                let (newest, skipped) = newest_intact(&folder);
+                let (_, newest) = newest.ok_or(CheckpointError::NotFound(folder))?;
+                (newest, true, skipped)
             }
         };
         // Every process checks and reads what it needs before anything is
@@ -54,7 +56,10 @@ impl Accelerator {
         // its own missing) stops every rank with its reason instead of
         // leaving the others waiting in the next collective.
         let checked = (|| {
-            let manifest = verify_complete(&dir)?;
+            let manifest = match hashed {
+                true => verify_complete(&dir)?,
+                false => verify_intact(&dir)?,
+            };
             let trainer: TrainerState = read_json(&dir.join("trainer_state.json"))?;
             check_counters(&dir, &trainer)?;
             // Hooks first: they may refuse the checkpoint before anything is restored.
@@ -62,6 +67,22 @@ impl Accelerator {
             Ok((trainer, restored))
         })();
         let (trainer, restored) = self.agree(&dir, checked)?;
+        // Every process is past its checks: the newer checkpoints skipped
+        // move out of the way of this run's saves (kept, not deleted).
+        if self.is_local_main_process() {
+            for skipped in skipped {
+                match set_aside(&skipped) {
+                    Ok(to) => tracing::warn!(
+                        "moved the skipped {} to {}, so that this run's saves can take its number",
+                        skipped.display(),
+                        to.display()
+                    ),
+                    Err(e) => {
+                        tracing::warn!("could not move the skipped {}: {e}", skipped.display())
+                    }
+                }
+            }
+        }
         // FULL_SHARD models are gathered whole to be read into (released
         // unchanged if the load fails).
         let sharded_model = |i: usize| dir.join(model_shards_dir(i)).is_dir();

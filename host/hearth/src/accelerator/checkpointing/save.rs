@@ -113,8 +113,8 @@ fn write_checkpoint(
             Part::Bytes(name, bytes) => staged.bytes(&name, &bytes)?,
             Part::Json(name, value) => staged.json(&name, &value)?,
             Part::Pieces(name, pieces) => {
-                write_pieces(staged.folder(), &name, &pieces)?;
-                staged.adopt(&name)?;
+                let xxh3 = write_pieces(staged.folder(), &name, &pieces)?;
+                staged.adopt(&name, xxh3)?;
             }
         }
     }
@@ -129,12 +129,12 @@ fn write_checkpoint(
 }
 
 /// Writes `pieces` as `name` (a path inside `folder`, whose folders are
-/// created).
+/// created); returns the file's content hash.
 fn write_pieces(
     folder: &Path,
     name: &str,
     pieces: &[crate::checkpoint::Piece],
-) -> Result<(), CheckpointError> {
+) -> Result<Option<String>, CheckpointError> {
     let path = folder.join(name);
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(CheckpointError::io(parent))?;
@@ -278,11 +278,13 @@ impl Accelerator {
             None => Ok(PathBuf::new()),
         };
         let folders = self.gather_object(&folder).map_err(disagree)?;
-        let written: Result<(), String> = match &folders[writers[me]] {
+        // Each process's files, with the content hash each had as it was
+        // written: the writer records them without reading them.
+        let written: Result<Vec<(String, Option<String>)>, String> = match &folders[writers[me]] {
             Ok(folder) if staged.is_none() => self
                 .write_process_parts(folder, dest)
                 .map_err(|e| format!("{e:#}")),
-            _ => Ok(()),
+            _ => Ok(Vec::new()),
         };
         let all = self.gather_object(&written).map_err(disagree)?;
         if let Some((writer, Err(m))) = folders.iter().enumerate().find(|(_, f)| f.is_err()) {
@@ -305,8 +307,18 @@ impl Accelerator {
         };
         let mine = (0..self.num_processes()).filter(|&r| r != me && writers[r] == me);
         for rank in mine {
+            let hashes: std::collections::HashMap<&str, &Option<String>> = match &all[rank] {
+                Ok(files) => files.iter().map(|(n, h)| (n.as_str(), h)).collect(),
+                Err(_) => unreachable!("a failed rank returned above"),
+            };
             for name in self.process_part_names(rank) {
-                staged.adopt(&name)?;
+                let Some(xxh3) = hashes.get(name.as_str()) else {
+                    return Err(state_err(
+                        dest,
+                        format!("rank {rank} did not report writing {name}"),
+                    ));
+                };
+                staged.adopt(&name, (*xxh3).clone())?;
             }
         }
         Ok(Some(staged))
@@ -370,25 +382,37 @@ impl Accelerator {
     }
 
     /// Writes this process's own parts into the main process's staging
-    /// `folder` (each file atomically and durably).
-    fn write_process_parts(&self, folder: &Path, dest: &Path) -> Result<(), CheckpointError> {
+    /// `folder` (each file atomically and durably); returns each file's
+    /// name and content hash.
+    fn write_process_parts(
+        &self,
+        folder: &Path,
+        dest: &Path,
+    ) -> Result<Vec<(String, Option<String>)>, CheckpointError> {
+        let mut written = Vec::new();
         for part in self.process_parts(dest)? {
-            match part {
+            let (name, xxh3) = match part {
                 Part::Tensors(name, tensors) => {
-                    crate::checkpoint::save_safetensors(&folder.join(name), &tensors)?
+                    let xxh3 = crate::checkpoint::save_safetensors(&folder.join(&name), &tensors)?;
+                    (name, xxh3)
                 }
                 Part::Bytes(name, bytes) => {
-                    let path = folder.join(name);
+                    let path = folder.join(&name);
                     hearth_ops::durable::write_atomically(&path, |f| {
                         std::io::Write::write_all(f, &bytes)
                     })
-                    .map_err(CheckpointError::io(&path))?
+                    .map_err(CheckpointError::io(&path))?;
+                    (name, crate::checkpoint::digest::recorded(&bytes))
                 }
-                Part::Pieces(name, pieces) => write_pieces(folder, &name, &pieces)?,
+                Part::Pieces(name, pieces) => {
+                    let xxh3 = write_pieces(folder, &name, &pieces)?;
+                    (name, xxh3)
+                }
                 Part::Json(..) => unreachable!("a process's own parts are tensors and bytes"),
-            }
+            };
+            written.push((name, xxh3));
         }
-        Ok(())
+        Ok(written)
     }
 
     /// Waits for a background save (see [`save_state`](Self::save_state))

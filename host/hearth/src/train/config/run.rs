@@ -73,6 +73,27 @@ pub struct RunSection {
     /// `[fsdp]`, and Adam or AdamW; shapes must not change.
     #[serde(default)]
     pub cuda_graph: bool,
+    /// Signals that stop the run politely: every process finishes the step
+    /// it is in, they agree on the step, a checkpoint is saved, and hearth
+    /// exits with status 75 (resume me). Default `["SIGTERM", "SIGUSR1"]`
+    /// (what SLURM, Kubernetes and spot instances send, and what SLURM's
+    /// `--signal` sends by default); `[]` leaves them their default (an
+    /// immediate stop). Also `SIGUSR2`, `SIGINT`.
+    #[serde(default = "default_save_on_signal")]
+    pub save_on_signal: Vec<String>,
+    /// Seconds a polite stop may take after its signal before hearth stops
+    /// at once (the last complete checkpoint stays). Default 90: set it
+    /// below the time your scheduler waits before it kills.
+    #[serde(default = "default_signal_grace_seconds")]
+    pub signal_grace_seconds: u64,
+}
+
+fn default_save_on_signal() -> Vec<String> {
+    vec!["SIGTERM".into(), "SIGUSR1".into()]
+}
+
+fn default_signal_grace_seconds() -> u64 {
+    90
 }
 
 fn default_output_dir() -> PathBuf {
@@ -117,6 +138,18 @@ impl RunSection {
                 "run.gradient-accumulation-steps",
                 "must be at least 1".into(),
             ));
+        }
+        for name in &self.save_on_signal {
+            if crate::train::preempt::signal_number(name).is_none() {
+                let names: Vec<&str> = crate::train::preempt::SIGNALS
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect();
+                return Err(invalid(
+                    "run.save-on-signal",
+                    format!("names {name:?}, which is not one of {}", names.join(", ")),
+                ));
+            }
         }
         if self.save_every == Some(0) {
             return Err(invalid("run.save-every", "must be at least 1".into()));
