@@ -286,6 +286,7 @@ def test_a_swapped_plugin_is_refused_by_its_pin_naming_both_hashes(hearth, tmp_p
     assert out.returncode == 0, out.stderr
 
 
+
 def plugin_lines(out, name):
     return [l for l in out.stderr.splitlines() if f"[plugin {name} stdout]" in l]
 

@@ -34,25 +34,35 @@ entity { name } } } inserted } }";
 /// Where the run's history goes on the server, and how much it has.
 #[derive(Clone)]
 struct Stream {
+    /// The W&B run it belongs to.
+    id: String,
     entity: String,
     project: String,
     offset: u64,
 }
 
 impl Stream {
-    fn read() -> Option<Self> {
+    /// The stream kept for run `id` (another run's is not this one's).
+    fn read(id: &str) -> Option<Self> {
         let doc: Json = serde_json::from_str(&std::fs::read_to_string(STREAM_FILE).ok()?).ok()?;
+        (doc["id"].as_str()? == id).then_some(())?;
         Some(Stream {
+            id: id.to_string(),
             entity: doc["entity"].as_str()?.to_string(),
             project: doc["project"].as_str()?.to_string(),
             offset: doc["offset"].as_u64()?,
         })
     }
 
-    fn keep(&self) -> Result<(), Attempt> {
-        let doc = json!({"entity": self.entity, "project": self.project, "offset": self.offset});
-        hearth_guest::files::write_atomically(STREAM_FILE, &doc.to_string())
-            .map_err(|e| Attempt::Refused(format!("{STREAM_FILE}: {e}")))
+    /// Keeps it for a fresh instance; a failure is said, not a reason to
+    /// count delivered rows as lost.
+    fn keep(&self) {
+        let doc = json!({"id": self.id, "entity": self.entity, "project": self.project, "offset": self.offset});
+        if let Err(e) = hearth_guest::files::write_atomically(STREAM_FILE, &doc.to_string()) {
+            hearth_guest::log::warn(&format!(
+                "{STREAM_FILE}: {e}; a fresh instance would start this run's history anew"
+            ));
+        }
     }
 }
 
@@ -81,7 +91,8 @@ impl Api {
 
     /// The stream: kept, read back, or made now with `upsertBucket`.
     fn stream(&self) -> Result<Stream, Attempt> {
-        if let Some(stream) = self.stream.borrow().clone().or_else(Stream::read) {
+        if let Some(stream) = (self.stream.borrow().clone()).or_else(|| Stream::read(&self.run.id))
+        {
             return Ok(stream);
         }
         let config = json_object(&self.run.config.iter().cloned().collect(), |v| {
@@ -113,11 +124,12 @@ impl Api {
             )));
         };
         let stream = Stream {
+            id: self.run.id.clone(),
             entity: entity.to_string(),
             project: name.to_string(),
             offset: 0,
         };
-        stream.keep()?;
+        stream.keep();
         *self.stream.borrow_mut() = Some(stream.clone());
         Ok(stream)
     }
@@ -165,8 +177,8 @@ impl Api {
         );
         self.post(&path, &body)?;
         stream.offset += rows.len() as u64;
-        stream.keep()?;
-        *self.stream.borrow_mut() = Some(stream);
+        *self.stream.borrow_mut() = Some(stream.clone());
+        stream.keep();
         Ok(())
     }
 }

@@ -166,8 +166,12 @@ pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
                     spec.max_restarts
                 );
             }
+            // Not on a machine being taken away (the launcher was
+            // signalled): a process it cut short failed for that.
             Err(e @ (LaunchError::RankFailed { .. } | LaunchError::Mpirun(_)))
-                if restarts < spec.max_restarts && e.exit_code() != 2 =>
+                if restarts < spec.max_restarts
+                    && e.exit_code() != 2
+                    && !super::signals::Forwarding::get().signalled() =>
             {
                 restarts += 1;
                 eprintln!(
@@ -522,7 +526,11 @@ fn launch_spawn(spec: &LaunchSpec, run: &Restart) -> Result<(), LaunchError> {
         let mut failed = None;
         running.retain(|&i| {
             let (rank, child) = &mut children[i];
-            match child.try_wait() {
+            let ended = child.try_wait();
+            if !matches!(ended, Ok(None)) {
+                forwarding.forget(child.id());
+            }
+            match ended {
                 Ok(None) => true,
                 Ok(Some(status)) if status.code() == Some(crate::train::PREEMPTED_EXIT) => {
                     preempted = true;

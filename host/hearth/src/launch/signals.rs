@@ -9,6 +9,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 const FORWARDED: [i32; 3] = [libc::SIGTERM, libc::SIGUSR1, libc::SIGUSR2];
 
+/// Whether `pid` is one of mpirun's ranks (not a daemon of its, `ssh`,
+/// `srun`, …): Open MPI gives each rank its `OMPI_COMM_WORLD_RANK`.
+fn is_rank(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
+        env.split(|b| *b == 0)
+            .any(|v| v.starts_with(b"OMPI_COMM_WORLD_RANK="))
+    })
+}
+
 /// The launcher's processes of the current start, and whether a signal
 /// reached the launcher itself.
 #[derive(Default)]
@@ -37,7 +46,9 @@ impl Forwarding {
                             // Under mpirun: its processes, straight (mpirun
                             // would take a SIGTERM as a reason to kill them).
                             if let Some(mpirun) = *passed.mpirun.lock().unwrap_or_else(|p| p.into_inner()) {
-                                children.extend(super::launcher::descendants(mpirun));
+                                children.extend(
+                                    super::launcher::descendants(mpirun).into_iter().filter(|&p| is_rank(p)),
+                                );
                             }
                             eprintln!(
                                 "hearth launch: got signal {signal}; passing it to the {} processes",
@@ -59,6 +70,14 @@ impl Forwarding {
     /// The processes a signal goes to from now on.
     pub(super) fn set_children(&self, pids: Vec<u32>) {
         *self.children.lock().unwrap_or_else(|p| p.into_inner()) = pids;
+    }
+
+    /// A process that ended (reaped): no signal goes to its pid again.
+    pub(super) fn forget(&self, pid: u32) {
+        self.children
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|&p| p != pid);
     }
 
     /// mpirun, whose processes a signal goes to from now on (`None`: no

@@ -7,9 +7,18 @@
 //! being written is then abandoned whole, and the previous one stays
 //! intact.
 
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// A second signal this soon after the first, and the same one, is the
+/// same stop delivered twice (a scheduler signals every process, and
+/// `hearth launch` passes its own on), not a demand to stop at once.
+const SAME_STOP: Duration = Duration::from_secs(3);
+
+/// Processes of a run over several agree on a stop every this many steps
+/// (one small collective each time); one process checks every step.
+pub const AGREE_EVERY: u64 = 10;
 
 /// The exit status of a run stopped by a signal once its checkpoint is
 /// saved: 75 (EX_TEMPFAIL, "try again later"). `hearth launch
@@ -38,9 +47,18 @@ pub fn signal_name(number: i32) -> &'static str {
 }
 
 /// The signals this process takes as a polite stop, and the first one it
-/// got.
+/// got. Dropped, it stops handling them (its grace timer with it).
 pub struct Preemption {
     received: Arc<AtomicI32>,
+    handle: signal_hook::iterator::Handle,
+    disarmed: Arc<AtomicBool>,
+}
+
+impl Drop for Preemption {
+    fn drop(&mut self) {
+        self.disarmed.store(true, Ordering::SeqCst);
+        self.handle.close();
+    }
 }
 
 impl Preemption {
@@ -49,24 +67,39 @@ impl Preemption {
     /// the process exits at once; a second exits at once.
     pub fn install(signals: &[i32], grace: Duration) -> std::io::Result<Self> {
         let received = Arc::new(AtomicI32::new(0));
+        let disarmed = Arc::new(AtomicBool::new(false));
         let mut waiting = signal_hook::iterator::Signals::new(signals)?;
+        let handle = waiting.handle();
         let first = Arc::clone(&received);
+        let off = Arc::clone(&disarmed);
         std::thread::Builder::new()
             .name("hearth-signals".into())
             .spawn(move || {
+                let mut since: Option<Instant> = None;
                 for signal in waiting.forever() {
                     let name = signal_name(signal);
-                    if first.swap(signal, Ordering::SeqCst) != 0 {
+                    let before = first.load(Ordering::SeqCst);
+                    if before != 0 {
+                        let repeat = before == signal && since.is_some_and(|t| t.elapsed() < SAME_STOP);
+                        if repeat {
+                            continue;
+                        }
                         eprintln!("hearth: {name} again: stopping at once (the last complete checkpoint stays)");
                         std::process::exit(128 + signal);
                     }
+                    first.store(signal, Ordering::SeqCst);
+                    since = Some(Instant::now());
                     tracing::warn!(
                         "{name}: finishing this step, then saving a checkpoint and stopping \
                          (a second signal, or {} s, stops at once)",
                         grace.as_secs()
                     );
+                    let off = Arc::clone(&off);
                     std::thread::spawn(move || {
                         std::thread::sleep(grace);
+                        if off.load(Ordering::SeqCst) {
+                            return; // the run ended (a library's caller goes on)
+                        }
                         eprintln!(
                             "hearth: the {} s grace after {name} ran out: stopping at once (the last complete checkpoint stays)",
                             grace.as_secs()
@@ -75,7 +108,11 @@ impl Preemption {
                     });
                 }
             })?;
-        Ok(Self { received })
+        Ok(Self {
+            received,
+            handle,
+            disarmed,
+        })
     }
 
     /// The signal this process got, if it got one.
@@ -108,12 +145,13 @@ pub(super) fn from_config(
         })
 }
 
-/// The signal that stops the run after this step, agreed by every process
-/// (the largest signal number any of them got: one collective of one
-/// number per step when there are several), or none.
+/// The signal that stops the run after step `step`, agreed by every
+/// process (the largest signal number any of them got: one collective of
+/// one number every [`AGREE_EVERY`] steps when there are several), or none.
 pub(super) fn agreed_signal(
     acc: &crate::accelerator::Accelerator,
     preemption: Option<&Preemption>,
+    step: u64,
 ) -> Result<Option<i32>, super::TrainError> {
     let Some(preemption) = preemption else {
         return Ok(None);
@@ -121,6 +159,9 @@ pub(super) fn agreed_signal(
     let mine = preemption.received().unwrap_or(0);
     if acc.num_processes() == 1 {
         return Ok((mine != 0).then_some(mine));
+    }
+    if step % AGREE_EVERY != 0 {
+        return Ok(None);
     }
     let agreed = acc.reduce(
         &tch::Tensor::from_slice(&[mine as f32]),
@@ -142,7 +183,7 @@ mod tests {
     }
 
     #[test]
-    fn a_signal_is_recorded_and_the_process_goes_on() {
+    fn a_signal_delivered_twice_at_once_is_one_stop_and_the_process_goes_on() {
         let p = Preemption::install(&[libc::SIGUSR2], Duration::from_secs(60)).unwrap();
         assert_eq!(p.received(), None);
         // SAFETY: raise(3) sends a signal to this process; it is handled.
@@ -152,5 +193,12 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert_eq!(p.received(), Some(libc::SIGUSR2));
+        // The same signal again at once (the scheduler's and the launcher's
+        // copies) is the same stop: this test process is still here.
+        unsafe { libc::raise(libc::SIGUSR2) };
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(p.received(), Some(libc::SIGUSR2));
+        // Dropped, it stops handling the signal and disarms its timer.
+        drop(p);
     }
 }

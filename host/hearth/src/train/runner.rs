@@ -43,15 +43,9 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
         registry.as_ref(),
         &run_dir,
     )?;
-    let trained = match job.train(&mut acc, config, options, &run_dir) {
-        // Stopped by a signal: the trackers are flushed and finished as at
-        // a run's end; the checkpoint is saved.
-        Err(stopped @ TrainError::Preempted { .. }) => {
-            acc.end_training().map_err(TrainError::State)?;
-            return Err(stopped);
-        }
-        other => other?,
-    };
+    // Stopped by a signal, it returns the error after its checkpoint and
+    // the trackers' end.
+    let trained = job.train(&mut acc, config, options, &run_dir)?;
     let eval = job.evaluate(&acc, config)?;
     if let Some(e) = &eval {
         let mut values = eval_entries(e);
@@ -312,7 +306,9 @@ impl Job {
             if let Some(profile) = profile.as_mut() {
                 profile.step()?;
             }
-            if let Some(signal) = super::preempt::agreed_signal(acc, self.preemption.as_ref())? {
+            if let Some(signal) =
+                super::preempt::agreed_signal(acc, self.preemption.as_ref(), step)?
+            {
                 progress.finish();
                 return Err(self.stop(acc, step, signal, saved)?);
             }
@@ -478,15 +474,17 @@ impl Job {
             None => acc.save_state(None).map_err(TrainError::State)?,
         };
         acc.wait_for_checkpoint().map_err(TrainError::State)?;
-        // No process leaves before the checkpoint is committed: a launcher
-        // (mpirun) stops the rest when one exits.
-        acc.wait_for_everyone()?;
         let signal = super::preempt::signal_name(signal);
         if let Some(history) = &mut self.history {
             history
                 .event(step, &format!("stopped by {signal}"), &checkpoint)
                 .map_err(io_err(history.path()))?;
         }
+        // The trackers flushed and finished as at a run's end, and then no
+        // process leaves before every one is done: a launcher (mpirun)
+        // stops the rest when one exits.
+        acc.end_training().map_err(TrainError::State)?;
+        acc.wait_for_everyone()?;
         Ok(TrainError::Preempted {
             step,
             signal,

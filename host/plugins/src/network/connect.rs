@@ -91,16 +91,33 @@ fn is_public_v4(ip: Ipv4Addr) -> bool {
         || a == 0
         || (a == 100 && (64..128).contains(&b)) // shared, RFC 6598
         || (a == 198 && (18..20).contains(&b)) // benchmarking, RFC 2544
+        || (a == 192 && b == 0 && ip.octets()[2] == 0) // IETF protocol assignments
         || a >= 240) // reserved
 }
 
 fn is_public_v6(ip: Ipv6Addr) -> bool {
-    let first = ip.segments()[0];
+    let s = ip.segments();
+    let first = s[0];
+    let embedded =
+        |hi: u16, lo: u16| Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8);
+    // Addresses that carry an IPv4 address are judged by it: NAT64
+    // (64:ff9b::/96 and the local-use 64:ff9b:1::/48), 6to4 (2002::/16),
+    // IPv4-compatible (::/96).
+    if (s[0], s[1]) == (0x64, 0xff9b) {
+        return is_public_v4(embedded(s[6], s[7]));
+    }
+    if first == 0x2002 {
+        return is_public_v4(embedded(s[1], s[2]));
+    }
+    if s[..6] == [0; 6] && !ip.is_loopback() && !ip.is_unspecified() {
+        return is_public_v4(embedded(s[6], s[7]));
+    }
     !(ip.is_loopback()
         || ip.is_unspecified()
         || ip.is_multicast()
         || (first & 0xfe00) == 0xfc00 // unique local, fc00::/7
         || (first & 0xffc0) == 0xfe80 // link-local, fe80::/10
+        || (first & 0xffc0) == 0xfec0 // site-local (deprecated), fec0::/10
         || (first == 0x2001 && ip.segments()[1] == 0x0db8)) // documentation
 }
 
@@ -285,6 +302,7 @@ mod tests {
             "8.8.8.8",
             "2606:4700::1111",
             "::ffff:1.1.1.1",
+            "64:ff9b::808:808",
         ] {
             assert!(is_public(ip(public)), "{public}");
         }
@@ -309,6 +327,12 @@ mod tests {
             "2001:db8::1",
             "::ffff:127.0.0.1",
             "::ffff:169.254.169.254",
+            "64:ff9b::a00:5",
+            "64:ff9b:1::a00:5",
+            "2002:a00:5::1",
+            "::a00:5",
+            "fec0::1",
+            "192.0.0.8",
         ] {
             assert!(!is_public(ip(special)), "{special}");
         }

@@ -46,8 +46,10 @@ impl Accelerator {
             None => {
                 let folder = self.project.checkpoints_dir();
                 let (newest, skipped) = newest_intact(&folder);
-                let (_, newest) = newest.ok_or(CheckpointError::NotFound(folder))?;
-                (newest, true, skipped)
+                let newest = newest
+                    .map(|(_, d)| d)
+                    .ok_or_else(|| CheckpointError::NotFound(folder.clone()));
+                (self.agree_on_checkpoint(&folder, newest)?, true, skipped)
             }
         };
         // Every process checks and reads what it needs before anything is
@@ -68,8 +70,13 @@ impl Accelerator {
         })();
         let (trainer, restored) = self.agree(&dir, checked)?;
         // Every process is past its checks: the newer checkpoints skipped
-        // move out of the way of this run's saves (kept, not deleted).
-        if self.is_local_main_process() {
+        // move out of the way of this run's saves (kept, not deleted), by
+        // the one process that writes checkpoints there.
+        let writer = match self.project.save_on_each_node {
+            true => self.is_local_main_process(),
+            false => self.is_main_process(),
+        };
+        if writer {
             for skipped in skipped {
                 match set_aside(&skipped) {
                     Ok(to) => tracing::warn!(
@@ -133,6 +140,46 @@ impl Accelerator {
     /// on every process, the failed rank's own on that rank and, on the
     /// others, which rank failed and why. A collective when there are
     /// several processes.
+    /// The newest intact checkpoint every process found (each looked for
+    /// itself): one that some process could not find, or processes that
+    /// found different ones (a file that reads otherwise on one machine),
+    /// stop them all, saying so.
+    fn agree_on_checkpoint(
+        &self,
+        folder: &Path,
+        mine: Result<PathBuf, CheckpointError>,
+    ) -> Result<PathBuf, CheckpointError> {
+        if self.num_processes() < 2 {
+            return mine;
+        }
+        let said = mine
+            .as_ref()
+            .map(|d| d.display().to_string())
+            .map_err(|e| format!("{e:#}"));
+        let all = self
+            .gather_object(&said)
+            .map_err(|e| state_err(folder, format!("the processes could not agree: {e}")))?;
+        let mine = mine?;
+        if let Some((rank, Err(m))) = all.iter().enumerate().find(|(_, r)| r.is_err()) {
+            return Err(state_err(
+                folder,
+                format!("rank {rank} found no checkpoint to resume from: {m}"),
+            ));
+        }
+        let found: Vec<String> = all.into_iter().filter_map(Result::ok).collect();
+        if found.iter().any(|f| *f != found[0]) {
+            return Err(state_err(
+                folder,
+                format!(
+                    "the processes found different newest intact checkpoints ({}): a file reads \
+                     differently on some machine; check its file system",
+                    found.join(", ")
+                ),
+            ));
+        }
+        Ok(mine)
+    }
+
     fn agree<T>(&self, dir: &Path, mine: Result<T, CheckpointError>) -> Result<T, CheckpointError> {
         if self.num_processes() < 2 {
             return mine;

@@ -216,6 +216,7 @@ impl TrainConfig {
 
     /// Each table's pin is a sha256 and agrees with `hearth.lock`.
     fn check_pins(&self) -> Result<(), ConfigError> {
+        // One table per plugin: a config names a plugin once (checked above).
         for (key, name, pin) in self.table_pins() {
             let pin = hearth_plugins::parse_pin(pin).map_err(|e| self.invalid(&key, e))?;
             if let Some(locked) = self.lock.plugins.get(name).filter(|l| **l != pin) {
