@@ -152,9 +152,13 @@ impl Accelerator {
         if self.num_processes() < 2 {
             return mine;
         }
+        // By name: with save_on_each_node each machine has its own folder.
         let said = mine
             .as_ref()
-            .map(|d| d.display().to_string())
+            .map(|d| {
+                d.file_name()
+                    .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+            })
             .map_err(|e| format!("{e:#}"));
         let all = self
             .gather_object(&said)
