@@ -75,7 +75,9 @@ pub fn describe_checkpoint(
     for f in manifest.files {
         let path: PathBuf = dir.join(&f.name);
         let tensors = if f.name.ends_with(".safetensors") {
-            tensor_infos(&path, read_data)?
+            // A file whose hash was just checked has had every byte read:
+            // its tensors' data need not be read again, only its header.
+            tensor_infos(&path, read_data && f.xxh3.is_none())?
         } else {
             Vec::new()
         };
