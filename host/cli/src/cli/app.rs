@@ -66,10 +66,14 @@ pub(super) fn init_logging() {
 pub fn main() -> u8 {
     // Output piped into `head` ends quietly, as other command-line tools
     // do, instead of panicking on a broken pipe.
-    // SAFETY: restoring the default disposition of one signal, before any
-    // thread starts.
+    // A file past the size limit (`ulimit -f`) fails its write with EFBIG,
+    // which a checkpoint reports with the limit, instead of SIGXFSZ ending
+    // the process without a word.
+    // SAFETY: setting the disposition of two signals, before any thread
+    // starts.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
     let cli = Cli::parse();
     init_logging();

@@ -11,6 +11,7 @@ pub mod pretrained;
 mod safetensors_io;
 mod sharded;
 mod state_dir;
+pub mod storage;
 mod writeback;
 
 pub use describe::{

@@ -73,6 +73,15 @@ pub enum CheckpointError {
         /// Which file changed, and its hashes.
         why: String,
     },
+    /// Storage refused the save: a full file system, a used-up quota, a
+    /// file size limit or a failing disk (see `checkpoint::storage`).
+    #[error("{message}")]
+    Storage {
+        /// The checkpoint.
+        path: PathBuf,
+        /// Which file system, the bytes needed and free, what to do.
+        message: String,
+    },
     /// No checkpoint where one was looked for.
     #[error("no complete checkpoint in {0}")]
     NotFound(PathBuf),

@@ -70,6 +70,13 @@ impl Progress {
         self.bar.suspend(|| tracing::info!("{line}"));
     }
 
+    /// Logs a warning without tearing the bar.
+    pub(crate) fn warn(&self, line: impl std::fmt::Display) {
+        if self.speaks {
+            self.bar.suspend(|| tracing::warn!("{line}"));
+        }
+    }
+
     pub(crate) fn finish(&self) {
         self.bar.finish_and_clear();
     }

@@ -55,6 +55,10 @@ pub struct RunSummary {
     /// Each tracker's faults (call, step, kind), restarts, the values it
     /// never received and the step it was disabled at, if it was.
     pub trackers: Vec<hearth_plugins::TrackerHealth>,
+    /// The steps whose checkpoint could not be written, with
+    /// `on-save-error = "continue"` (why is in `metrics.jsonl`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checkpoints_not_saved: Vec<u64>,
 }
 
 /// What the training loop measured.
@@ -63,6 +67,8 @@ pub(super) struct Trained {
     pub(super) tokens_per_sec: f64,
     /// This process's trace, when profiled.
     pub(super) profile: Option<PathBuf>,
+    /// Steps whose checkpoint failed (`on-save-error = "continue"`).
+    pub(super) checkpoints_not_saved: Vec<u64>,
 }
 
 /// What [`write_results`] takes of a run that finished training.
@@ -120,6 +126,7 @@ pub(super) fn write_results(
         profile: finished.trained.profile,
         plugin_calls,
         trackers: acc.tracker_health().to_vec(),
+        checkpoints_not_saved: finished.trained.checkpoints_not_saved,
     };
     if acc.is_main_process() {
         std::fs::create_dir_all(run_dir).map_err(io_err(run_dir))?;

@@ -1,6 +1,6 @@
 //! The config-driven training loop behind `hearth run`.
 
-use super::config::TrainConfig;
+use super::config::{OnSaveError, TrainConfig};
 use super::error::TrainError;
 use super::eval::{score, Evaluation, Plan as EvalPlan, Shard};
 use super::graphed::{GraphedStep, StepOutput};
@@ -13,6 +13,7 @@ use super::setup::{self, eval_entries, io_err};
 use super::stream::DataStream;
 use super::RunOptions;
 use crate::accelerator::{AcceleratedOptimizer, AcceleratedScheduler, Accelerator, PreparedModel};
+use crate::checkpoint::CheckpointError;
 use crate::data::TokenDataset;
 use crate::models::{Model, ModelOutput};
 use hearth_plugins::{Entries, Registry, Value};
@@ -117,6 +118,10 @@ struct Job {
     graphed: Option<GraphedStep>,
     /// The signals that stop the run politely (`run.save-on-signal`).
     preemption: Option<super::preempt::Preemption>,
+    /// Steps whose checkpoint failed, with `on-save-error = "continue"`.
+    not_saved: Vec<u64>,
+    /// The step of the checkpoint last started.
+    saving: Option<u64>,
 }
 
 /// The dataset and the model, built and checked before the run writes
@@ -202,6 +207,8 @@ impl Job {
             graphed: None,
             file_names,
             preemption: super::preempt::from_config(&config.run)?,
+            not_saved: Vec::new(),
+            saving: None,
         })
     }
 
@@ -313,6 +320,9 @@ impl Job {
                 return Err(self.stop(acc, step, signal, saved)?);
             }
         }
+        // The last background save's outcome, before the run's end takes it.
+        let last = acc.wait_for_checkpoint_everywhere();
+        self.checkpoint_failed(acc, config, last, &progress)?;
         let timed_steps = (steps + 1).saturating_sub(self.first_step + warmup);
         let tokens_per_sec = timed_steps as f64 * tokens_per_step / timer.elapsed().as_secs_f64();
         progress.finish();
@@ -321,6 +331,7 @@ impl Job {
             final_loss,
             tokens_per_sec,
             profile,
+            checkpoints_not_saved: self.not_saved.clone(),
         })
     }
 
@@ -516,7 +527,18 @@ impl Job {
             }
         }
         if config.run.save_every.is_some_and(|every| step % every == 0) {
-            let saved = acc.save_state(None).map_err(TrainError::State)?;
+            // The previous (background) save's outcome first: reported as
+            // that save's, and the next one starts clean.
+            let previous = acc.wait_for_checkpoint_everywhere();
+            self.checkpoint_failed(acc, config, previous, progress)?;
+            self.saving = Some(step);
+            let saved = match acc.save_state(None) {
+                Ok(saved) => saved,
+                Err(e) => {
+                    self.checkpoint_failed(acc, config, Err(e), progress)?;
+                    return Ok(None);
+                }
+            };
             progress.log(format!("step {step}: checkpoint {}", saved.display()));
             if let Some(history) = &mut self.history {
                 history
@@ -526,6 +548,41 @@ impl Job {
             return Ok(Some(saved));
         }
         Ok(None)
+    }
+
+    /// The outcome of the checkpoint last started (at step `self.saving`):
+    /// a failure is the run's error with `on-save-error = "stop"`; with
+    /// `continue`, it is logged, put in `metrics.jsonl` and the summary,
+    /// and training goes on.
+    fn checkpoint_failed(
+        &mut self,
+        acc: &Accelerator,
+        config: &TrainConfig,
+        outcome: Result<(), CheckpointError>,
+        progress: &Progress,
+    ) -> Result<(), TrainError> {
+        let Err(error) = outcome else { return Ok(()) };
+        let step = self.saving.unwrap_or(self.steps);
+        if config.run.on_save_error == OnSaveError::Stop {
+            return Err(TrainError::State(error));
+        }
+        let message = format!("{error:#}");
+        progress.warn(format!(
+            "step {step}: a checkpoint was not saved; training goes on (on-save-error = \"continue\"): {message}"
+        ));
+        self.not_saved.push(step);
+        if let Some(history) = &mut self.history {
+            let folder = match &error {
+                CheckpointError::Storage { path, .. } | CheckpointError::State { path, .. } => {
+                    path.clone()
+                }
+                _ => acc.project_configuration().checkpoints_dir(),
+            };
+            history
+                .event(step, &format!("checkpoint not saved: {message}"), &folder)
+                .map_err(io_err(history.path()))?;
+        }
+        Ok(())
     }
 
     /// Each process scores its shard of the held-out data; the sums of all

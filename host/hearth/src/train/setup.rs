@@ -67,9 +67,9 @@ pub(super) fn accelerator(
         automatic_checkpoint_naming: true,
         iteration: 0,
         total_limit: config.run.keep_checkpoints,
-        // Training goes on while a checkpoint is written; the next save and
-        // the end of the run wait for it.
-        async_save: true,
+        // By default training goes on while a checkpoint is written; the
+        // next save and the end of the run wait for it.
+        async_save: config.run.async_save,
         save_on_each_node: config.distributed.save_on_each_node,
     });
     builder = distributed(builder, config)?;

@@ -9,6 +9,7 @@ use super::{
     custom_file, gather_failed, hook_failed, keyed, node_name, numbered, state_err, ScalerFile,
     SchedulerFile, TrainerState,
 };
+use crate::checkpoint::storage::{FileSystem, SaveSpace};
 use crate::checkpoint::{rotate, CheckpointError, StagedCheckpoint, TensorKey};
 use crate::optim::OptimizerState;
 use hearth_plugins::{CheckpointHookPlugin, HookCheckpoint};
@@ -39,6 +40,30 @@ impl Part {
     }
 }
 
+impl Part {
+    /// Bytes it takes on disk, about (tensor data and bytes exactly; headers
+    /// and JSON as their text).
+    fn bytes(&self) -> u64 {
+        match self {
+            Part::Tensors(_, tensors) => tensors_bytes(tensors),
+            Part::Bytes(_, bytes) => bytes.len() as u64,
+            Part::Json(_, value) => value.to_string().len() as u64,
+            Part::Pieces(_, pieces) => pieces.iter().map(|p| data_bytes(&p.name, &p.values)).sum(),
+        }
+    }
+}
+
+/// Bytes of the tensors' data and, about, their header entries.
+fn tensors_bytes(tensors: &[(String, Tensor)]) -> u64 {
+    tensors.iter().map(|(name, t)| data_bytes(name, t)).sum()
+}
+
+/// Bytes one tensor named `name` takes in a safetensors file, about.
+fn data_bytes(name: &str, t: &Tensor) -> u64 {
+    let header = name.len() as u64 + 64;
+    header + t.numel() as u64 * t.kind().elt_size_in_bytes() as u64
+}
+
 /// Everything one checkpoint holds, owned (see [`Accelerator::snapshot`]).
 struct Snapshot {
     /// Each prepared model's tensors, by name.
@@ -51,6 +76,12 @@ impl Snapshot {
     /// The models' tensors keyed for checkpoint hooks.
     fn keyed(&self) -> Vec<(TensorKey, Tensor)> {
         keyed(&self.models)
+    }
+
+    /// Bytes the checkpoint's files take, about (what hooks add aside).
+    fn bytes(&self) -> u64 {
+        let models: u64 = self.models.iter().map(|m| tensors_bytes(m)).sum();
+        models + self.parts.iter().map(Part::bytes).sum::<u64>()
     }
 }
 
@@ -159,25 +190,9 @@ impl Accelerator {
     /// calls (the previous checkpoint is untouched either way).
     pub fn save_state(&mut self, dir: Option<&Path>) -> Result<PathBuf, CheckpointError> {
         let _span = crate::profiling::span("hearth::save_state");
-        let waited = self.wait_for_checkpoint();
-        if (self.sharded_optimizers() || self.saves_sharded()) && self.num_processes() > 1 {
-            // The gathers below are collectives: every process goes on, or none.
-            let mine = waited.as_ref().map(|_| ()).map_err(|e| format!("{e:#}"));
-            let all = self.gather_object(&mine).map_err(|e| {
-                state_err(
-                    &self.project.project_dir,
-                    format!("the processes could not agree: {e}"),
-                )
-            })?;
-            if let Some((rank, Err(m))) = all.iter().enumerate().find(|(_, r)| r.is_err()) {
-                waited?;
-                return Err(state_err(
-                    &self.project.project_dir,
-                    format!("rank {rank}'s previous checkpoint failed: {m}"),
-                ));
-            }
-        }
-        waited?;
+        // The gathers below are collectives, and a process whose last save
+        // failed stops here: every process goes on, or none.
+        self.wait_for_checkpoint_everywhere()?;
         let automatic = dir.is_none();
         let dest = match dir {
             Some(d) => d.to_path_buf(),
@@ -219,39 +234,94 @@ impl Accelerator {
         let Some(staged) = self.stage(&dest)? else {
             // A process that writes no checkpoint: its part is written.
             self.project.iteration += 1;
-            return Ok(dest);
+            return self.agree_on_write(Ok(dest.clone()), &dest);
         };
+        let write = self.prepare_write(staged, &dest, automatic, models, optimizer_states, copies);
+        // The number is taken even by a save that fails, as by the
+        // processes that do not write: all name the next one alike.
+        self.project.iteration += 1;
+        let written = match write {
+            Err(e) => Err(e),
+            Ok(write) if self.project.async_save => std::thread::Builder::new()
+                .name("hearth-checkpoint".into())
+                .spawn(write)
+                .map(|handle| {
+                    self.pending_save = Some(handle);
+                    dest.clone()
+                })
+                .map_err(CheckpointError::io(&dest)),
+            Ok(write) => write(),
+        };
+        self.agree_on_write(written, &dest)
+    }
+
+    /// A writer's part of [`save_state`](Self::save_state) once its folder
+    /// is staged: the snapshot, then what writes it — the hooks, the files,
+    /// the commit and the rotation — to run here or on a background thread.
+    fn prepare_write(
+        &self,
+        staged: StagedCheckpoint,
+        dest: &Path,
+        automatic: bool,
+        models: Vec<Vec<(String, Tensor)>>,
+        optimizer_states: Vec<OptimizerState>,
+        mut copies: Option<SnapshotCopies<'_>>,
+    ) -> Result<impl FnOnce() -> Result<PathBuf, CheckpointError> + Send + 'static, CheckpointError>
+    {
         let mut models = models;
         self.registered
             .pre_hooks
             .before_save(&mut models, staged.folder());
-        let snapshot = self.snapshot(&dest, models, optimizer_states, copies.as_mut())?;
+        let snapshot = self.snapshot(dest, models, optimizer_states, copies.as_mut())?;
         drop(copies);
-        let context = self.hook_context(&dest, self.project.iteration);
+        let needed = snapshot.bytes();
+        let context = self.hook_context(dest, self.project.iteration);
         let hooks = self.registered.hooks.clone();
-        self.project.iteration += 1;
         let rotation = (automatic && self.project.total_limit.is_some()).then(|| {
             (
                 self.project.checkpoints_dir(),
                 self.project.total_limit.unwrap_or(0),
             )
         });
+        let target = dest.to_path_buf();
         let write = move || -> Result<PathBuf, CheckpointError> {
-            let saved = write_checkpoint(staged, snapshot, &hooks, &context)?;
+            // A full disk, a quota, a size limit or a failing disk is told
+            // with the file system and the bytes (the partial folder is
+            // gone by then).
+            let space = SaveSpace::begin(&target, needed);
+            let saved = write_checkpoint(staged, snapshot, &hooks, &context)
+                .map_err(|e| space.explain(e))?;
             if let Some((folder, limit)) = rotation {
                 rotate(&folder, limit)?;
             }
             Ok(saved)
         };
-        if self.project.async_save {
-            let handle = std::thread::Builder::new()
-                .name("hearth-checkpoint".into())
-                .spawn(write)
-                .map_err(CheckpointError::io(&dest))?;
-            self.pending_save = Some(handle);
-            Ok(dest)
-        } else {
-            write()
+        Ok(write)
+    }
+
+    /// After a blocking save with several processes, whether every process
+    /// wrote its part: each returns the first failure, naming its rank, so
+    /// all stop (or, with `on-save-error = "continue"`, go on) together.
+    /// An asynchronous save's outcome is agreed at the next save.
+    fn agree_on_write(
+        &self,
+        written: Result<PathBuf, CheckpointError>,
+        dest: &Path,
+    ) -> Result<PathBuf, CheckpointError> {
+        if self.num_processes() == 1 || self.project.async_save {
+            return written;
+        }
+        let mine = written.as_ref().map(|_| ()).map_err(|e| format!("{e:#}"));
+        let all = self
+            .gather_object(&mine)
+            .map_err(|e| state_err(dest, format!("the processes could not agree: {e}")))?;
+        let written = written?;
+        match all.iter().enumerate().find(|(_, r)| r.is_err()) {
+            Some((rank, Err(m))) => Err(state_err(
+                dest,
+                format!("rank {rank} could not write its part, so nothing was saved: {m}"),
+            )),
+            _ => Ok(written),
         }
     }
 
@@ -389,8 +459,24 @@ impl Accelerator {
         folder: &Path,
         dest: &Path,
     ) -> Result<Vec<(String, Option<String>)>, CheckpointError> {
+        let parts = self.process_parts(dest)?;
+        let space = SaveSpace {
+            dest,
+            needed: parts.iter().map(Part::bytes).sum(),
+            before: FileSystem::of(folder),
+        };
+        self.write_parts(folder, parts)
+            .map_err(|e| space.explain(e))
+    }
+
+    /// Writes `parts` into `folder`; returns each file's name and hash.
+    fn write_parts(
+        &self,
+        folder: &Path,
+        parts: Vec<Part>,
+    ) -> Result<Vec<(String, Option<String>)>, CheckpointError> {
         let mut written = Vec::new();
-        for part in self.process_parts(dest)? {
+        for part in parts {
             let (name, xxh3) = match part {
                 Part::Tensors(name, tensors) => {
                     let xxh3 = crate::checkpoint::save_safetensors(&folder.join(&name), &tensors)?;
@@ -430,12 +516,29 @@ impl Accelerator {
         }
     }
 
-    /// True when a prepared optimizer steps shards (its state must be
-    /// gathered to be saved).
-    fn sharded_optimizers(&self) -> bool {
-        self.optimizers
-            .iter()
-            .any(|o| lock(o).inner.process_group().is_some())
+    /// [`wait_for_checkpoint`](Self::wait_for_checkpoint) on every
+    /// process (a collective): each returns the first failure, its own or
+    /// another rank's (named), so all stop or go on together.
+    pub fn wait_for_checkpoint_everywhere(&mut self) -> Result<(), CheckpointError> {
+        let waited = self.wait_for_checkpoint();
+        if self.num_processes() == 1 {
+            return waited;
+        }
+        let mine = waited.as_ref().map(|_| ()).map_err(|e| format!("{e:#}"));
+        let all = self.gather_object(&mine).map_err(|e| {
+            state_err(
+                &self.project.project_dir,
+                format!("the processes could not agree: {e}"),
+            )
+        })?;
+        waited?;
+        match all.iter().enumerate().find(|(_, r)| r.is_err()) {
+            Some((rank, Err(m))) => Err(state_err(
+                &self.project.project_dir,
+                format!("rank {rank}'s last checkpoint failed: {m}"),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Every optimizer's whole state (a sharded one's gathered: every

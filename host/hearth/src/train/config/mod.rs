@@ -37,7 +37,7 @@ pub use model::{ModelKind, ModelSection};
 pub use optimizer::{OptimizerKind, OptimizerSection};
 pub use pins::{PluginLock, LOCK_FILE};
 pub use profile::ProfileSection;
-pub use run::{DeviceChoice, RunSection};
+pub use run::{DeviceChoice, OnSaveError, RunSection};
 pub use scheduler::SchedulerSection;
 pub use trackers::TrackerSection;
 pub use train_config::*;

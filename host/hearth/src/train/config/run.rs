@@ -17,6 +17,17 @@ pub enum DeviceChoice {
     Cuda,
 }
 
+/// What a checkpoint that cannot be written does to the run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnSaveError {
+    /// The run ends with status 1 (default).
+    #[default]
+    Stop,
+    /// The failure is logged and training goes on.
+    Continue,
+}
+
 /// The `[run]` section.
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -67,6 +78,19 @@ pub struct RunSection {
     pub save_every: Option<u64>,
     /// Keep only the newest this many checkpoints (default: all).
     pub keep_checkpoints: Option<usize>,
+    /// What a checkpoint that cannot be written (a full file system, a
+    /// used-up quota, a failing disk, a failed hook) does: `stop` (default)
+    /// ends the run with status 1; `continue` logs it, records it in
+    /// `metrics.jsonl` and trains on. Either way the previous checkpoint is
+    /// untouched and the partial one removed. Accelerate has no such
+    /// choice: its `save_state` raises.
+    #[serde(default)]
+    pub on_save_error: OnSaveError,
+    /// Write each checkpoint on a background thread while training goes on
+    /// (default true: the next save and the run's end wait for it); false
+    /// blocks training until the checkpoint is on disk.
+    #[serde(default = "default_async_save")]
+    pub async_save: bool,
     /// Capture the training step in a CUDA graph after a few eager steps
     /// and replay it (default false): one launch per step instead of one
     /// per kernel. Needs a GPU, one process, no accumulation, no fp16, no
@@ -90,6 +114,10 @@ pub struct RunSection {
 
 fn default_save_on_signal() -> Vec<String> {
     vec!["SIGTERM".into(), "SIGUSR1".into()]
+}
+
+fn default_async_save() -> bool {
+    true
 }
 
 fn default_signal_grace_seconds() -> u64 {
