@@ -20,6 +20,11 @@ use mpi::Count;
 use std::time::{Duration, Instant};
 use tch::{Device, Kind, Tensor};
 
+/// The tag of the roll call after a timed-out collective.
+const ROLL_CALL_TAG: i32 = 0x4845;
+/// The longest a roll call waits for the other processes' answers.
+const ROLL_CALL_WINDOW: Duration = Duration::from_secs(15);
+
 /// A world of processes joined by MPI.
 pub struct MpiGroup {
     /// MPI's world, or a duplicate of it (freed on drop unless MPI was
@@ -40,8 +45,21 @@ pub struct MpiGroup {
     _universe: Option<mpi::environment::Universe>,
 }
 
+/// Set once a collective timed out: MPI cannot finish it, so finalising
+/// (which waits for every process) would hang on the lost one.
+static BROKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 impl Drop for MpiGroup {
     fn drop(&mut self) {
+        if BROKEN.load(std::sync::atomic::Ordering::Relaxed) {
+            // Neither freed nor finalised: the process is ending, and MPI
+            // would wait for the process that never came. mpirun sees it
+            // end without finalising and stops the job.
+            if let Some(universe) = self._universe.take() {
+                std::mem::forget(universe);
+            }
+            return;
+        }
         if !mpi::environment::is_finalized() {
             // SAFETY: dropped once, here; freeing MPI's world is a no-op.
             unsafe { std::mem::ManuallyDrop::drop(&mut self.world) };
@@ -149,11 +167,14 @@ impl MpiGroup {
             if Instant::now() >= deadline {
                 // Cannot be cancelled: forget it (its buffers are leaked).
                 std::mem::forget(request);
+                BROKEN.store(true, std::sync::atomic::Ordering::Relaxed);
+                let window = (self.timeout / 2).min(ROLL_CALL_WINDOW);
                 return Err(DistError::Timeout {
                     op,
                     timeout: self.timeout,
-                    rank: self.rank,
-                    world: self.size,
+                    rank: self.world_rank(self.rank),
+                    world: SimpleCommunicator::world().size() as usize,
+                    silent: Some(self.silent_ranks(window)),
                 });
             }
             if Instant::now() < busy_until {
@@ -163,6 +184,56 @@ impl MpiGroup {
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(1));
         }
+    }
+
+    /// After a collective timed out, which ranks are lost: each process
+    /// sends every other in the group one byte (every process still alive
+    /// there times out too, within about a step of the others) and waits
+    /// `window` for theirs. Those whose byte did not come hang or are
+    /// gone; returned as ranks of the world, as the launcher numbers them.
+    fn silent_ranks(&self, window: Duration) -> Vec<usize> {
+        let deadline = Instant::now() + window;
+        let mut waiting = Vec::new();
+        for peer in (0..self.size).filter(|&p| p != self.rank) {
+            let process = self.world.process_at_rank(peer as i32);
+            let (send, recv) = (Leaked::new(vec![1u8]), Leaked::new(vec![0u8]));
+            // SAFETY: the buffers are leaked (never taken back), and a
+            // request not completed by the deadline is forgotten, so MPI
+            // never writes into freed memory.
+            unsafe {
+                std::mem::forget(process.immediate_send_with_tag(
+                    StaticScope,
+                    &*send.get(),
+                    ROLL_CALL_TAG,
+                ));
+                let request =
+                    process.immediate_receive_into_with_tag(StaticScope, recv.get(), ROLL_CALL_TAG);
+                waiting.push((peer, request));
+            }
+        }
+        while !waiting.is_empty() && Instant::now() < deadline {
+            waiting = waiting
+                .into_iter()
+                .filter_map(|(peer, request)| request.test().err().map(|r| (peer, r)))
+                .collect();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        waiting
+            .into_iter()
+            .map(|(peer, request)| {
+                std::mem::forget(request);
+                self.world_rank(peer)
+            })
+            .collect()
+    }
+
+    /// The world rank of rank `rank` of this group.
+    fn world_rank(&self, rank: usize) -> usize {
+        let world = SimpleCommunicator::world().group();
+        self.world
+            .group()
+            .translate_rank(rank as i32, &world)
+            .map_or(rank, |r| r as usize)
     }
 
     /// Starts an all-reduce of `values` with `operation` (or, with

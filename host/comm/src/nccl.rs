@@ -336,6 +336,7 @@ impl NcclGroup {
             timeout: self.timeout,
             rank: self.place.rank,
             world: self.place.world_size,
+            silent: None,
         }
     }
 

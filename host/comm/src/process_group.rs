@@ -22,7 +22,7 @@ pub enum ReduceOp {
 #[derive(Debug, thiserror::Error)]
 pub enum DistError {
     /// A collective did not complete in time: another process stopped or hangs.
-    #[error("{op} did not complete within {timeout:?} on rank {rank} of {world}: another process stopped, hangs or called a different collective; the process group cannot be used any more")]
+    #[error("{op} did not complete within {timeout:?} on rank {rank} of {world}: {}; the process group cannot be used any more", lost_ranks(.silent.as_deref()))]
     Timeout {
         /// The collective.
         op: &'static str,
@@ -32,6 +32,9 @@ pub enum DistError {
         rank: usize,
         /// The number of processes.
         world: usize,
+        /// The ranks (of the world) that did not answer a roll call after
+        /// the timeout, when the backend could call one.
+        silent: Option<Vec<usize>>,
     },
     /// The backend cannot do this (a dtype, a device, a world it does not serve).
     #[error("{op} on the {backend} backend: {message}")]
@@ -62,6 +65,19 @@ pub enum DistError {
         /// What differs.
         message: String,
     },
+}
+
+/// Who a timed-out collective waited for, in words.
+fn lost_ranks(silent: Option<&[usize]>) -> String {
+    match silent {
+        None => "another process stopped, hangs or called a different collective".into(),
+        Some([]) => "every other process answered a roll call afterwards, so one called a different collective or came late".into(),
+        Some([rank]) => format!("rank {rank} did not answer (it hangs, or its process is gone)"),
+        Some(ranks) => {
+            let names: Vec<String> = ranks.iter().map(|r| r.to_string()).collect();
+            format!("ranks {} did not answer (they hang, or their processes are gone)", names.join(", "))
+        }
+    }
 }
 
 /// A collective under way: [`wait`](Self::wait) finishes it. Dropped

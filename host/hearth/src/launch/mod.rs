@@ -5,6 +5,7 @@
 
 mod config;
 mod launcher;
+mod mpirun;
 mod signals;
 
 pub use config::{

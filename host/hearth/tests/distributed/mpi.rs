@@ -933,7 +933,7 @@ fn a_rank_that_hangs_makes_the_others_time_out_and_the_job_stop() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("rank 0: all_reduce did not complete within 3s on rank 0 of 2"),
+        stderr.contains("rank 0: all_reduce did not complete within 3s on rank 0 of 2: rank 1 did not answer (it hangs, or its process is gone)"),
         "{stderr}"
     );
     assert!(
