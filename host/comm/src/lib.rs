@@ -31,7 +31,7 @@ pub use launch_env::{
 pub use mpi::MpiGroup;
 #[cfg(feature = "cuda")]
 pub use nccl::{nccl_unavailable, NcclGroup, NcclPlace};
-pub use process_group::{DistError, Pending, ProcessGroup, ReduceOp};
+pub use process_group::{collectives_broken, DistError, Pending, ProcessGroup, ReduceOp};
 pub use single::SingleProcess;
 pub use store::{new_job_token, store_port, TcpStore, JOB_TOKEN_VAR};
 

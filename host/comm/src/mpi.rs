@@ -45,13 +45,16 @@ pub struct MpiGroup {
     _universe: Option<mpi::environment::Universe>,
 }
 
-/// Set once a collective timed out: MPI cannot finish it, so finalising
-/// (which waits for every process) would hang on the lost one.
-static BROKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// The ranks the first roll call found silent: later timeouts (the group
+/// is broken by then) report them again rather than call another, whose
+/// bytes the first one's receives, still posted, could take.
+static SILENT: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
 
 impl Drop for MpiGroup {
     fn drop(&mut self) {
-        if BROKEN.load(std::sync::atomic::Ordering::Relaxed) {
+        // After a timeout MPI cannot finish the collective, so finalising
+        // (which waits for every process) would hang on the lost one.
+        if super::process_group::collectives_broken() {
             // Neither freed nor finalised: the process is ending, and MPI
             // would wait for the process that never came. mpirun sees it
             // end without finalising and stops the job.
@@ -167,14 +170,15 @@ impl MpiGroup {
             if Instant::now() >= deadline {
                 // Cannot be cancelled: forget it (its buffers are leaked).
                 std::mem::forget(request);
-                BROKEN.store(true, std::sync::atomic::Ordering::Relaxed);
+                super::process_group::mark_collectives_broken();
                 let window = (self.timeout / 2).min(ROLL_CALL_WINDOW);
+                let silent = SILENT.get_or_init(|| self.silent_ranks(window));
                 return Err(DistError::Timeout {
                     op,
                     timeout: self.timeout,
                     rank: self.world_rank(self.rank),
                     world: SimpleCommunicator::world().size() as usize,
-                    silent: Some(self.silent_ranks(window)),
+                    silent: Some(silent.clone()),
                 });
             }
             if Instant::now() < busy_until {

@@ -331,6 +331,7 @@ impl NcclGroup {
 
     fn timed_out(&self, op: &'static str) -> DistError {
         self.abort();
+        super::process_group::mark_collectives_broken();
         DistError::Timeout {
             op,
             timeout: self.timeout,

@@ -67,6 +67,21 @@ pub enum DistError {
     },
 }
 
+/// Set once a collective of this process timed out (any backend).
+static BROKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether a collective of this process timed out: its process groups
+/// cannot be used any more, and the process must stop (a failure it could
+/// otherwise go on from, such as a checkpoint, is then not one).
+pub fn collectives_broken() -> bool {
+    BROKEN.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Marks this process's collectives broken (see [`collectives_broken`]).
+pub(crate) fn mark_collectives_broken() {
+    BROKEN.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Who a timed-out collective waited for, in words.
 fn lost_ranks(silent: Option<&[usize]>) -> String {
     match silent {

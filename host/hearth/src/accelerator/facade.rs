@@ -63,6 +63,8 @@ pub struct Accelerator {
     pub(super) project: ProjectConfiguration,
     pub(super) micro_steps: std::sync::atomic::AtomicU64,
     pub(super) pending_save: Option<PendingSave>,
+    /// The last save of several writers, until every process agreed on it.
+    pub(super) provisional: Option<super::checkpointing::Provisional>,
     /// The host buffers asynchronous saves copy the state into.
     pub(super) snapshot_buffers: super::checkpointing::SnapshotBuffers,
     pub(super) ddp: crate::parallel::data_parallel::DataParallel,
@@ -118,6 +120,7 @@ impl Accelerator {
             project: s.project,
             micro_steps: Default::default(),
             pending_save: None,
+            provisional: None,
             snapshot_buffers: Default::default(),
             ddp: crate::parallel::data_parallel::DataParallel::new(s.ddp, s.fsdp, s.plugin_path),
             trigger: Default::default(),

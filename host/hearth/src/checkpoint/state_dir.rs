@@ -473,6 +473,12 @@ fn newest_passing(
 /// it (`.damaged-2`, … if taken), so that the resumed run's saves can take
 /// its number; nothing in it is deleted. Returns where it went.
 pub fn set_aside(dir: &Path) -> Result<PathBuf, CheckpointError> {
+    set_aside_as(dir, "damaged")
+}
+
+/// Renames checkpoint `dir` to `<name>.<why>` (or `<name>.<why>-2`, …)
+/// beside it, durably: it keeps its files and is never loaded again.
+pub fn set_aside_as(dir: &Path, why: &str) -> Result<PathBuf, CheckpointError> {
     let name = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -480,8 +486,8 @@ pub fn set_aside(dir: &Path) -> Result<PathBuf, CheckpointError> {
     let parent = dir.parent().unwrap_or(Path::new("."));
     let to = (1..)
         .map(|i| match i {
-            1 => parent.join(format!("{name}.damaged")),
-            i => parent.join(format!("{name}.damaged-{i}")),
+            1 => parent.join(format!("{name}.{why}")),
+            i => parent.join(format!("{name}.{why}-{i}")),
         })
         .find(|p| !p.exists())
         .expect("an unused name");

@@ -154,16 +154,25 @@ impl MpirunReport {
     /// Reads who failed, and how, from one of mpirun's own lines.
     fn read(&mut self, line: &str) {
         if let Some(name) = line.strip_prefix("Process name:") {
+            // A new block: "Process name: [[691,1],3]" then "Exit code: 4".
             let last = name.trim().trim_end_matches(']').rsplit(',').next();
-            self.rank = last.and_then(|rank| rank.parse().ok());
+            *self = Self {
+                rank: last.and_then(|rank| rank.parse().ok()),
+                ..Self::default()
+            };
         } else if let Some(code) = line.strip_prefix("Exit code:") {
             self.code = code.trim().parse().ok();
-        } else if let Some(rest) = line.strip_prefix("mpirun noticed that process rank ") {
-            // "1 with PID 0 on node vm exited on signal 9 (Killed)."
-            self.rank = rest.split(' ').next().and_then(|rank| rank.parse().ok());
-            self.signal = rest
-                .split_once("exited on signal ")
-                .map(|(_, signal)| signal.trim_end_matches('.').to_string());
+        } else if let Some((_, rest)) = line.split_once("noticed that process rank ") {
+            // "mpirun (or orterun, prterun, mpiexec) noticed that process
+            // rank 1 with PID 0 on node vm exited on signal 9 (Killed)."
+            // The signal may come on the next line; "failed" then.
+            *self = Self {
+                rank: rest.split(' ').next().and_then(|rank| rank.parse().ok()),
+                signal: rest
+                    .split_once("exited on signal ")
+                    .map(|(_, signal)| signal.trim_end_matches('.').to_string()),
+                ..Self::default()
+            };
         }
     }
 
@@ -281,12 +290,29 @@ mod tests {
         );
         assert_eq!(killed.rank, Some(1));
         assert_eq!(killed.status(), "was killed by signal 9 (Killed)");
+        let mut other = MpirunReport::default();
+        other.read("prterun noticed that process rank 2 with PID 7 on node b exited on signal 6 (Aborted).");
+        assert_eq!(
+            (other.rank, other.status()),
+            (Some(2), "was killed by signal 6 (Aborted)".to_string())
+        );
         let mut exited = MpirunReport::default();
         exited.read("Process name: [[691,1],3]");
         exited.read("Exit code:    4");
         assert_eq!(
             (exited.rank, exited.status()),
             (Some(3), "exited with status 4".to_string())
+        );
+        // A later block is read whole: nothing of the first is kept.
+        exited.read("Process name: [[691,1],1]");
+        assert_eq!(
+            (exited.rank, exited.status()),
+            (Some(1), "failed".to_string())
+        );
+        exited.read("Exit code:    5");
+        assert_eq!(
+            (exited.rank, exited.status()),
+            (Some(1), "exited with status 5".to_string())
         );
     }
 

@@ -317,7 +317,7 @@ impl Job {
                 super::preempt::agreed_signal(acc, self.preemption.as_ref(), step)?
             {
                 progress.finish();
-                return Err(self.stop(acc, step, signal, saved)?);
+                return Err(self.stop(acc, config, step, signal, saved, &progress)?);
             }
         }
         // The last background save's outcome, before the run's end takes it.
@@ -476,15 +476,27 @@ impl Job {
     fn stop(
         &mut self,
         acc: &mut Accelerator,
+        config: &TrainConfig,
         step: u64,
         signal: i32,
         saved: Option<std::path::PathBuf>,
+        progress: &Progress,
     ) -> Result<TrainError, TrainError> {
         let checkpoint = match saved {
             Some(saved) => saved,
-            None => acc.save_state(None).map_err(TrainError::State)?,
+            None => {
+                // The previous save's outcome is that save's (with
+                // `continue` it does not keep this one from being tried).
+                let previous = acc.wait_for_checkpoint_everywhere();
+                self.checkpoint_failed(acc, config, previous, progress)?;
+                self.saving = Some(step);
+                acc.save_state(None).map_err(TrainError::State)?
+            }
         };
-        acc.wait_for_checkpoint().map_err(TrainError::State)?;
+        // This checkpoint must be on disk on every process: a polite stop
+        // without it is a failure, whatever `on-save-error` says.
+        acc.wait_for_checkpoint_everywhere()
+            .map_err(TrainError::State)?;
         let signal = super::preempt::signal_name(signal);
         if let Some(history) = &mut self.history {
             history
@@ -563,7 +575,9 @@ impl Job {
     ) -> Result<(), TrainError> {
         let Err(error) = outcome else { return Ok(()) };
         let step = self.saving.unwrap_or(self.steps);
-        if config.run.on_save_error == OnSaveError::Stop {
+        // A collective that timed out on the way leaves no process group
+        // to go on with.
+        if config.run.on_save_error == OnSaveError::Stop || hearth_comm::collectives_broken() {
             return Err(TrainError::State(error));
         }
         let message = format!("{error:#}");

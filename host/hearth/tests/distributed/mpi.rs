@@ -624,6 +624,57 @@ fn child_save_on_each_node() {
     std::fs::write(out.join(format!("rank_{rank}.json")), result.to_string()).unwrap();
 }
 
+/// One rank of two pretend machines (as `child_save_on_each_node`) keeping
+/// one checkpoint: the first save succeeds; for the second, machine b's
+/// writer (rank 2) may write no file past 100 bytes (RLIMIT_FSIZE), so it
+/// fails there while machine a's commits. Each rank reports its error.
+#[test]
+fn child_a_machine_that_cannot_save() {
+    if std::env::var(CHILD).as_deref() != Ok("each-node-fail") {
+        return; // only under mpirun
+    }
+    let rank: usize = std::env::var("OMPI_COMM_WORLD_RANK")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let node = if rank < 2 { "a" } else { "b" };
+    std::env::set_var("HEARTH_NODE_NAME", node);
+    let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
+    let mut acc = common::child_builder()
+        .project_config(hearth::accelerator::ProjectConfiguration {
+            project_dir: out.join(format!("node_{node}")),
+            automatic_checkpoint_naming: true,
+            save_on_each_node: true,
+            total_limit: Some(1),
+            ..Default::default()
+        })
+        .build()
+        .unwrap();
+    let vs = tch::nn::VarStore::new(Device::Cpu);
+    let _layer = tch::nn::linear(vs.root() / "l", 3, 2, Default::default());
+    let _vs = acc.prepare(vs).unwrap();
+    acc.save_state(None).unwrap();
+    let limit = |bytes: u64| {
+        let limit = libc::rlimit {
+            rlim_cur: bytes,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        // SAFETY: setting this process's own limit (and ignoring the
+        // signal a write past it would otherwise end the process with).
+        unsafe {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &limit), 0);
+        }
+    };
+    if rank == 2 {
+        limit(100);
+    }
+    let error = acc.save_state(None).map(|_| ()).unwrap_err().to_string();
+    limit(libc::RLIM_INFINITY);
+    let result = serde_json::json!({ "error": error });
+    std::fs::write(out.join(format!("rank_{rank}.json")), result.to_string()).unwrap();
+}
+
 /// One rank of a sharded, shuffled loader stopped mid-epoch: mode
 /// `loader:save` reads 2 batches, saves, then reads on to the end of the
 /// next epoch; `loader:resume` (a fresh process) loads that checkpoint and
@@ -788,6 +839,41 @@ fn reduce_scatter_gives_each_rank_its_share_of_the_sum_and_print_prints_once() {
         .collect();
     assert_eq!(printed.len(), 1, "{stdout}");
     assert!(printed[0].ends_with("printed by rank 0"), "{stdout}");
+}
+
+/// Issue 43: with `save_on_each_node`, a save that one machine's writer
+/// cannot write fails on every rank, naming rank 2; the machine whose copy
+/// was committed sets it aside, and neither rotates: both keep the
+/// checkpoint before, so a resume finds the same newest one everywhere.
+#[test]
+fn a_machine_that_cannot_save_leaves_every_machine_the_checkpoint_before() {
+    let dir = scratch("each-node-fail");
+    mpirun_ok(
+        4,
+        &hearth_testkit::child!("child_a_machine_that_cannot_save"),
+        "each-node-fail",
+        &dir,
+    );
+    let names = |node: &str| -> Vec<String> {
+        let mut names: Vec<String> =
+            std::fs::read_dir(dir.join(format!("node_{node}/checkpoints")))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(names("a"), ["checkpoint_0", "checkpoint_1.incomplete"]);
+    assert_eq!(names("b"), ["checkpoint_0"]);
+    for (r, got) in results(&dir, 4).iter().enumerate() {
+        let error = got["error"].as_str().unwrap();
+        let expected = if r == 2 {
+            "ulimit -f"
+        } else {
+            "rank 2 could not write its part"
+        };
+        assert!(error.contains(expected), "rank {r}: {error}");
+    }
 }
 
 #[test]

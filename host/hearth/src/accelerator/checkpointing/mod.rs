@@ -30,3 +30,12 @@ mod state;
 pub(crate) use buffers::{Session as SnapshotCopies, SnapshotBuffers};
 pub use pre_hooks::{LoadStatePreHook, RemovableHandle, SaveStatePreHook};
 pub use state::*;
+
+/// A save of several writers (`save_on_each_node` on several machines)
+/// this process committed, not yet known to have succeeded everywhere.
+pub(crate) struct Provisional {
+    /// Its folder.
+    pub(crate) dest: std::path::PathBuf,
+    /// The rotation to do once it has (folder, how many to keep).
+    pub(crate) rotation: Option<(std::path::PathBuf, usize)>,
+}

@@ -208,6 +208,10 @@ impl Accelerator {
             }
         };
         self.check_sharded_save(&dest)?;
+        let writers = self
+            .checkpoint_writers()
+            .map_err(|e| state_err(&dest, format!("the processes could not agree: {e}")))?;
+        let me = self.process_index();
         // SHARDED_STATE_DICT: each process writes its own shards.
         // Otherwise the state is whole: a sharded optimizer's gathered, and
         // FULL_SHARD's parameters too (by every process; released once the
@@ -220,38 +224,60 @@ impl Accelerator {
         let (optimizer_states, models) = if self.saves_sharded() {
             (self.optimizer_groups(), Vec::new())
         } else {
-            let me = self.process_index();
-            let writes = self
-                .checkpoint_writers()
-                .map_err(|e| state_err(&dest, format!("the processes could not agree: {e}")))?[me]
-                == me;
+            let writes = writers[me] == me;
             let optimizers = self.full_optimizer_states(&dest, writes)?;
             (
                 optimizers,
                 self.whole_models(&dest, writes, copies.as_mut())?,
             )
         };
-        let Some(staged) = self.stage(&dest)? else {
+        let rotation = (automatic && self.project.total_limit.is_some()).then(|| {
+            (
+                self.project.checkpoints_dir(),
+                self.project.total_limit.unwrap_or(0),
+            )
+        });
+        // Several writers (save_on_each_node on several machines) each
+        // commit their own folder: a commit stays provisional, and old
+        // checkpoints stay, until every process agreed the save succeeded.
+        let several_writers = writers.iter().any(|&w| w != writers[0]);
+        let written = match self.stage(&dest, &writers) {
+            Err(e) => {
+                drop(copies);
+                Err(e)
+            }
             // A process that writes no checkpoint: its part is written.
-            self.project.iteration += 1;
-            return self.agree_on_write(Ok(dest.clone()), &dest);
+            Ok(None) => {
+                drop(copies);
+                Ok(dest.clone())
+            }
+            Ok(Some(staged)) => {
+                let rotate_now = rotation.clone().filter(|_| !several_writers);
+                let write =
+                    self.prepare_write(staged, &dest, models, optimizer_states, copies, rotate_now);
+                if several_writers {
+                    self.provisional = Some(super::Provisional {
+                        dest: dest.clone(),
+                        rotation,
+                    });
+                }
+                match write {
+                    Err(e) => Err(e),
+                    Ok(write) if self.project.async_save => std::thread::Builder::new()
+                        .name("hearth-checkpoint".into())
+                        .spawn(write)
+                        .map(|handle| {
+                            self.pending_save = Some(handle);
+                            dest.clone()
+                        })
+                        .map_err(CheckpointError::io(&dest)),
+                    Ok(write) => write(),
+                }
+            }
         };
-        let write = self.prepare_write(staged, &dest, automatic, models, optimizer_states, copies);
-        // The number is taken even by a save that fails, as by the
-        // processes that do not write: all name the next one alike.
+        // The number is taken even by a save that fails: every process
+        // names the next one alike.
         self.project.iteration += 1;
-        let written = match write {
-            Err(e) => Err(e),
-            Ok(write) if self.project.async_save => std::thread::Builder::new()
-                .name("hearth-checkpoint".into())
-                .spawn(write)
-                .map(|handle| {
-                    self.pending_save = Some(handle);
-                    dest.clone()
-                })
-                .map_err(CheckpointError::io(&dest)),
-            Ok(write) => write(),
-        };
         self.agree_on_write(written, &dest)
     }
 
@@ -262,10 +288,10 @@ impl Accelerator {
         &self,
         staged: StagedCheckpoint,
         dest: &Path,
-        automatic: bool,
         models: Vec<Vec<(String, Tensor)>>,
         optimizer_states: Vec<OptimizerState>,
         mut copies: Option<SnapshotCopies<'_>>,
+        rotation: Option<(PathBuf, usize)>,
     ) -> Result<impl FnOnce() -> Result<PathBuf, CheckpointError> + Send + 'static, CheckpointError>
     {
         let mut models = models;
@@ -277,12 +303,6 @@ impl Accelerator {
         let needed = snapshot.bytes();
         let context = self.hook_context(dest, self.project.iteration);
         let hooks = self.registered.hooks.clone();
-        let rotation = (automatic && self.project.total_limit.is_some()).then(|| {
-            (
-                self.project.checkpoints_dir(),
-                self.project.total_limit.unwrap_or(0),
-            )
-        });
         let target = dest.to_path_buf();
         let write = move || -> Result<PathBuf, CheckpointError> {
             // A full disk, a quota, a size limit or a failing disk is told
@@ -299,29 +319,78 @@ impl Accelerator {
         Ok(write)
     }
 
-    /// After a blocking save with several processes, whether every process
-    /// wrote its part: each returns the first failure, naming its rank, so
-    /// all stop (or, with `on-save-error = "continue"`, go on) together.
-    /// An asynchronous save's outcome is agreed at the next save.
+    /// With several processes, whether every process did its part of the
+    /// save — all of it for a blocking save, what happens before the
+    /// background write for an asynchronous one (whose outcome is agreed
+    /// at the next save or [`wait_for_checkpoint_everywhere`](Self::wait_for_checkpoint_everywhere)).
+    /// Each returns the first failure, naming its rank, so all stop (or,
+    /// with `on-save-error = "continue"`, go on) together.
     fn agree_on_write(
-        &self,
+        &mut self,
         written: Result<PathBuf, CheckpointError>,
         dest: &Path,
     ) -> Result<PathBuf, CheckpointError> {
-        if self.num_processes() == 1 || self.project.async_save {
+        if self.num_processes() == 1 {
             return written;
         }
         let mine = written.as_ref().map(|_| ()).map_err(|e| format!("{e:#}"));
         let all = self
             .gather_object(&mine)
             .map_err(|e| state_err(dest, format!("the processes could not agree: {e}")))?;
+        let failed = all
+            .iter()
+            .enumerate()
+            .find_map(|(rank, r)| r.as_ref().err().map(|m| (rank, m)));
+        if failed.is_some() && self.project.async_save {
+            // This process's background write must end before its folder
+            // can be set aside; the save failed anyway.
+            if let Err(e) = self.wait_for_checkpoint() {
+                tracing::debug!("{e:#}");
+            }
+        }
+        if !self.project.async_save || failed.is_some() {
+            self.settle(failed.is_none());
+        }
         let written = written?;
-        match all.iter().enumerate().find(|(_, r)| r.is_err()) {
-            Some((rank, Err(m))) => Err(state_err(
+        match failed {
+            Some((rank, m)) => Err(state_err(
                 dest,
                 format!("rank {rank} could not write its part, so nothing was saved: {m}"),
             )),
-            _ => Ok(written),
+            None => Ok(written),
+        }
+    }
+
+    /// Once every process agreed on a save of several writers: its old
+    /// checkpoints rotated away when all succeeded; when some failed, this
+    /// writer's committed folder set aside (`checkpoint_<n>.incomplete`),
+    /// so every machine's newest checkpoint is again the same one.
+    fn settle(&mut self, all_succeeded: bool) {
+        let Some(provisional) = self.provisional.take() else {
+            return;
+        };
+        let done = if all_succeeded {
+            match provisional.rotation {
+                Some((folder, limit)) => rotate(&folder, limit).map(|_| ()),
+                None => Ok(()),
+            }
+        } else if provisional
+            .dest
+            .join(crate::checkpoint::MANIFEST_NAME)
+            .exists()
+        {
+            crate::checkpoint::set_aside_as(&provisional.dest, "incomplete").map(|to| {
+                tracing::warn!(
+                    "{} is set aside as {}: another machine could not write its copy",
+                    provisional.dest.display(),
+                    to.display()
+                )
+            })
+        } else {
+            Ok(())
+        };
+        if let Err(e) = done {
+            tracing::warn!("{e:#}");
         }
     }
 
@@ -332,7 +401,11 @@ impl Accelerator {
     /// into its writer's, and all learn whether every process succeeded.
     /// Returns the staged checkpoint, holding its processes' parts, on a
     /// writer, `None` on the others.
-    fn stage(&self, dest: &Path) -> Result<Option<StagedCheckpoint>, CheckpointError> {
+    fn stage(
+        &self,
+        dest: &Path,
+        writers: &[usize],
+    ) -> Result<Option<StagedCheckpoint>, CheckpointError> {
         if self.num_processes() == 1 {
             return StagedCheckpoint::begin(dest).map(Some);
         }
@@ -340,7 +413,6 @@ impl Accelerator {
             state_err(dest, format!("the processes could not agree: {e}"))
         };
         let me = self.process_index();
-        let writers = self.checkpoint_writers().map_err(disagree)?;
         let staged = (writers[me] == me).then(|| StagedCheckpoint::begin(dest));
         let folder: Result<PathBuf, String> = match &staged {
             Some(Ok(s)) => Ok(s.folder().to_path_buf()),
@@ -531,13 +603,18 @@ impl Accelerator {
                 format!("the processes could not agree: {e}"),
             )
         })?;
+        let failed = all
+            .iter()
+            .enumerate()
+            .find_map(|(rank, r)| r.as_ref().err().map(|m| (rank, m)));
+        self.settle(failed.is_none());
         waited?;
-        match all.iter().enumerate().find(|(_, r)| r.is_err()) {
-            Some((rank, Err(m))) => Err(state_err(
+        match failed {
+            Some((rank, m)) => Err(state_err(
                 &self.project.project_dir,
                 format!("rank {rank}'s last checkpoint failed: {m}"),
             )),
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 
