@@ -287,6 +287,28 @@ def test_a_swapped_plugin_is_refused_by_its_pin_naming_both_hashes(hearth, tmp_p
 
 
 
+def test_a_swapped_wrap_policy_is_refused_by_the_fsdp_sections_pin(hearth, tmp_path):
+    """`[fsdp] auto-wrap-policy-sha256` pins the wrap-policy plugin as a
+    tracker's `sha256` does: the right hash trains, another component in
+    its place is refused before it is compiled, naming both hashes."""
+    plugins = tmp_path / "third-party"
+    shutil.copytree(ROOT / "target" / "plugins" / "transformer-based", plugins / "transformer-based")
+    component = plugins / "transformer-based" / "wrap-policies.wasm"
+    pinned = hashlib.sha256(component.read_bytes()).hexdigest()
+    fsdp = ('\n[fsdp]\nsharding-strategy = "FULL_SHARD"\nauto-wrap-policy = "transformer-based"\n'
+            f'transformer-cls-names-to-wrap = ["Block"]\nauto-wrap-policy-sha256 = "{pinned}"\n')
+    config = write_config(tmp_path, SHORT_JOB + fsdp)
+    out = hearth("run", "--plugin-dir", plugins, config)
+    assert out.returncode == 0, out.stderr
+    shutil.copy(ROOT / "target" / "plugins" / "csv" / "csv.wasm", component)
+    swapped = hashlib.sha256(component.read_bytes()).hexdigest()
+    shutil.rmtree(tmp_path / "runs")
+    out = hearth("run", "--plugin-dir", plugins, config)
+    assert out.returncode != 0
+    assert "transformer-based" in out.stderr and pinned in out.stderr and swapped in out.stderr, out.stderr
+    assert not (tmp_path / "runs" / "short" / "model.safetensors").exists()
+
+
 def plugin_lines(out, name):
     return [l for l in out.stderr.splitlines() if f"[plugin {name} stdout]" in l]
 

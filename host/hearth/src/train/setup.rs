@@ -96,6 +96,12 @@ fn distributed(
         let invalid = |key: &str, message: String| config.invalid(key, message);
         let mut plugin = section.with_env(&invalid).map_err(TrainError::Config)?;
         plugin.policy_limits = config.policy_limits(plugin.auto_wrap_policy.as_deref());
+        // Pinned by the section's own key or hearth.lock (the default
+        // policy, no-wrap, is built in and never pinned).
+        plugin.policy_pin = plugin
+            .auto_wrap_policy
+            .as_deref()
+            .and_then(|name| config.pin(name));
         builder = builder.fsdp(plugin);
     }
     Ok(builder)

@@ -70,6 +70,9 @@ pub struct FsdpPlugin {
     /// The limits raised for the wrap-policy plugin, over its manifest's (a
     /// run config's `[plugin-limits.<the policy's name>]`).
     pub policy_limits: Option<hearth_plugins::LimitOverrides>,
+    /// The sha256 the wrap-policy plugin's component must have (a run
+    /// config's `[fsdp] auto-wrap-policy-sha256` or `hearth.lock`).
+    pub policy_pin: Option<String>,
 }
 
 /// Every field: its `[fsdp]` key and its environment variable.
@@ -347,7 +350,8 @@ impl FsdpPlugin {
             activation_checkpointing,
             cpu_ram_efficient_loading,
             policy_options,
-            policy_limits
+            policy_limits,
+            policy_pin
         )
     }
 
@@ -441,7 +445,7 @@ impl FsdpPlugin {
             cpu_ram_efficient_loading,
             mixed_precision_policy,
             policy_limits: self.policy_limits.clone(),
-            policy_pin: None,
+            policy_pin: self.policy_pin.clone(),
         })
     }
 }

@@ -14,6 +14,10 @@ use super::{ConfigError, Invalid};
 use crate::parallel::FsdpPlugin;
 use serde::Deserialize;
 
+/// hearth's own `[fsdp]` key beside Accelerate's fields: the sha256 the
+/// wrap-policy plugin's component must have (see the plugins chapter).
+pub const POLICY_PIN_KEY: &str = "auto-wrap-policy-sha256";
+
 /// The `[fsdp]` section, as written (values are checked by [`Self::plugin`]).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(transparent)]
@@ -28,19 +32,27 @@ impl schemars::JsonSchema for FsdpSection {
     }
 
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        let properties: serde_json::Map<String, serde_json::Value> = crate::parallel::FSDP_FIELDS
-            .iter()
-            .map(|(key, var)| {
-                let field = key.replace('-', "_");
-                let description = format!(
-                    "Accelerate's FSDP plugin field `{field}`; the variable {var} wins over it"
-                );
-                (
-                    key.to_string(),
-                    serde_json::json!({ "description": description }),
-                )
-            })
-            .collect();
+        let mut properties: serde_json::Map<String, serde_json::Value> =
+            crate::parallel::FSDP_FIELDS
+                .iter()
+                .map(|(key, var)| {
+                    let field = key.replace('-', "_");
+                    let description = format!(
+                        "Accelerate's FSDP plugin field `{field}`; the variable {var} wins over it"
+                    );
+                    (
+                        key.to_string(),
+                        serde_json::json!({ "description": description }),
+                    )
+                })
+                .collect();
+        properties.insert(
+            POLICY_PIN_KEY.into(),
+            serde_json::json!({
+                "description": "The sha256 of the wrap-policy plugin's component, pinned: a component that hashes otherwise is refused before it is compiled (hearth's; `hearth plugins lock` writes hearth.lock instead)",
+                "type": "string",
+            }),
+        );
         schemars::json_schema!({
             "description": "Sharded data parallelism (Accelerate's FullyShardedDataParallelPlugin); a section present turns FSDP on",
             "type": "object",
@@ -55,7 +67,7 @@ impl FsdpSection {
     /// error naming `fsdp.<key>`.
     pub fn plugin(&self, invalid: &Invalid) -> Result<FsdpPlugin, ConfigError> {
         let mut plugin = FsdpPlugin::default();
-        for (key, value) in &self.0 {
+        for (key, value) in self.0.iter().filter(|(k, _)| *k != POLICY_PIN_KEY) {
             let text = match value {
                 toml::Value::String(s) => s.clone(),
                 toml::Value::Array(items) => items
@@ -90,7 +102,18 @@ impl FsdpSection {
 
     pub(super) fn validate(&self, invalid: &Invalid) -> Result<(), ConfigError> {
         self.resolve(invalid)?;
-        Ok(())
+        match self.0.get(POLICY_PIN_KEY) {
+            Some(v) if !v.is_str() => Err(invalid(
+                &format!("fsdp.{POLICY_PIN_KEY}"),
+                format!("must be a sha256 string, not {v}"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The wrap policy's pin, `auto-wrap-policy-sha256`.
+    pub fn policy_pin(&self) -> Option<&str> {
+        self.0.get(POLICY_PIN_KEY).and_then(toml::Value::as_str)
     }
 
     /// The settings the section and the `HEARTH_FSDP_*` variables give; an

@@ -186,29 +186,34 @@ impl TrainConfig {
     }
 
     /// The `sha256` keys of the plugin tables: (the key, the plugin, the pin).
-    fn table_pins(&self) -> Vec<(String, &str, &str)> {
+    fn table_pins(&self) -> Vec<(String, String, &str)> {
         let mut pins = Vec::new();
         for (i, t) in self.trackers.iter().enumerate() {
             if let Some(pin) = &t.sha256 {
                 pins.push((
                     format!("trackers[{i}].sha256"),
-                    t.name.as_str(),
+                    t.name.clone(),
                     pin.as_str(),
                 ));
             }
         }
         for (i, h) in self.checkpoint_hooks.iter().enumerate() {
             if let Some(pin) = &h.sha256 {
-                pins.push((
-                    format!("checkpoint-hooks[{i}].sha256"),
-                    h.name.as_str(),
-                    pin.as_str(),
-                ));
+                let key = format!("checkpoint-hooks[{i}].sha256");
+                pins.push((key, h.name.clone(), pin.as_str()));
             }
         }
         if let Some(s) = &self.scheduler {
             if let Some(pin) = &s.sha256 {
-                pins.push(("scheduler.sha256".into(), s.name.as_str(), pin.as_str()));
+                pins.push(("scheduler.sha256".into(), s.name.clone(), pin.as_str()));
+            }
+        }
+        if let Some(f) = &self.fsdp {
+            let invalid = |key: &str, message: String| self.invalid(key, message);
+            let policy = f.resolve(&invalid).map(|s| s.auto_wrap_policy);
+            if let (Some(pin), Ok(policy)) = (f.policy_pin(), policy) {
+                let key = format!("fsdp.{}", super::fsdp::POLICY_PIN_KEY);
+                pins.push((key, policy, pin));
             }
         }
         pins
@@ -219,7 +224,7 @@ impl TrainConfig {
         // One table per plugin: a config names a plugin once (checked above).
         for (key, name, pin) in self.table_pins() {
             let pin = hearth_plugins::parse_pin(pin).map_err(|e| self.invalid(&key, e))?;
-            if let Some(locked) = self.lock.plugins.get(name).filter(|l| **l != pin) {
+            if let Some(locked) = self.lock.plugins.get(&name).filter(|l| **l != pin) {
                 return Err(self.invalid(
                     &key,
                     format!(
