@@ -268,6 +268,24 @@ def mpirun(hearth_bin, n, *args, cwd, machines=1, timeout=None):
     return subprocess.CompletedProcess(run.args, run.returncode, ranked(run.stdout), ranked(run.stderr))
 
 
+def processes_of_rank(rank: int, config=None) -> list:
+    """The pids of running `hearth` processes that mpirun started as world
+    rank `rank` — running `config`, when given (so that a test never
+    signals another test's, or a soak's, processes)."""
+    pids = []
+    for proc in pathlib.Path("/proc").iterdir():
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if not cmdline[0].endswith(b"hearth") or f"OMPI_COMM_WORLD_RANK={rank}".encode() not in environ:
+            continue
+        if config is None or str(config).encode() in cmdline:
+            pids.append(int(proc.name))
+    return pids
+
+
 def write_config(folder: pathlib.Path, text: str, name: str = "job.toml") -> pathlib.Path:
     path = folder / name
     path.write_text(text)

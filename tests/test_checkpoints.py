@@ -14,7 +14,7 @@ import torch
 import xxhash
 from safetensors.torch import load_file
 
-from conftest import mpi_env, mpirun, mpirun_command, run_hearth, start, tiny_job, write_config
+from conftest import mpi_env, mpirun, mpirun_command, processes_of_rank, run_hearth, start, tiny_job, write_config
 
 JOB = tiny_job(
     run={"name": "r", "seed": 5, "save-every": 10, "gradient-accumulation-steps": 2},
@@ -280,8 +280,6 @@ def test_sigterm_at_random_moments_of_two_processes_stops_both_at_the_same_step_
     ranks agree on the step, save one checkpoint of it and exit with
     status 75; resumed each time, the run ends with the weights of a
     2-process run never stopped."""
-    from test_fsdp import processes_of_rank
-
     job = tiny_job(run={"name": "p", "steps": 10000, "log-every": 5}, eval={"samples": None})
     config = write_config(tmp_path, job)
     out = mpirun(hearth_bin, 2, "run", config, "--output-dir", tmp_path / "unbroken", "-q", cwd=tmp_path)
@@ -294,7 +292,7 @@ def test_sigterm_at_random_moments_of_two_processes_stops_both_at_the_same_step_
         with start(mpirun_command(2, hearth_bin, *args), cwd=tmp_path, env=mpi_env()) as job_:
             wait_for_training(run / "metrics.jsonl", last, time.monotonic() + 120)
             time.sleep(rng.uniform(0.0, 0.4))
-            targets = processes_of_rank(1) + (processes_of_rank(0) if stop % 2 else [])
+            targets = processes_of_rank(1, config) + (processes_of_rank(0, config) if stop % 2 else [])
             assert len(targets) == 1 + stop % 2, "the ranks are running"
             for pid in targets:
                 os.kill(pid, signal.SIGTERM)
@@ -335,9 +333,7 @@ def test_hearth_launch_passes_a_polite_stop_on_and_restarts_only_what_it_was_not
 
     with start(args + ["--resume"], cwd=tmp_path, env=mpi_env()) as launched:
         wait_for_training(run / "metrics.jsonl", first, time.monotonic() + 120)
-        from test_fsdp import processes_of_rank
-
-        rank1 = processes_of_rank(1)
+        rank1 = processes_of_rank(1, config)
         assert rank1, "rank 1 is running"
         for pid in rank1:
             os.kill(pid, signal.SIGTERM)

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import ROOT, make_plugin, mpi_env, mpirun, mpirun_command, run_command, start, write_config
+from conftest import ROOT, make_plugin, mpi_env, mpirun, mpirun_command, processes_of_rank, run_command, start, write_config
 
 sys.path.insert(0, str(ROOT / "tests" / "oracles"))
 import peer_gpt  # noqa: E402
@@ -414,18 +414,6 @@ def test_a_sharded_checkpoint_merges_to_the_full_one_and_resumes_on_another_numb
     assert final[0] != (full / "model.safetensors").read_bytes(), "training went on"
 
 
-def processes_of_rank(rank: int) -> list:
-    """The pids of running hearth processes that mpirun started as `rank`."""
-    pids = []
-    for proc in pathlib.Path("/proc").iterdir():
-        try:
-            environ = (proc / "environ").read_bytes().split(b"\0")
-            cmdline = (proc / "cmdline").read_bytes()
-        except (OSError, ValueError):
-            continue
-        if b"hearth" in cmdline and f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ:
-            pids.append(int(proc.name))
-    return pids
 
 
 def test_a_process_killed_during_a_sharded_save_leaves_the_previous_checkpoint_loadable(hearth, hearth_bin, tmp_path):
@@ -447,7 +435,7 @@ def test_a_process_killed_during_a_sharded_save_leaves_the_previous_checkpoint_l
             if not staging or not (checkpoints / "checkpoint_0").exists():
                 time.sleep(0.001)
                 continue
-            rank3 = processes_of_rank(3)
+            rank3 = processes_of_rank(3, config)
             shard = staging[0] / "pytorch_model_fsdp_0" / "shard-00004-model-00001-of-00001.safetensors"
             for pid in rank3:
                 os.kill(pid, signal.SIGSTOP)
@@ -461,7 +449,7 @@ def test_a_process_killed_during_a_sharded_save_leaves_the_previous_checkpoint_l
         name = caught.name.split(".tmp-")[0].lstrip(".")
         time.sleep(1.0)
         assert not (checkpoints / name).exists(), "the others must wait for rank 3's shards"
-        for pid in processes_of_rank(3):
+        for pid in processes_of_rank(3, config):
             os.kill(pid, signal.SIGKILL)
         ended = job_.finish()
     assert ended.returncode != 0

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import mpi_env, start, tiny_job, write_config
+from conftest import mpi_env, processes_of_rank, start, tiny_job, write_config
 
 TIMEOUT = 10  # [distributed] timeout, seconds
 
@@ -29,22 +29,6 @@ def job(strategy):
 def launch(hearth_bin, config, out, restarts):
     command = [hearth_bin, "launch", "-n", "2", "--cpu", "--max-restarts", restarts, config, "--", "--quiet", "--output-dir", out]
     return start([str(c) for c in command], cwd=Path(out).parent, env=mpi_env())
-
-
-def rank_pid(config, rank):
-    """The pid of `hearth run CONFIG` of world rank `rank`."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if len(cmdline) > 2 and cmdline[0].endswith(b"hearth") and cmdline[1:3] == [b"run", str(config).encode()]:
-            if f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ:
-                return int(proc.name)
-    return None
 
 
 def wait_for(condition, seconds, what):
@@ -66,8 +50,9 @@ def test_a_lost_rank_under_sharding_is_named_and_the_restarted_run_ends_with_the
     with launch(hearth_bin, config, tmp_path / "broken", 1) as broken:
         second = tmp_path / "broken" / "lost" / "checkpoints" / "checkpoint_1" / "hearth_checkpoint.json"
         wait_for(second.exists, 300, "a second checkpoint")
-        victim, survivor = rank_pid(config, 1), rank_pid(config, 0)
-        assert victim and survivor, "both ranks run"
+        victims, survivors = processes_of_rank(1, config), processes_of_rank(0, config)
+        assert len(victims) == len(survivors) == 1, "both ranks run"
+        victim, survivor = victims[0], survivors[0]
         if failure == "killed":
             os.kill(victim, signal.SIGKILL)
         else:
