@@ -307,6 +307,10 @@ def test_a_swapped_wrap_policy_is_refused_by_the_fsdp_sections_pin(hearth, tmp_p
     assert out.returncode != 0
     assert "transformer-based" in out.stderr and pinned in out.stderr and swapped in out.stderr, out.stderr
     assert not (tmp_path / "runs" / "short" / "model.safetensors").exists()
+    # A pin without a policy to pin is refused, not ignored.
+    bare = write_config(tmp_path, SHORT_JOB + f'\n[fsdp]\nauto-wrap-policy-sha256 = "{pinned}"\n', "bare.toml")
+    out = hearth("run", "--plugin-dir", plugins, bare)
+    assert out.returncode != 0 and "fsdp.auto-wrap-policy-sha256" in out.stderr and "pins nothing" in out.stderr, out.stderr
 
 
 def plugin_lines(out, name):

@@ -323,6 +323,7 @@ impl NcclGroup {
     }
 
     fn abort(&self) {
+        super::process_group::mark_collectives_broken();
         if !self.aborted.replace(true) {
             // SAFETY: a live communicator, aborted once.
             unsafe { ncsys::ncclCommAbort(self.comm) };
@@ -331,7 +332,6 @@ impl NcclGroup {
 
     fn timed_out(&self, op: &'static str) -> DistError {
         self.abort();
-        super::process_group::mark_collectives_broken();
         DistError::Timeout {
             op,
             timeout: self.timeout,

@@ -611,7 +611,9 @@ impl Accelerator {
                 })
                 .collect();
         }
-        let waited = self.wait_for_checkpoint();
+        // Every process calls it: the last save is agreed (and, of several
+        // writers, settled) on all of them.
+        let waited = self.wait_for_checkpoint_everywhere();
         self.snapshot_buffers.clear();
         waited
     }
@@ -623,6 +625,12 @@ impl Drop for Accelerator {
     fn drop(&mut self) {
         if let Err(e) = self.wait_for_checkpoint() {
             tracing::error!("the last checkpoint was not written: {e}");
+        }
+        if let Some(p) = self.provisional.take() {
+            tracing::warn!(
+                "{} was never agreed by every machine (end_training was not called)",
+                p.dest.display()
+            );
         }
     }
 }

@@ -11,6 +11,7 @@ use crate::data::documents::{self, DocumentFormat, DocumentsSpec, LoadedTokenize
 use crate::data::{RandomTokens, SortDigits, TextFile, TokenDataset, Tokens, TokensSpec};
 use crate::models::{Gpt, GptConfig, Mlp, MlpConfig, Model, TorchScriptModel};
 use crate::optim::{Adam, Optimizer, Sgd};
+use crate::parallel::FsdpPlugin;
 use hearth_ops::{AdamHyper, SgdHyper};
 use hearth_plugins::{
     load_checkpoint_hook, load_scheduler, load_tracker_with, CheckpointHookPlugin, PluginError,
@@ -92,9 +93,16 @@ fn distributed(
     if let Some(timeout) = config.distributed.timeout() {
         builder = builder.timeout(timeout);
     }
-    if let Some(section) = &config.fsdp {
-        let invalid = |key: &str, message: String| config.invalid(key, message);
-        let mut plugin = section.with_env(&invalid).map_err(TrainError::Config)?;
+    let invalid = |key: &str, message: String| config.invalid(key, message);
+    let plugin = match &config.fsdp {
+        Some(section) => Some(section.with_env(&invalid).map_err(TrainError::Config)?),
+        // FSDP turned on by HEARTH_USE_FSDP alone: its policy is pinned too.
+        None if FsdpPlugin::wanted_by_env().map_err(|e| fsdp_env(&invalid, e))? => {
+            Some(FsdpPlugin::from_env().map_err(|e| fsdp_env(&invalid, e))?)
+        }
+        None => None,
+    };
+    if let Some(mut plugin) = plugin {
         plugin.policy_limits = config.policy_limits(plugin.auto_wrap_policy.as_deref());
         // Pinned by the section's own key or hearth.lock (the default
         // policy, no-wrap, is built in and never pinned).
@@ -510,4 +518,15 @@ pub(super) fn eval_entries(e: &Evaluation) -> hearth_plugins::Entries {
         }
         Evaluation::ValidationLoss { loss, .. } => vec![("eval/loss".into(), Value::Float(loss))],
     }
+}
+
+/// A `HEARTH_FSDP_*` variable that cannot be taken, as the config's error.
+fn fsdp_env(
+    invalid: &dyn Fn(&str, String) -> super::config::ConfigError,
+    e: crate::parallel::FsdpError,
+) -> TrainError {
+    TrainError::Config(invalid(
+        "fsdp",
+        format!("cannot take {}: {}", e.key, e.message),
+    ))
 }

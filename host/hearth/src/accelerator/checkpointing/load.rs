@@ -39,7 +39,8 @@ impl Accelerator {
     /// registered object), those restored before it are put back.
     pub fn load_state(&mut self, dir: Option<&Path>) -> Result<PathBuf, CheckpointError> {
         let _span = crate::profiling::span("hearth::load_state");
-        self.wait_for_checkpoint()?;
+        // Every process, before the gathers below.
+        self.wait_for_checkpoint_everywhere()?;
         // The newest intact checkpoint has had its files hashed already.
         let (dir, hashed, skipped) = match dir {
             Some(d) => (d.to_path_buf(), false, Vec::new()),

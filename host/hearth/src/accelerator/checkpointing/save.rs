@@ -341,15 +341,14 @@ impl Accelerator {
             .iter()
             .enumerate()
             .find_map(|(rank, r)| r.as_ref().err().map(|m| (rank, m)));
+        let mut committed = written.is_ok();
         if failed.is_some() && self.project.async_save {
             // This process's background write must end before its folder
             // can be set aside; the save failed anyway.
-            if let Err(e) = self.wait_for_checkpoint() {
-                tracing::debug!("{e:#}");
-            }
+            committed &= self.wait_for_checkpoint().is_ok();
         }
         if !self.project.async_save || failed.is_some() {
-            self.settle(failed.is_none());
+            self.settle(failed.is_none(), committed)?;
         }
         let written = written?;
         match failed {
@@ -362,36 +361,28 @@ impl Accelerator {
     }
 
     /// Once every process agreed on a save of several writers: its old
-    /// checkpoints rotated away when all succeeded; when some failed, this
-    /// writer's committed folder set aside (`checkpoint_<n>.incomplete`),
+    /// checkpoints rotated away when all succeeded; when some failed, the
+    /// folder this writer `committed` set aside (`checkpoint_<n>.incomplete`),
     /// so every machine's newest checkpoint is again the same one.
-    fn settle(&mut self, all_succeeded: bool) {
+    fn settle(&mut self, all_succeeded: bool, committed: bool) -> Result<(), CheckpointError> {
         let Some(provisional) = self.provisional.take() else {
-            return;
+            return Ok(());
         };
-        let done = if all_succeeded {
-            match provisional.rotation {
-                Some((folder, limit)) => rotate(&folder, limit).map(|_| ()),
+        if all_succeeded {
+            return match provisional.rotation {
+                Some((folder, limit)) => rotate(&folder, limit),
                 None => Ok(()),
-            }
-        } else if provisional
-            .dest
-            .join(crate::checkpoint::MANIFEST_NAME)
-            .exists()
-        {
-            crate::checkpoint::set_aside_as(&provisional.dest, "incomplete").map(|to| {
-                tracing::warn!(
-                    "{} is set aside as {}: another machine could not write its copy",
-                    provisional.dest.display(),
-                    to.display()
-                )
-            })
-        } else {
-            Ok(())
-        };
-        if let Err(e) = done {
-            tracing::warn!("{e:#}");
+            };
         }
+        if committed {
+            let to = crate::checkpoint::set_aside_as(&provisional.dest, "incomplete")?;
+            tracing::warn!(
+                "{} is set aside as {}: another machine could not write its copy",
+                provisional.dest.display(),
+                to.display()
+            );
+        }
+        Ok(())
     }
 
     /// Starts the checkpoint `dest`. In a world of one that is all; with
@@ -593,7 +584,9 @@ impl Accelerator {
     /// another rank's (named), so all stop or go on together.
     pub fn wait_for_checkpoint_everywhere(&mut self) -> Result<(), CheckpointError> {
         let waited = self.wait_for_checkpoint();
-        if self.num_processes() == 1 {
+        if self.num_processes() == 1 || hearth_comm::collectives_broken() {
+            // No group to agree with: what was provisional stays so.
+            self.provisional = None;
             return waited;
         }
         let mine = waited.as_ref().map(|_| ()).map_err(|e| format!("{e:#}"));
@@ -607,7 +600,7 @@ impl Accelerator {
             .iter()
             .enumerate()
             .find_map(|(rank, r)| r.as_ref().err().map(|m| (rank, m)));
-        self.settle(failed.is_none());
+        self.settle(failed.is_none(), waited.is_ok())?;
         waited?;
         match failed {
             Some((rank, m)) => Err(state_err(

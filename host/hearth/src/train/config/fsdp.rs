@@ -101,11 +101,16 @@ impl FsdpSection {
     }
 
     pub(super) fn validate(&self, invalid: &Invalid) -> Result<(), ConfigError> {
-        self.resolve(invalid)?;
+        let settings = self.resolve(invalid)?;
+        let key = format!("fsdp.{POLICY_PIN_KEY}");
         match self.0.get(POLICY_PIN_KEY) {
-            Some(v) if !v.is_str() => Err(invalid(
-                &format!("fsdp.{POLICY_PIN_KEY}"),
-                format!("must be a sha256 string, not {v}"),
+            Some(v) if !v.is_str() => {
+                Err(invalid(&key, format!("must be a sha256 string, not {v}")))
+            }
+            Some(_) if settings.auto_wrap_policy == crate::parallel::NO_WRAP => Err(invalid(
+                &key,
+                "pins nothing: no auto-wrap-policy is set, and the default, no-wrap, is built in"
+                    .into(),
             )),
             _ => Ok(()),
         }
