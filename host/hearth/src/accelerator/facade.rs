@@ -65,6 +65,9 @@ pub struct Accelerator {
     pub(super) pending_save: Option<PendingSave>,
     /// The last save of several writers, until every process agreed on it.
     pub(super) provisional: Option<super::checkpointing::Provisional>,
+    /// A background save was started and its outcome not yet agreed by
+    /// every process (see `wait_for_checkpoint_everywhere`).
+    pub(super) unagreed_save: bool,
     /// The host buffers asynchronous saves copy the state into.
     pub(super) snapshot_buffers: super::checkpointing::SnapshotBuffers,
     pub(super) ddp: crate::parallel::data_parallel::DataParallel,
@@ -121,6 +124,7 @@ impl Accelerator {
             micro_steps: Default::default(),
             pending_save: None,
             provisional: None,
+            unagreed_save: false,
             snapshot_buffers: Default::default(),
             ddp: crate::parallel::data_parallel::DataParallel::new(s.ddp, s.fsdp, s.plugin_path),
             trigger: Default::default(),

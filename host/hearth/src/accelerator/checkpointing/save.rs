@@ -278,7 +278,11 @@ impl Accelerator {
         // The number is taken even by a save that fails: every process
         // names the next one alike.
         self.project.iteration += 1;
-        self.agree_on_write(written, &dest)
+        let agreed = self.agree_on_write(written, &dest);
+        // A background write's outcome is agreed later (on every process:
+        // each took this path).
+        self.unagreed_save = self.project.async_save && agreed.is_ok();
+        agreed
     }
 
     /// A writer's part of [`save_state`](Self::save_state) once its folder
@@ -584,7 +588,10 @@ impl Accelerator {
     /// another rank's (named), so all stop or go on together.
     pub fn wait_for_checkpoint_everywhere(&mut self) -> Result<(), CheckpointError> {
         let waited = self.wait_for_checkpoint();
-        if self.num_processes() == 1 || hearth_comm::collectives_broken() {
+        // Only a background save is left to agree on: every process knows
+        // alike whether one was started, so all gather or none does.
+        let unagreed = std::mem::take(&mut self.unagreed_save);
+        if !unagreed || self.num_processes() == 1 || hearth_comm::collectives_broken() {
             // No group to agree with: what was provisional stays so.
             self.provisional = None;
             return waited;
