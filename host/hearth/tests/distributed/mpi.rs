@@ -585,6 +585,31 @@ fn collectives_across_two_ranks_give_the_worked_out_values() {
     }
 }
 
+/// This rank of 4 on two pretend machines (ranks 0–1 on `a`, 2–3 on `b`,
+/// each with a folder of its own under the output folder), saving with
+/// `save_on_each_node` and keeping `total_limit` checkpoints: its rank,
+/// the output folder and its accelerator.
+fn on_two_machines(total_limit: Option<usize>) -> (usize, std::path::PathBuf, Accelerator) {
+    let rank: usize = std::env::var("OMPI_COMM_WORLD_RANK")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let node = if rank < 2 { "a" } else { "b" };
+    std::env::set_var("HEARTH_NODE_NAME", node);
+    let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
+    let acc = common::child_builder()
+        .project_config(hearth::accelerator::ProjectConfiguration {
+            project_dir: out.join(format!("node_{node}")),
+            automatic_checkpoint_naming: true,
+            save_on_each_node: true,
+            total_limit,
+            ..Default::default()
+        })
+        .build()
+        .unwrap();
+    (rank, out, acc)
+}
+
 /// One rank of a run on two pretend machines (ranks 0–1 on `a`, 2–3 on
 /// `b`, each with a folder of its own) saving with `save_on_each_node`,
 /// then loading back: each rank reports what it drew after the save and
@@ -594,22 +619,7 @@ fn child_save_on_each_node() {
     if std::env::var(CHILD).as_deref() != Ok("each-node") {
         return; // only under mpirun
     }
-    let rank: usize = std::env::var("OMPI_COMM_WORLD_RANK")
-        .unwrap()
-        .parse()
-        .unwrap();
-    let node = if rank < 2 { "a" } else { "b" };
-    std::env::set_var("HEARTH_NODE_NAME", node);
-    let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
-    let mut acc = common::child_builder()
-        .project_config(hearth::accelerator::ProjectConfiguration {
-            project_dir: out.join(format!("node_{node}")),
-            automatic_checkpoint_naming: true,
-            save_on_each_node: true,
-            ..Default::default()
-        })
-        .build()
-        .unwrap();
+    let (rank, out, mut acc) = on_two_machines(None);
     tch::manual_seed(7 + rank as i64);
     let vs = tch::nn::VarStore::new(Device::Cpu);
     let _layer = tch::nn::linear(vs.root() / "l", 3, 2, Default::default());
@@ -633,23 +643,7 @@ fn child_a_machine_that_cannot_save() {
     if std::env::var(CHILD).as_deref() != Ok("each-node-fail") {
         return; // only under mpirun
     }
-    let rank: usize = std::env::var("OMPI_COMM_WORLD_RANK")
-        .unwrap()
-        .parse()
-        .unwrap();
-    let node = if rank < 2 { "a" } else { "b" };
-    std::env::set_var("HEARTH_NODE_NAME", node);
-    let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
-    let mut acc = common::child_builder()
-        .project_config(hearth::accelerator::ProjectConfiguration {
-            project_dir: out.join(format!("node_{node}")),
-            automatic_checkpoint_naming: true,
-            save_on_each_node: true,
-            total_limit: Some(1),
-            ..Default::default()
-        })
-        .build()
-        .unwrap();
+    let (rank, out, mut acc) = on_two_machines(Some(1));
     let vs = tch::nn::VarStore::new(Device::Cpu);
     let _layer = tch::nn::linear(vs.root() / "l", 3, 2, Default::default());
     let _vs = acc.prepare(vs).unwrap();
