@@ -1,14 +1,15 @@
 """`make soak SOAK_HOURS=1`: a week of checkpoints in an hour (issue 43).
 
-Two MPI ranks train the bench GPT for SOAK_HOURS, saving every 50 steps
+Two MPI ranks train the bench GPT (examples/bench-gpt.toml) for SOAK_HOURS, saving every 50 steps
 with rotation (keep 3), two trackers (tensorboard, jsonl) and a checkpoint
 hook (manifest-sha256). Every 5 s each rank's resident memory, mapped
 memory, open file descriptors and threads, and the run folder's disk use,
 are read; every SOAK_SAMPLE_SECONDS (60) they make one sample: the peak of
-the memory and disk readings, and the floor of the descriptors and
-threads — those open the whole minute. A leak raises both; what a save or
+the memory readings, and the floor of the descriptors, threads and disk
+use — what was held the whole minute. A leak raises both; what a save or
 a tracker's write holds for a moment (the checkpoint writer and its
-hashing thread, a WASI file call's blocking-pool thread) raises neither.
+hashing thread, a WASI file call's blocking-pool thread, the fourth
+checkpoint that exists between a commit and its rotation) raises neither.
 After the first sixth of the run — ten minutes at most — the warm-up is
 over: the median of the samples in the next five minutes (or twelfth) is
 the baseline, the median of the last five is the end, and the soak fails
@@ -22,6 +23,7 @@ and exits 1 on growth or on a failed stop.
 Usage: SOAK_HOURS=1 python tests/soak/long_soak.py"""
 import os
 import pathlib
+import re
 import shutil
 import signal
 import statistics
@@ -35,30 +37,15 @@ HEARTH = ROOT / "target" / "debug" / "hearth"
 PLUGINS = ROOT / "target" / "plugins"
 GROWTH_LIMIT = 0.05
 
-JOB = """
-[run]
+BENCH_JOB = ROOT / "examples" / "bench-gpt.toml"
+SOAK_RUN = """[run]
 name = "soak"
 steps = 100000000
 log-every = 100
 save-every = 50
 keep-checkpoints = 3
-
-[model]
-kind = "gpt"
-d-model = 128
-layers = 4
-heads = 4
-
-[data]
-kind = "random-tokens"
-vocab-size = 256
-seq-len = 128
-batch-size = 16
-
-[optimizer]
-kind = "adamw"
-lr = 3e-4
-
+"""
+SOAK_PLUGINS = """
 [[trackers]]
 name = "tensorboard"
 
@@ -68,6 +55,16 @@ name = "jsonl"
 [[checkpoint-hooks]]
 name = "manifest-sha256"
 """
+
+
+def job():
+    """The bench GPT's job (examples/bench-gpt.toml) with the soak's [run]
+    section, two trackers and a checkpoint hook."""
+    bench = BENCH_JOB.read_text()
+    run = re.search(r"^\[run\]\n(?:[^\[\n].*\n)*", bench, re.M)
+    if run is None:
+        sys.exit(f"{BENCH_JOB} has no [run] section")
+    return bench[: run.start()] + SOAK_RUN + bench[run.end():] + SOAK_PLUGINS
 
 # (column, what it is, unit divisor, unit)
 METRICS = [
@@ -127,7 +124,7 @@ READ_EVERY = 5.0
 
 def minute(config, run_dir, until):
     """One sample from readings every READ_EVERY seconds until `until`:
-    the peak of memory and disk, the floor of descriptors and threads
+    the peak of memory, the floor of descriptors, threads and disk
     (None when no reading found both ranks)."""
     readings = []
     while True:
@@ -143,8 +140,8 @@ def minute(config, run_dir, until):
     time.sleep(max(0.0, until - time.time()))
     if not readings:
         return None
-    peak = {k: max(r[k] for r in readings) for k in ("rss", "mapped", "disk")}
-    floor = {k: min(r[k] for r in readings) for k in ("fds", "threads")}
+    peak = {k: max(r[k] for r in readings) for k in ("rss", "mapped")}
+    floor = {k: min(r[k] for r in readings) for k in ("fds", "threads", "disk")}
     return {**peak, **floor}
 
 
@@ -181,7 +178,7 @@ def markdown(samples, rows, duration, steps, stop):
         f"(keep 3), tensorboard + jsonl trackers, manifest-sha256 hook; "
         f"{steps} steps, {len(samples)} samples. Stop: {stop}.",
         "",
-        "Each sample: the minute's peak memory and disk, and the descriptors and threads open all minute (read every 5 s).",
+        "Each sample: the minute's peak memory, and the descriptors, threads and disk held all minute (read every 5 s).",
         "",
         "| minute | resident MiB | mapped MiB | fds | threads | disk MiB |",
         "|---:|---:|---:|---:|---:|---:|",
@@ -240,7 +237,7 @@ def main():
     duration = hours * 3600
     work = pathlib.Path(tempfile.mkdtemp(prefix="hearth-soak-long-"))
     config = work / "soak.toml"
-    config.write_text(JOB)
+    config.write_text(job())
     run_dir = work / "runs" / "soak"
     command = ["mpirun", "--oversubscribe", "-n", "2", str(HEARTH), "run", str(config), "--cpu", "-q",
                "--plugin-dir", str(PLUGINS)]

@@ -117,9 +117,16 @@ impl Prepared {
             wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(runtime)?;
         }
         add_world(&mut linker).map_err(runtime)?;
+        // WASI's file calls run on the executor's blocking pool. tokio keeps
+        // an idle pool thread for 10 s, so calls every few seconds (a
+        // checkpoint hook, a tracker) keep every thread a burst ever needed
+        // alive for the whole run (the hour-long soak saw 0 grow to 5).
+        // Idle threads now go after 2 s, and a plugin's pool is capped.
         let executor = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .enable_io()
+            .thread_keep_alive(std::time::Duration::from_secs(2))
+            .max_blocking_threads(8)
             .build()
             .map_err(|e| PluginError::Runtime {
                 name: name.into(),
