@@ -42,6 +42,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/shim.cpp");
     println!("cargo:rerun-if-changed=csrc/guarded.h");
     println!("cargo:rerun-if-changed=csrc/profiler.cpp");
+    println!("cargo:rerun-if-changed=csrc/jit_fuse.cpp");
     println!("cargo:rerun-if-changed=csrc/gelu.cpp");
     println!("cargo:rerun-if-changed=csrc/gelu_avx2.cpp");
     println!("cargo:rerun-if-changed=csrc/attention.cpp");
@@ -59,6 +60,7 @@ fn main() {
         .define("_GLIBCXX_USE_CXX11_ABI", abi.as_str())
         .file(unity_source(&[
             "shim.cpp",
+            "jit_fuse.cpp",
             "profiler.cpp",
             "gelu.cpp",
             "attention.cpp",

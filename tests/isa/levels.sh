@@ -43,7 +43,7 @@ for level in avx2 avx512; do [ -z "$(lacks $level)" ] && native=$level; done
 # run (a few seconds).
 TESTS=(
     "cargo test -q --lib"
-    "cargo test -q --test api -- pytorch_parity::"
+    "cargo test -q --test api -- pytorch_parity:: fused_graph::"
     "cargo test -q --test distributed -- sharding:: fsdp_mixed_precision:: mpi::ddp_on_two_ranks mpi::bf16_compression mpi::process_helpers_on_three_ranks_match_accelerate mpi::ddp_kwargs::power_sgd_gives_pytorchs mpi::join::join_uneven_inputs"
     "cargo test -q --test big_model -- accelerates_logits checkpoints_logits"
     "$PY -m pytest -q --timeout 1800 tests/test_accelerator_run.py -k accumulated_batches_of_8"

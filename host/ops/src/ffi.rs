@@ -116,6 +116,11 @@ extern "C" {
         ctx: *mut std::ffi::c_void,
     ) -> *mut c_char;
     pub fn hearth_jit_train(module: *mut std::ffi::c_void, on: bool) -> *mut c_char;
+    pub fn hearth_jit_fuse(
+        module: *mut std::ffi::c_void,
+        kernels: i32,
+        counts: *mut i64,
+    ) -> *mut c_char;
     pub fn hearth_jit_forward(
         module: *mut std::ffi::c_void,
         inputs: *const *mut C_tensor,

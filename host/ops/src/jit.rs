@@ -68,6 +68,35 @@ extern "C" fn on_buffer(ctx: *mut c_void, name: *const c_char, tensor: *mut C_te
     structure.buffers.push((name, tensor));
 }
 
+/// What [`ScriptModule::fuse`] rewrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fused {
+    /// tanh-GELU chains now one `aten::gelu(x, approximate="tanh")`.
+    pub tanh_gelu: usize,
+    /// Concatenations of an empty constant and a tensor, now the tensor.
+    pub empty_concatenations: usize,
+    /// Attentions of q, k, v split from one projection, now hearth's.
+    pub attention: usize,
+}
+
+impl Fused {
+    /// Whether anything was rewritten.
+    pub fn any(&self) -> bool {
+        self.tanh_gelu + self.empty_concatenations + self.attention > 0
+    }
+}
+
+impl std::fmt::Display for Fused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} tanh-GELU chain(s) fused into aten::gelu, {} empty concatenation(s) dropped, \
+             {} attention(s) now hearth's",
+            self.tanh_gelu, self.empty_concatenations, self.attention
+        )
+    }
+}
+
 /// A loaded TorchScript module (`torch.jit.load`).
 pub struct ScriptModule(NonNull<c_void>);
 
@@ -127,6 +156,30 @@ impl ScriptModule {
     pub fn set_train(&mut self, on: bool) -> Result<(), TchError> {
         // SAFETY: a live module.
         check(unsafe { ffi::hearth_jit_train(self.0.as_ptr(), on) })
+    }
+
+    /// Rewrites the graphs of every method of every module into fewer
+    /// operators that compute the same: transformers' tanh-GELU chain
+    /// (mul, pow, mul, add, mul, tanh, add, mul) becomes `aten::gelu(x,
+    /// approximate="tanh")`, and a concatenation of an empty constant (a
+    /// traced empty cache) before a tensor becomes that tensor
+    /// (`csrc/jit_fuse.cpp`); where hearth's CPU kernels run
+    /// ([`cpu_kernels`](crate::cpu_kernels)), q, k and v split out of one
+    /// packed projection into `scaled_dot_product_attention` become
+    /// hearth's self-attention on that projection. Call it before the
+    /// first `forward`.
+    pub fn fuse(&mut self) -> Result<Fused, TchError> {
+        let kernels = crate::cpu_kernels().map_err(|e| TchError::Torch(e.to_string()))?;
+        let mut counts = [0i64; 3];
+        // SAFETY: a live module; `counts` holds the three numbers it writes.
+        check(unsafe {
+            ffi::hearth_jit_fuse(self.0.as_ptr(), kernels.code(), counts.as_mut_ptr())
+        })?;
+        Ok(Fused {
+            tanh_gelu: counts[0] as usize,
+            empty_concatenations: counts[1] as usize,
+            attention: counts[2] as usize,
+        })
     }
 
     /// Runs `forward(inputs...)`: a tensor, or the first element of a

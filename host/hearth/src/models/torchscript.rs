@@ -2,7 +2,7 @@
 //! trained by hearth with no Python at run time.
 
 use super::{Model, ModuleTree, Unit};
-use hearth_ops::ScriptModule;
+use hearth_ops::{Fused, ScriptModule};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use tch::{Device, TchError, Tensor};
@@ -15,6 +15,7 @@ use tch::{Device, TchError, Tensor};
 /// module tree but the host cannot step inside it.
 pub struct TorchScriptModel {
     module: Mutex<(ScriptModule, bool)>,
+    fused: Fused,
     output: ModelOutput,
     params: Vec<(String, Tensor)>,
     buffers: Vec<(String, Tensor)>,
@@ -56,18 +57,35 @@ pub struct TorchScriptError {
 
 impl TorchScriptModel {
     /// Loads the module saved at `path` onto `device`, its parameters set to
-    /// require gradients.
+    /// require gradients, and its graphs' recognised op chains fused
+    /// ([`ScriptModule::fuse`]: the same arithmetic in fewer operators).
     pub fn load(path: &Path, device: Device) -> Result<Self, TorchScriptError> {
+        Self::load_with(path, device, true)
+    }
+
+    /// [`load`](Self::load), fusing only when `fuse` is true (`[model]
+    /// fuse-graph`): false runs the graph exactly as it was exported.
+    pub fn load_with(path: &Path, device: Device, fuse: bool) -> Result<Self, TorchScriptError> {
         let err = |message: String| TorchScriptError {
             path: path.into(),
             message,
         };
-        let module = ScriptModule::load(path, device).map_err(|e| {
+        let mut module = ScriptModule::load(path, device).map_err(|e| {
             err(format!(
                 "cannot be loaded ({}); export it with torch.jit.script(model).save(path)",
                 first_line(&e)
             ))
         })?;
+        let fused = if fuse {
+            module.fuse().map_err(|e| {
+                err(format!(
+                    "its graph could not be fused ({}); set `[model] fuse-graph = false` to run it as exported",
+                    first_line(&e)
+                ))
+            })?
+        } else {
+            Fused::default()
+        };
         let structure = module.structure().map_err(|e| {
             err(format!(
                 "its modules and tensors cannot be listed: {}",
@@ -99,6 +117,7 @@ impl TorchScriptModel {
         }
         Ok(Self {
             module: Mutex::new((module, true)),
+            fused,
             output: ModelOutput::Logits,
             params,
             buffers,
@@ -111,6 +130,11 @@ impl TorchScriptModel {
     pub fn with_output(mut self, output: ModelOutput) -> Self {
         self.output = output;
         self
+    }
+
+    /// What loading fused in its graph.
+    pub fn fused(&self) -> Fused {
+        self.fused
     }
 
     /// What `forward` returns.

@@ -240,7 +240,11 @@ pub(super) fn model(
                     .as_deref()
                     .expect("validated: torchscript has a path"),
             );
-            let model = TorchScriptModel::load(&path, device)?.with_output(m.output());
+            let model = TorchScriptModel::load_with(&path, device, m.fuse_graph.unwrap_or(true))?
+                .with_output(m.output());
+            if model.fused().any() {
+                tracing::info!("{}: {}", path.display(), model.fused());
+            }
             model.probe(2, data.seq_len(), data.vocab_size())?;
             Box::new(model)
         }

@@ -3,6 +3,7 @@
 //! own values, and training steps against PyTorch's.
 
 mod accelerator;
+mod fused_graph;
 mod profiling;
 mod pytorch_parity;
 mod unprepared;

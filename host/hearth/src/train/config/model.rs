@@ -55,6 +55,10 @@ pub struct ModelSection {
     pub init_strict: Option<bool>,
     /// TorchScript: `forward` returns logits (default) or its own loss.
     pub output: Option<crate::models::ModelOutput>,
+    /// TorchScript: fuse the graph's recognised op chains (transformers'
+    /// tanh-GELU, a traced empty cache) into fewer operators computing the
+    /// same (default true); false runs the graph as exported.
+    pub fuse_graph: Option<bool>,
 }
 
 fn default_d_model() -> i64 {
@@ -120,6 +124,12 @@ impl ModelSection {
         if self.kind != ModelKind::Torchscript {
             only_for(&self.path, "model.path", "\"torchscript\"", invalid)?;
             only_for(&self.output, "model.output", "\"torchscript\"", invalid)?;
+            only_for(
+                &self.fuse_graph,
+                "model.fuse-graph",
+                "\"torchscript\"",
+                invalid,
+            )?;
         }
         match self.kind {
             ModelKind::Torchscript => {

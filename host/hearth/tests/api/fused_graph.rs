@@ -1,0 +1,95 @@
+//! A user's TorchScript model fused (`TorchScriptModel::load`, host/ops
+//! `jit_fuse.cpp`) against PyTorch: the oracle
+//! (`tests/oracles/gpt2_fused_graph.py`) exports a transformers GPT-2 with
+//! `torch.jit.trace` and computes its logits and gradients on one batch in
+//! float64 (eager) and in float32 (the traced graph, op by op). hearth's
+//! fused graph must be within 4 times float32 libtorch's distance from
+//! float64, plus 64 units of float32 rounding of the largest value — the
+//! bound of `pytorch_parity`, derived in the oracle's docstring — on
+//! whatever CPU level libtorch runs (tests/isa/levels.sh runs it at each).
+
+use hearth::models::{Model, TorchScriptModel};
+use hearth::train::lm_loss;
+use hearth_testkit as common;
+use std::collections::HashMap;
+use tch::{Device, Kind, Tensor};
+
+fn read(path: &std::path::Path) -> HashMap<String, Tensor> {
+    Tensor::read_safetensors(path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+        .into_iter()
+        .collect()
+}
+
+/// The largest absolute difference between `a` and `b`, in float64.
+fn distance(a: &Tensor, b: &Tensor) -> f64 {
+    (a.to_kind(Kind::Double) - b.to_kind(Kind::Double))
+        .abs()
+        .max()
+        .double_value(&[])
+}
+
+/// `got` against float64 `exact`, allowed 4 × float32 libtorch's distance
+/// plus 64 float32 units of the largest exact value.
+fn check(what: &str, got: &Tensor, f32_libtorch: &Tensor, exact: &Tensor) {
+    let largest = exact.abs().max().double_value(&[]);
+    let bound = 4.0 * distance(f32_libtorch, exact) + 64.0 * f64::from(f32::EPSILON) * largest;
+    let off = distance(got, exact);
+    assert!(
+        off <= bound,
+        "{what}: fused is {off:e} from float64, over the bound {bound:e} \
+         (float32 libtorch is {:e} away)",
+        distance(f32_libtorch, exact)
+    );
+}
+
+#[test]
+fn a_traced_gpt2s_fused_graph_gives_pytorchs_logits_and_gradients() {
+    let _serial = super::serial();
+    let dir = common::scratch("fused-graph");
+    common::oracle("gpt2_fused_graph.py", &[dir.to_str().unwrap()]);
+    let batch = read(&dir.join("batch.safetensors"));
+    let theirs = read(&dir.join("pytorch.safetensors"));
+
+    let model = TorchScriptModel::load(&dir.join("gpt2.pt"), Device::Cpu).unwrap();
+    let fused = model.fused();
+    // Both of GPT-2's tanh-GELUs, each block's key and value caches, and
+    // its two attentions where hearth's kernels run (not at libtorch's
+    // baseline level, where hearth runs none).
+    let kernels_on = hearth::ops::cpu_kernels() == Ok(hearth::ops::CpuKernels::Avx2);
+    assert_eq!(
+        (fused.tanh_gelu, fused.empty_concatenations, fused.attention),
+        (2, 4, if kernels_on { 2 } else { 0 }),
+        "{fused}"
+    );
+    let logits = model.forward_t(&batch["ids"], true);
+    lm_loss(&logits, &batch["targets"]).backward();
+    check(
+        "logits",
+        &logits,
+        &theirs["f32.logits"],
+        &theirs["f64.logits"],
+    );
+    let params = model.named_parameters();
+    assert!(!params.is_empty());
+    for (name, p) in params {
+        let key = |kind: &str| format!("{kind}.grad.{name}");
+        let (f32_grad, exact) = (&theirs[&key("f32")], &theirs[&key("f64")]);
+        check(&format!("{name}'s gradient"), &p.grad(), f32_grad, exact);
+    }
+}
+
+/// `[model] fuse-graph = false`'s path: the graph runs as exported, and
+/// then it is float32 libtorch's own, value for value.
+#[test]
+fn unfused_the_traced_graph_is_libtorchs_own() {
+    let _serial = super::serial();
+    let dir = common::scratch("unfused-graph");
+    common::oracle("gpt2_fused_graph.py", &[dir.to_str().unwrap()]);
+    let batch = read(&dir.join("batch.safetensors"));
+    let theirs = read(&dir.join("pytorch.safetensors"));
+    let model = TorchScriptModel::load_with(&dir.join("gpt2.pt"), Device::Cpu, false).unwrap();
+    assert!(!model.fused().any());
+    let logits = model.forward_t(&batch["ids"], true);
+    assert_eq!(distance(&logits, &theirs["f32.logits"]), 0.0);
+}
