@@ -63,7 +63,7 @@ def load_cmd(out: pathlib.Path) -> list:
 
 
 def peer(out: str) -> None:
-    """The peer's process: the bench GPT, one AdamW step, save_model."""
+    """The peer's process: the bench GPT, one fused AdamW step, save_model."""
     sys.path.insert(0, str(ROOT / "tests" / "oracles"))
     import torch
     import torch.nn.functional as F
@@ -75,7 +75,7 @@ def peer(out: str) -> None:
     set_seed(0)
     vocab, block, batch = 256, 128, 16
     model = build(vocab, block, 128, 4, 4)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
     model, opt = acc.prepare(model, opt)
     x = torch.randint(0, vocab, (batch, block + 1))
     logits = model(x[:, :-1])
@@ -94,7 +94,8 @@ def measure(rounds: int) -> dict:
     runs = {side: {"wall": [], "rss": []} for side, _ in sides}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(rounds):
-            for side, cmd in sides:
+            # Each round in another order: the sides rotated.
+            for side, cmd in sides[i % len(sides):] + sides[: i % len(sides)]:
                 out = pathlib.Path(tmp) / f"{side}-{i}"
                 wall, rss = timed(cmd(out))
                 saved = list(out.rglob("model.safetensors"))

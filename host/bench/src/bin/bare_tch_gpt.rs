@@ -1,8 +1,8 @@
 //! The whole-process row of `make bench` done with tch alone, as a floor for
 //! hearth's figures: the bench GPT (hearth's `Gpt`: the peer's ops, but for
 //! hearth's fused GELU and attention on a CPU with AVX2), one AdamW step on one batch of 16 × 128 random tokens
-//! (written out with tch ops, as PyTorch's non-fused AdamW does it),
-//! `model.safetensors` written with tch, and a plain return from `main`.
+//! (libtorch's `_fused_adamw_`, as hearth and `AdamW(fused=True)` run it),
+//! `model.safetensors` written with tch, and `_exit` (as `hearth` ends).
 //! No accelerator, config, plugins or trackers.
 //!
 //! Usage: `bare_tch_gpt OUT_DIR` (examples/bench/startup_vs_accelerate.py).
@@ -36,24 +36,33 @@ fn main() {
         .cross_entropy_for_logits(&x.narrow(1, 1, block).reshape([-1]));
     loss.backward();
 
-    let (lr, beta1, beta2, eps, weight_decay) = (3e-4, 0.9, 0.999, 1e-8, 0.01);
-    // The optimizer's state lives on, as an optimizer's would.
-    let _state: Vec<(Tensor, Tensor)> = tch::no_grad(|| {
-        model
-            .named_parameters()
-            .into_iter()
-            .map(|(_, mut p)| {
-                let g = p.grad();
-                let m = &g * (1.0 - beta1);
-                let v = &g * &g * (1.0 - beta2);
-                let denom = (&v / (1.0 - beta2)).sqrt() + eps;
-                let _ = p.g_mul_scalar_(1.0 - lr * weight_decay);
-                let _ = p.g_sub_(&(&m / denom * (lr / (1.0 - beta1))));
-                p.zero_grad();
-                (m, v)
-            })
-            .collect()
-    });
+    // One step of libtorch's `_fused_adamw_` (`AdamW(fused=True)`, what
+    // hearth and the peer both run); its state lives on, as an optimizer's would.
+    let params: Vec<Tensor> = model
+        .named_parameters()
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
+    let grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
+    let zeros = || -> Vec<Tensor> { params.iter().map(Tensor::zeros_like).collect() };
+    let (exp_avgs, exp_avg_sqs) = (zeros(), zeros());
+    let steps: Vec<Tensor> = params.iter().map(|_| Tensor::from(0f32)).collect();
+    hearth_ops::fused_adam(
+        &params,
+        &grads,
+        &exp_avgs,
+        &exp_avg_sqs,
+        &steps,
+        hearth_ops::AdamHyper::adamw(3e-4),
+        None,
+    )
+    .expect("one fused AdamW step");
     Tensor::write_safetensors(&model.named_parameters(), out.join("model.safetensors"))
         .expect("writing model.safetensors");
+    // As hearth ends: without libtorch's static destructors.
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    // SAFETY: everything written is flushed; `_exit` skips the C++ static
+    // destructors (libtorch deregistering its operators), which is the point.
+    unsafe { libc::_exit(0) }
 }

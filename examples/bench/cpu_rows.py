@@ -1,0 +1,178 @@
+"""The CPU throughput rows of `make bench`: hearth against the peers a
+PyTorch expert would pick, each side run ROUNDS times, every round in
+another order (the sides rotated), and each ratio given as n, the median
+and the min–max of the per-round ratios (a round's hearth run against the
+same round's peer run).
+
+Rows (`ROWS`): the bench GPT (examples/bench-gpt.toml) in float32 on 1 and
+2 processes and in bf16 on 1, and the user-model rows (user_model.py: a
+transformers GPT-2 exported with `torch.jit.trace`) on 1 and 2 processes in
+float32 and bf16. Sides:
+
+  hearth    `hearth run` (1 process) or `hearth launch -n 2 --cpu` (MPI)
+  eager     the model under Accelerate, `AdamW(fused=True)` (cpu_peer.py)
+  compiled  the same with `dynamo_backend="inductor"`, compile time apart
+  malloc    the eager peer under hearth's malloc settings (glibc's
+            M_MMAP_THRESHOLD 32 MiB, M_TRIM_THRESHOLD 256 MiB), to tell the
+            allocator's share of hearth's lead from the rest
+
+Two processes: both sides pinned one rank per core (mpirun's
+`--bind-to core` through OMPI_MCA_hwloc_base_binding_policy, and the peer's
+ranks pinning themselves to core LOCAL_RANK under torchrun) and both with
+OMP_NUM_THREADS = cores / 2; mpirun's `--report-bindings` and the peer's
+cores are printed. A benchmark, not a test: nothing is asserted.
+Usage: python cpu_rows.py [ROUNDS] [ROW...]   (table.py runs every row)
+"""
+import json
+import os
+import pathlib
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+import user_model  # noqa: E402
+
+HEARTH = pathlib.Path(os.environ.get("HEARTH_BIN", ROOT / "target" / "debug" / "hearth"))
+BENCH_GPT = ROOT / "examples" / "bench-gpt.toml"
+# hearth's own (host/ops: keep_freed_memory_for_reuse), as glibc's variables.
+HEARTH_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
+
+# name: (model, processes, precision, sides)
+ROWS = {
+    "gpt-1": ("gpt", 1, "no", ["hearth", "eager", "compiled", "malloc"]),
+    "gpt-2": ("gpt", 2, "no", ["hearth", "eager", "compiled"]),
+    "gpt-1-bf16": ("gpt", 1, "bf16", ["hearth", "eager", "compiled"]),
+    "gpt2-1": ("gpt2", 1, "no", ["hearth", "eager", "compiled"]),
+    "gpt2-2": ("gpt2", 2, "no", ["hearth", "eager", "compiled"]),
+    "gpt2-1-bf16": ("gpt2", 1, "bf16", ["hearth", "eager", "compiled"]),
+    "gpt2-2-bf16": ("gpt2", 2, "bf16", ["hearth", "eager", "compiled"]),
+}
+PEER_NAMES = {"eager": "Accelerate", "compiled": "Accelerate + inductor",
+              "malloc": "Accelerate, hearth's malloc settings"}
+
+
+def threads(procs: int) -> str:
+    return str(max(1, (os.cpu_count() or 1) // procs))
+
+
+def bound_env(procs: int) -> dict:
+    """Both sides' environment: equal threads, and for several processes
+    one core per rank with the binding reported."""
+    env = dict(os.environ, OMP_NUM_THREADS=threads(procs))
+    if procs > 1:
+        env.update(OMPI_MCA_hwloc_base_binding_policy="core", OMPI_MCA_hwloc_base_report_bindings="1")
+    return env
+
+
+def hearth_config(model: str, precision: str, folder: pathlib.Path) -> pathlib.Path:
+    if model == "gpt2":
+        return user_model.export(folder, precision)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = folder / "bench.toml"
+    text = BENCH_GPT.read_text().replace('name = "bench-gpt"', 'name = "bench"')
+    config.write_text(text.replace("[run]\n", f'[run]\nmixed-precision = "{precision}"\n', 1))
+    return config
+
+
+def run_hearth(config: pathlib.Path, procs: int, log: list) -> float:
+    out = config.parent / "out"
+    flags = ["--quiet", "--output-dir", out]
+    if procs == 1:
+        cmd = [HEARTH, "run", config, "--cpu", *flags]
+    else:
+        cmd = [HEARTH, "launch", "-n", str(procs), "--cpu", config, "--", *flags]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=bound_env(procs))
+    if done.returncode != 0:
+        raise SystemExit(f"hearth failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    # mpirun's --report-bindings lines, without the host and pid that
+    # make each run's differ.
+    log += [re.sub(r"\[[^\]\s]+:\d+\] ", "", line) for line in done.stderr.splitlines()
+            if "bound to" in line or "not bound" in line]
+    return json.loads((out / "bench" / "summary.json").read_text())["tokens_per_sec"]
+
+
+def run_peer(model: str, side: str, procs: int, precision: str, log: list) -> tuple[float, float]:
+    """(tokens/s, seconds of the warm-up steps: the compile, if any)."""
+    args = [HERE / "cpu_peer.py", "--model", model, "--precision", precision,
+            "--peer", "compiled" if side == "compiled" else "eager"]
+    steps = ["--steps", str(user_model.STEPS)]
+    if procs == 1:
+        cmd = [sys.executable, *args, *steps]
+    else:
+        torchrun = pathlib.Path(sys.executable).parent / "torchrun"
+        cmd = [torchrun, "--nproc_per_node", str(procs), *args, *steps, "--bind"]
+    env = bound_env(procs)
+    if side == "malloc":
+        env.update(HEARTH_MALLOC)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"the {side} peer failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    line = done.stdout.strip().splitlines()[-1]
+    found = dict(re.findall(r"(\S+)=(\S+)", line))
+    log.append(f"{side}: threads {found['threads']}, cores {found['cores']}")
+    return float(found["tokens/s"]), float(found["warmup"])
+
+
+def measure(row: str, rounds: int) -> dict:
+    """{side: [tokens/s per round]}, {side: [warm-up s]}, and the log."""
+    model, procs, precision, sides = ROWS[row]
+    rates = {side: [] for side in sides}
+    warmups = {side: [] for side in sides if side != "hearth"}
+    log = []
+    with tempfile.TemporaryDirectory() as tmp:
+        config = hearth_config(model, precision, pathlib.Path(tmp) / "job")
+        for i in range(rounds):
+            order = sides[i % len(sides):] + sides[: i % len(sides)]
+            for side in order:
+                if side == "hearth":
+                    shutil.rmtree(config.parent / "out", ignore_errors=True)
+                    rates[side].append(run_hearth(config, procs, log))
+                else:
+                    rate, warm = run_peer(model, side, procs, precision, log)
+                    rates[side].append(rate)
+                    warmups[side].append(warm)
+            line = ", ".join(f"{side} {rates[side][-1]:,.0f}" for side in sides)
+            print(f"{row} round {i + 1} ({' then '.join(order)}): {line} tokens/s", flush=True)
+    return dict(rates=rates, warmups=warmups, log=sorted(set(log)))
+
+
+def ratios(result: dict, peer: str) -> list[float]:
+    return [h / p for h, p in zip(result["rates"]["hearth"], result["rates"][peer])]
+
+
+def describe(row: str) -> str:
+    model, procs, precision, _ = ROWS[row]
+    what = "tiny GPT" if model == "gpt" else "user's GPT-2 (transformers, torch.jit.trace)"
+    kind = "bf16" if precision == "bf16" else "float32"
+    return f"{what} tokens/s, {kind}, {procs} process{'es' if procs > 1 else ''}"
+
+
+def summary(row: str, result: dict) -> list[str]:
+    """Lines: each side's median tokens/s, each peer's ratio n/median/min–max."""
+    n = len(result["rates"]["hearth"])
+    lines = [f"{describe(row)}, n={n}:"]
+    for side, rates in result["rates"].items():
+        warm = result["warmups"].get(side)
+        extra = f"  (warm-up {statistics.median(warm):.1f} s)" if warm else ""
+        lines.append(f"  {side:9s} {statistics.median(rates):10,.0f} tokens/s{extra}")
+    for peer in list(result["rates"])[1:]:
+        r = ratios(result, peer)
+        lines.append(f"  hearth/{peer} = {statistics.median(r):.2f} (min {min(r):.2f}, max {max(r):.2f})")
+    lines += [f"  binding: {line}" for line in result["log"]]
+    return lines
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    for row in sys.argv[2:] or list(ROWS):
+        print("\n".join(summary(row, measure(row, rounds))), flush=True)
+
+
+if __name__ == "__main__":
+    main()
