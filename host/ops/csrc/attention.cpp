@@ -109,7 +109,9 @@ struct FusedSelfAttention : torch::autograd::Function<FusedSelfAttention> {
 // [B, T, H*D].
 at::Tensor libtorch_attention(const at::Tensor &qkv, const Dims &g, bool causal) {
   const auto parts = qkv.split(g.H * g.D, -1);
-  auto heads = [&](const at::Tensor &x) { return x.view({g.B, g.T, g.H, g.D}).transpose(1, 2); };
+  // reshape: the projection may come from a rewritten TorchScript graph
+  // (jit_fuse.cpp) as a strided view, where view would refuse it.
+  auto heads = [&](const at::Tensor &x) { return x.reshape({g.B, g.T, g.H, g.D}).transpose(1, 2); };
   return at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {},
                                           0.0, causal)
       .transpose(1, 2)

@@ -32,17 +32,27 @@
 #include <torch/csrc/jit/passes/subgraph_rewrite.h>
 #include <torch/library.h>
 
+#include "guarded.h"
 #include "kernel_paths.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
 
+// hearth's attention (attention.cpp), as its C ABI gives it.
+extern "C" char *hearth_self_attention(at::Tensor *qkv, int64_t heads, bool causal,
+                                       int32_t kernels, at::Tensor **out);
+
+// A named namespace: the unity build (build.rs) puts the other sources
+// after this one, and these names are for this file alone.
+namespace hearth_fuse {
 namespace {
 
 using torch::jit::Graph;
@@ -128,6 +138,15 @@ bool is_empty_constant(Value *v) {
          iv->toTensor().numel() == 0;
 }
 
+// Whether an op writes to `v` in place (its schema's `_` ops: add_, ...).
+bool written_in_place(Value *v) {
+  for (const auto &use : v->uses()) {
+    const std::string name = use.user->kind().toUnqualString();
+    if (!name.empty() && name.back() == '_') return true;
+  }
+  return false;
+}
+
 int64_t drop_empty_concatenations(std::shared_ptr<Graph> &graph) {
   int64_t dropped = 0;
   for (auto it = graph->nodes().begin(); it != graph->nodes().end();) {
@@ -138,9 +157,16 @@ int64_t drop_empty_concatenations(std::shared_ptr<Graph> &graph) {
         cat->input(0)->uses().size() != 1 || !is_empty_constant(list->input(0))) {
       continue;
     }
-    // cat of an empty 1-d tensor and x is a copy of x (torch.cat skips
-    // such tensors), and autograd passes x's gradient straight through.
-    cat->output()->replaceAllUsesWith(list->input(1));
+    // cat of an empty 1-d tensor and x is x (torch.cat skips such
+    // tensors) in the dtype both promote to, and autograd passes x's
+    // gradient straight through. The result is x itself where the dtype
+    // already agrees, so nothing may write to either in place.
+    Value *x = list->input(1);
+    if (written_in_place(cat->output()) || written_in_place(x)) continue;
+    torch::jit::WithInsertPoint here(cat);
+    Value *dtype = graph->insert(c10::aten::result_type, {list->input(0), x});
+    Value *same = graph->insert(c10::aten::to, {x, dtype, false, false});
+    cat->output()->replaceAllUsesWith(same);
     cat->destroy();
     ++dropped;
   }
@@ -148,12 +174,9 @@ int64_t drop_empty_concatenations(std::shared_ptr<Graph> &graph) {
   return dropped;
 }
 
-// hearth's attention (attention.cpp), as its C ABI gives it.
-extern "C" char *hearth_self_attention(at::Tensor *qkv, int64_t heads, bool causal,
-                                       int32_t kernels, at::Tensor **out);
-
 // The kernel path the rewritten graphs' hearth::self_attention runs
-// (kernel_paths.h), set by hearth_jit_fuse.
+// (kernel_paths.h), set by hearth_jit_fuse: one per process (hearth
+// chooses it once, ops::cpu_kernels), so every module agrees.
 std::atomic<int32_t> attention_kernels{hearth_kernels::kLibtorch};
 
 at::Tensor self_attention_op(const at::Tensor &qkv, int64_t heads, bool causal) {
@@ -196,9 +219,17 @@ struct Head {
   Value *packed;
   size_t index;
   int64_t width, heads, head_dim;
+  Value *batch, *time;  // the view's first two sizes
 };
 
 std::optional<Head> head_of(Value *x) {
+  // Through the dtype promotion drop_empty_concatenations leaves where a
+  // cache was: a no-op for the float32 tensors hearth's kernels take, and
+  // one autocast would undo before sdpa for the others.
+  if (x->node()->kind() == c10::aten::to && x->node()->inputs().size() >= 2 &&
+      x->node()->input(1)->node()->kind() == c10::aten::result_type) {
+    x = x->node()->input(0);
+  }
   Node *transpose = x->node();
   if (transpose->kind() != c10::aten::transpose || transpose->inputs().size() != 3) return std::nullopt;
   auto a = constant_int(transpose->input(1)), b = constant_int(transpose->input(2));
@@ -216,7 +247,8 @@ std::optional<Head> head_of(Value *x) {
   if (split->kind() != c10::aten::split || split->inputs().size() != 3) return std::nullopt;
   auto width = constant_int(split->input(1)), dim = constant_int(split->input(2));
   if (!width || !dim || (*dim != 2 && *dim != -1)) return std::nullopt;
-  return Head{split->input(0), part->offset(), *width, *heads, *head_dim};
+  return Head{split->input(0), part->offset(), *width, *heads, *head_dim, shape->input(0),
+              shape->input(1)};
 }
 
 int64_t fuse_attention(std::shared_ptr<Graph> &graph) {
@@ -227,7 +259,7 @@ int64_t fuse_attention(std::shared_ptr<Graph> &graph) {
     auto q = head_of(sdpa->input(0)), k = head_of(sdpa->input(1)), v = head_of(sdpa->input(2));
     if (!q || !k || !v || q->packed != k->packed || k->packed != v->packed || q->index != 0 ||
         k->index != 1 || v->index != 2 || q->head_dim != k->head_dim || k->head_dim != v->head_dim ||
-        q->width != k->width || q->width % q->head_dim != 0) {
+        q->width != k->width || k->width != v->width || q->width % q->head_dim != 0) {
       continue;
     }
     const int64_t head_dim = q->head_dim, heads = q->width / head_dim;
@@ -243,15 +275,17 @@ int64_t fuse_attention(std::shared_ptr<Graph> &graph) {
       continue;
     }
     torch::jit::WithInsertPoint here(sdpa);
-    Value *packed = q->packed;
+    // The projection as the views saw it, [B, T, 3 * H * D] with q's B and
+    // T (a reshape: a view where the layout allows, as the views were).
+    auto ints = [&](std::initializer_list<Value *> values) {
+      return graph->insertNode(graph->createList(c10::IntType::get(), values))->output();
+    };
+    Value *minus_one = graph->insertConstant(int64_t(-1));
+    Value *packed = graph->insert(c10::aten::reshape, {q->packed, ints({q->batch, q->time, minus_one})});
     Value *out = graph->insert(c10::Symbol::fromQualString("hearth::self_attention"),
                                {packed, heads, *causal});
     // [B, T, H * D] seen as [B, H, T, D], what the attention gave.
-    Value *batch = graph->insert(c10::aten::size, {packed, 0});
-    Value *time = graph->insert(c10::aten::size, {packed, 1});
-    Value *shape = graph->insertNode(graph->createList(
-        c10::IntType::get(), {batch, time, graph->insertConstant(heads), graph->insertConstant(head_dim)}))
-        ->output();
+    Value *shape = ints({q->batch, q->time, graph->insertConstant(heads), graph->insertConstant(head_dim)});
     Value *viewed = graph->insert(c10::aten::view, {out, shape});
     Value *heads_first = graph->insert(c10::aten::transpose, {viewed, 1, 2});
     sdpa->output()->replaceAllUsesWith(heads_first);
@@ -263,13 +297,14 @@ int64_t fuse_attention(std::shared_ptr<Graph> &graph) {
 }
 
 }  // namespace
+}  // namespace hearth_fuse
 
 TORCH_LIBRARY(hearth, m) {
   m.def("self_attention(Tensor qkv, int heads, bool causal) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(hearth, CompositeImplicitAutograd, m) {
-  m.impl("self_attention", self_attention_op);
+  m.impl("self_attention", hearth_fuse::self_attention_op);
 }
 
 // Rewrites every method of every module in `handle` (a torch::jit::Module)
@@ -277,20 +312,21 @@ TORCH_LIBRARY_IMPL(hearth, CompositeImplicitAutograd, m) {
 // fused, counts[1] the empty concatenations dropped, counts[2] the
 // attentions now hearth's. Graphs shared between modules of one class are
 // rewritten once.
-extern "C" char *hearth_jit_fuse(void *handle, int32_t kernels, int64_t *counts) {
+extern "C" char *hearth_jit_fuse(void *handle, int32_t kernels, bool on_cpu, int64_t *counts) {
   return hearth_abi::guarded([&] {
     auto &module = *static_cast<torch::jit::Module *>(handle);
-    std::unordered_set<Graph *> seen;
+    std::unordered_set<torch::jit::Graph *> seen;
     counts[0] = counts[1] = counts[2] = 0;
-    const bool attention = hearth_kernels::path_of(kernels) != hearth_kernels::kLibtorch;
-    if (attention) attention_kernels.store(kernels);
+    // hearth's attention kernels are CPU kernels: a CUDA module keeps sdpa.
+    const bool attention = on_cpu && hearth_kernels::path_of(kernels) != hearth_kernels::kLibtorch;
+    if (attention) hearth_fuse::attention_kernels.store(kernels);
     for (const auto &sub : module.modules()) {
       for (const auto &method : sub.get_methods()) {
         auto graph = method.graph();
         if (!seen.insert(graph.get()).second) continue;
-        counts[0] += fuse_tanh_gelu(graph);
-        counts[1] += drop_empty_concatenations(graph);
-        if (attention) counts[2] += fuse_attention(graph);
+        counts[0] += hearth_fuse::fuse_tanh_gelu(graph);
+        counts[1] += hearth_fuse::drop_empty_concatenations(graph);
+        if (attention) counts[2] += hearth_fuse::fuse_attention(graph);
       }
     }
   });

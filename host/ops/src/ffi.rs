@@ -119,6 +119,7 @@ extern "C" {
     pub fn hearth_jit_fuse(
         module: *mut std::ffi::c_void,
         kernels: i32,
+        on_cpu: bool,
         counts: *mut i64,
     ) -> *mut c_char;
     pub fn hearth_jit_forward(

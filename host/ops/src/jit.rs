@@ -166,14 +166,21 @@ impl ScriptModule {
     /// (`csrc/jit_fuse.cpp`); where hearth's CPU kernels run
     /// ([`cpu_kernels`](crate::cpu_kernels)), q, k and v split out of one
     /// packed projection into `scaled_dot_product_attention` become
-    /// hearth's self-attention on that projection. Call it before the
-    /// first `forward`.
-    pub fn fuse(&mut self) -> Result<Fused, TchError> {
-        let kernels = crate::cpu_kernels().map_err(|e| TchError::Torch(e.to_string()))?;
+    /// hearth's self-attention on that projection, for a module on the CPU
+    /// (`device`, where it was loaded). Call it before the first `forward`.
+    pub fn fuse(&mut self, device: Device) -> Result<Fused, TchError> {
+        // A kernel path this process cannot honour is refused when hearth
+        // starts; here it only means no attention rewrite.
+        let kernels = crate::cpu_kernels().map_or(0, |path| path.code());
         let mut counts = [0i64; 3];
         // SAFETY: a live module; `counts` holds the three numbers it writes.
         check(unsafe {
-            ffi::hearth_jit_fuse(self.0.as_ptr(), kernels.code(), counts.as_mut_ptr())
+            ffi::hearth_jit_fuse(
+                self.0.as_ptr(),
+                kernels,
+                device == Device::Cpu,
+                counts.as_mut_ptr(),
+            )
         })?;
         Ok(Fused {
             tanh_gelu: counts[0] as usize,

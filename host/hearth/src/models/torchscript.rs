@@ -77,7 +77,7 @@ impl TorchScriptModel {
             ))
         })?;
         let fused = if fuse {
-            module.fuse().map_err(|e| {
+            module.fuse(device).map_err(|e| {
                 err(format!(
                     "its graph could not be fused ({}); set `[model] fuse-graph = false` to run it as exported",
                     first_line(&e)

@@ -62,6 +62,12 @@ fn a_traced_gpt2s_fused_graph_gives_pytorchs_logits_and_gradients() {
         (2, 4, if kernels_on { 2 } else { 0 }),
         "{fused}"
     );
+    if kernels_on {
+        // hearth's own kernels take GPT-2's projection (width 32, 4 heads
+        // of 8, 64 positions), not libtorch's attention behind them.
+        let qkv = Tensor::zeros([4, 64, 3 * 32], (Kind::Float, Device::Cpu));
+        assert!(hearth::ops::self_attention_is_fused(&qkv, 4));
+    }
     let logits = model.forward_t(&batch["ids"], true);
     lm_loss(&logits, &batch["targets"]).backward();
     check(
