@@ -11,8 +11,8 @@ differ only in what they name:
   --peer compiled the same with `dynamo_backend="inductor"` (torch.compile);
                   its first WARMUP steps (the compile) are timed apart
   --precision     no | bf16 (Accelerate's CPU autocast)
-  --bind          pins each rank to core LOCAL_RANK (as mpirun binds
-                  hearth's ranks) and prints the binding
+  --bind          pins each rank to its CPUS_PER_RANK CPUs (LOCAL_RANK's
+                  share, as mpirun binds hearth's ranks)
 
 Both use `AdamW(fused=True)`, and make positions on the tokens' device (no
 `torch.set_default_device`). Prints one line: `tokens/s=N warmup=S
@@ -58,7 +58,11 @@ def main() -> None:
     args.add_argument("--bind", action="store_true")
     a = args.parse_args()
     if a.bind:
-        os.sched_setaffinity(0, {int(os.environ.get("LOCAL_RANK", "0")) % os.cpu_count()})
+        # This rank's share of the CPUs it may use, as mpirun binds hearth's.
+        cpus = sorted(os.sched_getaffinity(0))
+        k = int(os.environ.get("CPUS_PER_RANK", "1"))
+        rank = int(os.environ.get("LOCAL_RANK", "0"))
+        os.sched_setaffinity(0, cpus[rank * k:(rank + 1) * k] or cpus[-k:])
 
     from accelerate import Accelerator
 

@@ -16,11 +16,13 @@ float32 and bf16. Sides:
             M_MMAP_THRESHOLD 32 MiB, M_TRIM_THRESHOLD 256 MiB), to tell the
             allocator's share of hearth's lead from the rest
 
-Two processes: both sides pinned one rank per core (mpirun's
-`--bind-to core` through OMPI_MCA_hwloc_base_binding_policy, and the peer's
-ranks pinning themselves to core LOCAL_RANK under torchrun) and both with
-OMP_NUM_THREADS = cores / 2; mpirun's `--report-bindings` and the peer's
-cores are printed. A benchmark, not a test: nothing is asserted.
+Two processes: both sides bind each rank to its own share of this
+process's CPUs (k = CPUs / 2; mpirun mapped `slot:PE=k` and bound through
+OMPI_MCA_* variables, the peer's ranks pinning themselves to CPUs
+[LOCAL_RANK·k, (LOCAL_RANK+1)·k) under torchrun), both with
+OMP_NUM_THREADS = k; mpirun's `--report-bindings` and the peer's CPUs are
+printed. The compiled peer's first 10 steps (its compile) are given
+apart; inductor's cache on disk makes later rounds' compiles shorter. A benchmark, not a test: nothing is asserted.
 Usage: python cpu_rows.py [ROUNDS] [ROW...]   (table.py runs every row)
 """
 import json
@@ -32,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import tomllib
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -57,16 +60,23 @@ PEER_NAMES = {"eager": "Accelerate", "compiled": "Accelerate + inductor",
               "malloc": "Accelerate, hearth's malloc settings"}
 
 
-def threads(procs: int) -> str:
-    return str(max(1, (os.cpu_count() or 1) // procs))
+def cpus_per_rank(procs: int) -> int:
+    """The CPUs this process may use, shared out between the ranks."""
+    return max(1, len(os.sched_getaffinity(0)) // procs)
 
 
 def bound_env(procs: int) -> dict:
     """Both sides' environment: equal threads, and for several processes
-    one core per rank with the binding reported."""
-    env = dict(os.environ, OMP_NUM_THREADS=threads(procs))
+    each rank bound to its own CPUS_PER_RANK logical CPUs (mpirun: mapped
+    by slot with that many processing elements, hardware threads counted as
+    CPUs, bound to them, the binding reported; the peer: cpu_peer.py --bind)."""
+    k = cpus_per_rank(procs)
+    env = dict(os.environ, OMP_NUM_THREADS=str(k), CPUS_PER_RANK=str(k))
     if procs > 1:
-        env.update(OMPI_MCA_hwloc_base_binding_policy="core", OMPI_MCA_hwloc_base_report_bindings="1")
+        env.update(OMPI_MCA_hwloc_base_use_hwthreads_as_cpus="1",
+                   OMPI_MCA_rmaps_base_mapping_policy=f"slot:PE={k}",
+                   OMPI_MCA_hwloc_base_binding_policy="hwthread" if k == 1 else "core",
+                   OMPI_MCA_hwloc_base_report_bindings="1")
     return env
 
 
@@ -97,11 +107,18 @@ def run_hearth(config: pathlib.Path, procs: int, log: list) -> float:
     return json.loads((out / "bench" / "summary.json").read_text())["tokens_per_sec"]
 
 
+def steps_of(model: str) -> int:
+    """The steps hearth's job takes, which the peer takes too."""
+    if model == "gpt2":
+        return user_model.STEPS
+    return tomllib.loads(BENCH_GPT.read_text())["run"]["steps"]
+
+
 def run_peer(model: str, side: str, procs: int, precision: str, log: list) -> tuple[float, float]:
     """(tokens/s, seconds of the warm-up steps: the compile, if any)."""
     args = [HERE / "cpu_peer.py", "--model", model, "--precision", precision,
             "--peer", "compiled" if side == "compiled" else "eager"]
-    steps = ["--steps", str(user_model.STEPS)]
+    steps = ["--steps", str(steps_of(model))]
     if procs == 1:
         cmd = [sys.executable, *args, *steps]
     else:
@@ -159,7 +176,7 @@ def summary(row: str, result: dict) -> list[str]:
     lines = [f"{describe(row)}, n={n}:"]
     for side, rates in result["rates"].items():
         warm = result["warmups"].get(side)
-        extra = f"  (warm-up {statistics.median(warm):.1f} s)" if warm else ""
+        extra = f"  (first 10 steps, compile included: {statistics.median(warm):.1f} s)" if warm else ""
         lines.append(f"  {side:9s} {statistics.median(rates):10,.0f} tokens/s{extra}")
     for peer in list(result["rates"])[1:]:
         r = ratios(result, peer)
@@ -169,7 +186,7 @@ def summary(row: str, result: dict) -> list[str]:
 
 
 def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 4
     for row in sys.argv[2:] or list(ROWS):
         print("\n".join(summary(row, measure(row, rounds))), flush=True)
 

@@ -91,7 +91,8 @@ def rows(rounds: int) -> list[dict]:
         for peer in list(result["rates"])[1:]:
             r = cpu_rows.ratios(result, peer)
             warm = result["warmups"][peer]
-            compile_note = f" (compile {med(warm):.0f} s, left out)" if peer == "compiled" else ""
+            compile_note = (f" (first 10 steps with the compile {med(warm):.0f} s, left out)"
+                            if peer == "compiled" else "")
             row(cpu_rows.describe(name), f"{h:,.0f}",
                 f"{cpu_rows.PEER_NAMES[peer]} {med(result['rates'][peer]):,.0f}{compile_note}",
                 spread(r), GOALS.get((name, peer), "—"))

@@ -5,8 +5,9 @@ A transformers GPT-2 (2 blocks, width 128, 4 heads, a vocabulary of 256,
 keeps none) trained on batches of 16 × 64 random tokens:
 
   hearth    the module exported with `torch.jit.trace` behind a wrapper that
-            returns the logits, trained by `hearth run` (`kind =
-            "torchscript"`), as examples/finetune-hf does;
+            returns the logits (`use_cache=False` on both sides), trained
+            by `hearth run` (`kind = "torchscript"`), as examples/finetune-hf
+            does;
   peers     the eager transformers module under Accelerate, as it is and
             compiled (cpu_peer.py --model gpt2).
 
@@ -33,7 +34,17 @@ def gpt2(seed: int):
     return hf_gpt2.model(seed, **SIZES).train()
 
 
-LogitsOf = hf_gpt2.Logits
+class LogitsOf(torch.nn.Module):
+    """`m(input_ids)` → logits without a cache (`use_cache=False`, as
+    training wants): what both sides run, so that neither carries the
+    cache's work."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, input_ids):
+        return self.m(input_ids, use_cache=False)[0]
 
 
 def export(out: pathlib.Path, precision: str = "no") -> pathlib.Path:
