@@ -38,7 +38,7 @@ test: cpu-line build example-plugins
 	cd plugins && cargo test --quiet --target $(HOST_TARGET)
 	cd guest-sdk && cargo test --quiet --target $(HOST_TARGET) --features http
 	$(PY) -m pytest tests -q --timeout 1800
-	tests/isa/levels.sh --others
+	tests/isa/levels.sh --others baseline
 
 # The machine a test report comes from: its CPU and vector flags, one line.
 cpu-line:
