@@ -21,6 +21,22 @@ fn read(path: &std::path::Path) -> HashMap<String, Tensor> {
         .collect()
 }
 
+/// The oracle's folder (the traced module; removed when dropped), its
+/// batch and its values.
+type Oracle = (
+    common::Scratch,
+    HashMap<String, Tensor>,
+    HashMap<String, Tensor>,
+);
+
+fn run_oracle(name: &str) -> Oracle {
+    let dir = common::scratch(name);
+    common::oracle("gpt2_fused_graph.py", &[dir.to_str().unwrap()]);
+    let batch = read(&dir.join("batch.safetensors"));
+    let theirs = read(&dir.join("pytorch.safetensors"));
+    (dir, batch, theirs)
+}
+
 /// The largest absolute difference between `a` and `b`, in float64.
 fn distance(a: &Tensor, b: &Tensor) -> f64 {
     (a.to_kind(Kind::Double) - b.to_kind(Kind::Double))
@@ -46,10 +62,7 @@ fn check(what: &str, got: &Tensor, f32_libtorch: &Tensor, exact: &Tensor) {
 #[test]
 fn a_traced_gpt2s_fused_graph_gives_pytorchs_logits_and_gradients() {
     let _serial = super::serial();
-    let dir = common::scratch("fused-graph");
-    common::oracle("gpt2_fused_graph.py", &[dir.to_str().unwrap()]);
-    let batch = read(&dir.join("batch.safetensors"));
-    let theirs = read(&dir.join("pytorch.safetensors"));
+    let (dir, batch, theirs) = run_oracle("fused-graph");
 
     let model = TorchScriptModel::load(&dir.join("gpt2.pt"), Device::Cpu).unwrap();
     let fused = model.fused();
@@ -90,10 +103,7 @@ fn a_traced_gpt2s_fused_graph_gives_pytorchs_logits_and_gradients() {
 #[test]
 fn unfused_the_traced_graph_is_libtorchs_own() {
     let _serial = super::serial();
-    let dir = common::scratch("unfused-graph");
-    common::oracle("gpt2_fused_graph.py", &[dir.to_str().unwrap()]);
-    let batch = read(&dir.join("batch.safetensors"));
-    let theirs = read(&dir.join("pytorch.safetensors"));
+    let (dir, batch, theirs) = run_oracle("unfused-graph");
     let model = TorchScriptModel::load_with(&dir.join("gpt2.pt"), Device::Cpu, false).unwrap();
     assert!(!model.fused().any());
     let logits = model.forward_t(&batch["ids"], true);
