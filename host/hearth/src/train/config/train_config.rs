@@ -484,6 +484,17 @@ lr = 0.01
     }
 
     #[test]
+    fn fuse_graph_is_refused_for_a_built_in_model() {
+        let err = parse(&GOOD.replace("d-model = 32", "d-model = 32\nfuse-graph = false"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("model.fuse-graph") && err.contains("torchscript"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn heads_must_divide_the_width() {
         let err = parse(&GOOD.replace("d-model = 32", "d-model = 30"))
             .unwrap_err()
