@@ -61,9 +61,14 @@ using torch::jit::Value;
 
 // The number a constant holds: a Python float or int, or a one-element
 // tensor (a traced Python scalar); none for anything else.
-std::optional<double> constant_number(Value *v) {
+// What a prim::Constant holds; none for any other value.
+std::optional<c10::IValue> constant(Value *v) {
   if (v->node()->kind() != c10::prim::Constant) return std::nullopt;
-  auto iv = torch::jit::toIValue(v);
+  return torch::jit::toIValue(v);
+}
+
+std::optional<double> constant_number(Value *v) {
+  auto iv = constant(v);
   if (!iv) return std::nullopt;
   if (iv->isDouble()) return iv->toDouble();
   if (iv->isInt()) return static_cast<double>(iv->toInt());
@@ -132,8 +137,7 @@ bool is_empty_constant(Value *v) {
   while (v->node()->kind() == c10::aten::detach || v->node()->kind() == c10::aten::to) {
     v = v->node()->input(0);
   }
-  if (v->node()->kind() != c10::prim::Constant) return false;
-  auto iv = torch::jit::toIValue(v);
+  auto iv = constant(v);
   return iv && iv->isTensor() && iv->toTensor().defined() && iv->toTensor().dim() == 1 &&
          iv->toTensor().numel() == 0;
 }
@@ -194,22 +198,17 @@ at::Tensor self_attention_op(const at::Tensor &qkv, int64_t heads, bool causal) 
 }
 
 std::optional<int64_t> constant_int(Value *v) {
-  if (v->node()->kind() != c10::prim::Constant) return std::nullopt;
-  auto iv = torch::jit::toIValue(v);
-  if (iv && iv->isInt()) return iv->toInt();
-  return std::nullopt;
+  auto iv = constant(v);
+  return iv && iv->isInt() ? std::optional<int64_t>(iv->toInt()) : std::nullopt;
 }
 
 std::optional<bool> constant_bool(Value *v) {
-  if (v->node()->kind() != c10::prim::Constant) return std::nullopt;
-  auto iv = torch::jit::toIValue(v);
-  if (iv && iv->isBool()) return iv->toBool();
-  return std::nullopt;
+  auto iv = constant(v);
+  return iv && iv->isBool() ? std::optional<bool>(iv->toBool()) : std::nullopt;
 }
 
 bool is_none(Value *v) {
-  if (v->node()->kind() != c10::prim::Constant) return false;
-  auto iv = torch::jit::toIValue(v);
+  auto iv = constant(v);
   return iv && iv->isNone();
 }
 
