@@ -14,16 +14,21 @@
 //    with) in front of every key and value; cat([empty, x]) is x.
 //  - self-attention from a packed projection: q, k and v split out of one
 //    [B, T, 3d] tensor, viewed as heads and transposed, into
-//    scaled_dot_product_attention (no mask, no dropout, the default scale)
+//    scaled_dot_product_attention (no dropout, the default scale)
 //    becomes hearth::self_attention(qkv, heads, causal) — hearth's own
 //    kernels where they run (attention.cpp), libtorch's attention on the
 //    same views elsewhere — viewed back as [B, H, T, d/H], so the
-//    transposes and copies after it become views. Only when hearth's
-//    kernels are on (HEARTH_CPU_KERNELS, `hearth env`).
+//    transposes and copies after it become views. Under a boolean mask
+//    the graph computes (transformers builds a causal one even where no
+//    padding was given) it becomes hearth::masked_self_attention, which
+//    looks at the mask on each call: the causal pattern or all-true runs
+//    as above, anything else runs libtorch's masked attention as before.
+//    Only when hearth's kernels are on (HEARTH_CPU_KERNELS, `hearth env`).
 //
 // Each rewrite is matched exactly (the ops, their constants, and no other
 // use of an intermediate value) and anything else is left as it was.
 
+#include <ATen/ops/scaled_dot_product_attention.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/ir/irparser.h>
@@ -59,14 +64,14 @@ using torch::jit::Graph;
 using torch::jit::Node;
 using torch::jit::Value;
 
-// The number a constant holds: a Python float or int, or a one-element
-// tensor (a traced Python scalar); none for anything else.
 // What a prim::Constant holds; none for any other value.
 std::optional<c10::IValue> constant(Value *v) {
   if (v->node()->kind() != c10::prim::Constant) return std::nullopt;
   return torch::jit::toIValue(v);
 }
 
+// The number a constant holds: a Python float or int, or a one-element
+// tensor (a traced Python scalar); none for anything else.
 std::optional<double> constant_number(Value *v) {
   auto iv = constant(v);
   if (!iv) return std::nullopt;
@@ -197,6 +202,76 @@ at::Tensor self_attention_op(const at::Tensor &qkv, int64_t heads, bool causal) 
   return result;
 }
 
+// How a boolean attention mask (true: attend) over T positions looks for
+// every batch element and head it broadcasts to: the causal pattern (each
+// position sees itself and those before it), all true, or anything else.
+enum MaskKind { kCausalMask = 0, kFullMask = 1, kOtherMask = 2 };
+
+MaskKind classify_mask(const at::Tensor &mask, int64_t batch, int64_t heads, int64_t time) {
+  if (!mask.defined() || mask.scalar_type() != at::kBool || !mask.device().is_cpu() ||
+      mask.dim() < 2 || mask.dim() > 4 || mask.size(-1) != time || mask.size(-2) != time) {
+    return kOtherMask;
+  }
+  at::Tensor m = mask;
+  while (m.dim() < 4) m = m.unsqueeze(0);
+  if ((m.size(0) != 1 && m.size(0) != batch) || (m.size(1) != 1 && m.size(1) != heads)) {
+    return kOtherMask;
+  }
+  const bool *p = m.const_data_ptr<bool>();
+  const auto s = m.strides();
+  bool causal = true, full = true;
+  for (int64_t b = 0; b < m.size(0) && (causal || full); ++b) {
+    for (int64_t h = 0; h < m.size(1) && (causal || full); ++h) {
+      for (int64_t q = 0; q < time && (causal || full); ++q) {
+        const bool *row = p + b * s[0] + h * s[1] + q * s[2];
+        for (int64_t k = 0; k < time; ++k) {
+          const bool attend = row[k * s[3]];
+          causal &= attend == (k <= q);
+          full &= attend;
+        }
+      }
+    }
+  }
+  return causal ? kCausalMask : full ? kFullMask : kOtherMask;
+}
+
+// How often hearth::masked_self_attention saw each MaskKind in this
+// process (hearth_masked_attention_calls).
+std::atomic<int64_t> mask_calls[3];
+
+// sdpa of q, k and v viewed out of qkv [B, T, 3 * H * D] with `mask`, as
+// the graph ran it before the rewrite, its output back to [B, T, H * D].
+at::Tensor masked_libtorch_attention(const at::Tensor &qkv, int64_t heads, const at::Tensor &mask) {
+  if (qkv.dim() != 3 || heads <= 0 || qkv.size(2) % (3 * heads) != 0) {
+    throw std::invalid_argument("masked_self_attention takes qkv of shape [batch, time, 3 * d_model] "
+                                "with d_model a multiple of the heads");
+  }
+  const int64_t batch = qkv.size(0), time = qkv.size(1), width = qkv.size(2) / 3;
+  const auto parts = qkv.split(width, -1);
+  auto split_heads = [&](const at::Tensor &x) {
+    return x.reshape({batch, time, heads, width / heads}).transpose(1, 2);
+  };
+  return at::scaled_dot_product_attention(split_heads(parts[0]), split_heads(parts[1]),
+                                          split_heads(parts[2]), mask, 0.0, false)
+      .transpose(1, 2)
+      .reshape({batch, time, width});
+}
+
+// Attention under a mask the graph computes (transformers builds one even
+// where it is plain causal): hearth's causal or full attention where the
+// mask is exactly that, checked on every call, and libtorch's masked sdpa
+// otherwise.
+at::Tensor masked_self_attention_op(const at::Tensor &qkv, int64_t heads, const at::Tensor &mask) {
+  const MaskKind kind = qkv.dim() == 3 ? classify_mask(mask, qkv.size(0), heads, qkv.size(1))
+                                       : kOtherMask;
+  mask_calls[kind].fetch_add(1, std::memory_order_relaxed);
+  switch (kind) {
+    case kCausalMask: return self_attention_op(qkv, heads, true);
+    case kFullMask: return self_attention_op(qkv, heads, false);
+    default: return masked_libtorch_attention(qkv, heads, mask);
+  }
+}
+
 std::optional<int64_t> constant_int(Value *v) {
   auto iv = constant(v);
   return iv && iv->isInt() ? std::optional<int64_t>(iv->toInt()) : std::nullopt;
@@ -250,7 +325,9 @@ std::optional<Head> head_of(Value *x) {
               shape->input(1)};
 }
 
-int64_t fuse_attention(std::shared_ptr<Graph> &graph) {
+// Rewrites the graph's attentions; returns how many, and adds to
+// `masked_count` those that take a mask.
+int64_t fuse_attention(std::shared_ptr<Graph> &graph, int64_t &masked_count) {
   int64_t fused = 0;
   for (auto it = graph->nodes().begin(); it != graph->nodes().end();) {
     Node *sdpa = *it++;
@@ -269,7 +346,10 @@ int64_t fuse_attention(std::shared_ptr<Graph> &graph) {
     const bool default_scale = is_none(sdpa->input(6)) ||
                                is_number(sdpa->input(6), 1.0 / std::sqrt(double(head_dim)));
     const bool no_gqa = sdpa->inputs().size() < 8 || constant_bool(sdpa->input(7)) == false;
-    if (!heads_agree || !is_none(sdpa->input(3)) || !dropout || *dropout != 0.0 || !causal ||
+    // A computed mask is checked on each call (masked_self_attention_op);
+    // sdpa refuses a mask together with is_causal.
+    const bool masked = !is_none(sdpa->input(3));
+    if (!heads_agree || !dropout || *dropout != 0.0 || !causal || (masked && *causal) ||
         !default_scale || !no_gqa) {
       continue;
     }
@@ -281,8 +361,10 @@ int64_t fuse_attention(std::shared_ptr<Graph> &graph) {
     };
     Value *minus_one = graph->insertConstant(int64_t(-1));
     Value *packed = graph->insert(c10::aten::reshape, {q->packed, ints({q->batch, q->time, minus_one})});
-    Value *out = graph->insert(c10::Symbol::fromQualString("hearth::self_attention"),
-                               {packed, heads, *causal});
+    Value *out = masked ? graph->insert(c10::Symbol::fromQualString("hearth::masked_self_attention"),
+                                        {packed, heads, sdpa->input(3)})
+                        : graph->insert(c10::Symbol::fromQualString("hearth::self_attention"),
+                                        {packed, heads, *causal});
     // [B, T, H * D] seen as [B, H, T, D], what the attention gave.
     Value *shape = ints({q->batch, q->time, graph->insertConstant(heads), graph->insertConstant(head_dim)});
     Value *viewed = graph->insert(c10::aten::view, {out, shape});
@@ -290,6 +372,7 @@ int64_t fuse_attention(std::shared_ptr<Graph> &graph) {
     sdpa->output()->replaceAllUsesWith(heads_first);
     sdpa->destroy();
     ++fused;
+    masked_count += masked;
   }
   if (fused) torch::jit::EliminateDeadCode(graph);
   return fused;
@@ -300,22 +383,24 @@ int64_t fuse_attention(std::shared_ptr<Graph> &graph) {
 
 TORCH_LIBRARY(hearth, m) {
   m.def("self_attention(Tensor qkv, int heads, bool causal) -> Tensor");
+  m.def("masked_self_attention(Tensor qkv, int heads, Tensor mask) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(hearth, CompositeImplicitAutograd, m) {
   m.impl("self_attention", hearth_fuse::self_attention_op);
+  m.impl("masked_self_attention", hearth_fuse::masked_self_attention_op);
 }
 
 // Rewrites every method of every module in `handle` (a torch::jit::Module)
 // with hearth's kernel path `kernels`; counts[0] gets the tanh-GELU chains
 // fused, counts[1] the empty concatenations dropped, counts[2] the
-// attentions now hearth's. Graphs shared between modules of one class are
+// attentions now hearth's, counts[3] those of them under a mask. Graphs shared between modules of one class are
 // rewritten once.
 extern "C" char *hearth_jit_fuse(void *handle, int32_t kernels, bool on_cpu, int64_t *counts) {
   return hearth_abi::guarded([&] {
     auto &module = *static_cast<torch::jit::Module *>(handle);
     std::unordered_set<torch::jit::Graph *> seen;
-    counts[0] = counts[1] = counts[2] = 0;
+    counts[0] = counts[1] = counts[2] = counts[3] = 0;
     // hearth's attention kernels are CPU kernels: a CUDA module keeps sdpa.
     const bool attention = on_cpu && hearth_kernels::path_of(kernels) != hearth_kernels::kLibtorch;
     if (attention) hearth_fuse::attention_kernels.store(kernels);
@@ -325,8 +410,14 @@ extern "C" char *hearth_jit_fuse(void *handle, int32_t kernels, bool on_cpu, int
         if (!seen.insert(graph.get()).second) continue;
         counts[0] += hearth_fuse::fuse_tanh_gelu(graph);
         counts[1] += hearth_fuse::drop_empty_concatenations(graph);
-        if (attention) counts[2] += hearth_fuse::fuse_attention(graph);
+        if (attention) counts[2] += hearth_fuse::fuse_attention(graph, counts[3]);
       }
     }
   });
+}
+
+// How many calls of hearth::masked_self_attention in this process found
+// the causal mask (out[0]), an all-true one (out[1]) or another (out[2]).
+extern "C" void hearth_masked_attention_calls(int64_t *out) {
+  for (int i = 0; i < 3; ++i) out[i] = hearth_fuse::mask_calls[i].load();
 }

@@ -122,6 +122,7 @@ extern "C" {
         on_cpu: bool,
         counts: *mut i64,
     ) -> *mut c_char;
+    pub fn hearth_masked_attention_calls(out: *mut i64);
     pub fn hearth_jit_forward(
         module: *mut std::ffi::c_void,
         inputs: *const *mut C_tensor,

@@ -77,6 +77,34 @@ pub struct Fused {
     pub empty_concatenations: usize,
     /// Attentions of q, k, v split from one projection, now hearth's.
     pub attention: usize,
+    /// Those of them under a mask the graph computes, which runs hearth's
+    /// kernels when it is causal or all true ([`masked_attention_calls`]).
+    pub masked_attention: usize,
+}
+
+/// How often, in this process, a rewritten attention under a computed mask
+/// found it causal, all true (both run hearth's kernels), or anything else
+/// (libtorch's masked attention).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MaskedAttentionCalls {
+    /// Calls whose mask was the causal pattern.
+    pub causal: u64,
+    /// Calls whose mask let every position see every other.
+    pub full: u64,
+    /// Calls with any other mask.
+    pub other: u64,
+}
+
+/// The counts of [`MaskedAttentionCalls`] so far.
+pub fn masked_attention_calls() -> MaskedAttentionCalls {
+    let mut out = [0i64; 3];
+    // SAFETY: `out` holds the three numbers it writes.
+    unsafe { ffi::hearth_masked_attention_calls(out.as_mut_ptr()) };
+    MaskedAttentionCalls {
+        causal: out[0] as u64,
+        full: out[1] as u64,
+        other: out[2] as u64,
+    }
 }
 
 impl Fused {
@@ -93,7 +121,15 @@ impl std::fmt::Display for Fused {
             "{} tanh-GELU chain(s) fused into aten::gelu, {} empty concatenation(s) dropped, \
              {} attention(s) now hearth's",
             self.tanh_gelu, self.empty_concatenations, self.attention
-        )
+        )?;
+        if self.masked_attention > 0 {
+            write!(
+                f,
+                " ({} under a mask, checked on each call)",
+                self.masked_attention
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -172,8 +208,8 @@ impl ScriptModule {
         // A kernel path this process cannot honour is refused when hearth
         // starts; here it only means no attention rewrite.
         let kernels = crate::cpu_kernels().map_or(0, |path| path.code());
-        let mut counts = [0i64; 3];
-        // SAFETY: a live module; `counts` holds the three numbers it writes.
+        let mut counts = [0i64; 4];
+        // SAFETY: a live module; `counts` holds the four numbers it writes.
         check(unsafe {
             ffi::hearth_jit_fuse(
                 self.0.as_ptr(),
@@ -186,6 +222,7 @@ impl ScriptModule {
             tanh_gelu: counts[0] as usize,
             empty_concatenations: counts[1] as usize,
             attention: counts[2] as usize,
+            masked_attention: counts[3] as usize,
         })
     }
 

@@ -30,7 +30,7 @@ pub use foreach::{
     AdamHyper, SgdHyper,
 };
 pub use fused::{gelu, self_attention, self_attention_is_fused};
-pub use jit::{Fused, JitStructure, ScriptModule};
+pub use jit::{masked_attention_calls, Fused, JitStructure, MaskedAttentionCalls, ScriptModule};
 pub use rng::{
     copy_non_blocking, deterministic_algorithms, empty_device_cache, randn_seeded, randperm,
     rng_state, set_rng_state, to_pinned_host, use_deterministic_algorithms,

@@ -9,6 +9,7 @@
 //! whatever CPU level libtorch runs (tests/isa/levels.sh runs it at each).
 
 use hearth::models::{Model, TorchScriptModel};
+use hearth::ops::{masked_attention_calls, MaskedAttentionCalls};
 use hearth::train::lm_loss;
 use hearth_testkit as common;
 use std::collections::HashMap;
@@ -29,9 +30,11 @@ type Oracle = (
     HashMap<String, Tensor>,
 );
 
-fn run_oracle(name: &str) -> Oracle {
+/// The oracle run for one of its export forms: `cache`, `no-cache` or
+/// `padded` (see its docstring).
+fn run_oracle(name: &str, form: &str) -> Oracle {
     let dir = common::scratch(name);
-    common::oracle("gpt2_fused_graph.py", &[dir.to_str().unwrap()]);
+    common::oracle("gpt2_fused_graph.py", &[dir.to_str().unwrap(), form]);
     let batch = read(&dir.join("batch.safetensors"));
     let theirs = read(&dir.join("pytorch.safetensors"));
     (dir, batch, theirs)
@@ -59,32 +62,39 @@ fn check(what: &str, got: &Tensor, f32_libtorch: &Tensor, exact: &Tensor) {
     );
 }
 
-#[test]
-fn a_traced_gpt2s_fused_graph_gives_pytorchs_logits_and_gradients() {
-    let _serial = super::serial();
-    let (dir, batch, theirs) = run_oracle("fused-graph");
+/// Whether hearth's attention kernels run in this process.
+fn kernels_on() -> bool {
+    hearth::ops::cpu_kernels() == Ok(hearth::ops::CpuKernels::Avx2)
+}
 
+/// Loads the oracle's `form` fused, checks what was rewritten against
+/// `(tanh_gelu, empty_concatenations, attentions)` (attentions only where
+/// hearth's kernels run; all of them under a mask unless `form` is
+/// `cache`), trains one step and holds logits and every gradient to
+/// PyTorch's within the bound. Returns how the masked attentions
+/// dispatched during that step.
+fn fused_step_matches_pytorch(form: &str, rewrites: (usize, usize, usize)) -> MaskedAttentionCalls {
+    let (dir, batch, theirs) = run_oracle(&format!("fused-graph-{form}"), form);
     let model = TorchScriptModel::load(&dir.join("gpt2.pt"), Device::Cpu).unwrap();
     let fused = model.fused();
-    // Both of GPT-2's tanh-GELUs, each block's key and value caches, and
-    // its two attentions where hearth's kernels run (not at libtorch's
-    // baseline level, where hearth runs none).
-    let kernels_on = hearth::ops::cpu_kernels() == Ok(hearth::ops::CpuKernels::Avx2);
+    let attentions = if kernels_on() { rewrites.2 } else { 0 };
+    let masked = if form == "cache" { 0 } else { attentions };
     assert_eq!(
-        (fused.tanh_gelu, fused.empty_concatenations, fused.attention),
-        (2, 4, if kernels_on { 2 } else { 0 }),
-        "{fused}"
+        (
+            fused.tanh_gelu,
+            fused.empty_concatenations,
+            fused.attention,
+            fused.masked_attention
+        ),
+        (rewrites.0, rewrites.1, attentions, masked),
+        "{form}: {fused}"
     );
-    if kernels_on {
-        // hearth's own kernels take GPT-2's projection (width 32, 4 heads
-        // of 8, 64 positions), not libtorch's attention behind them.
-        let qkv = Tensor::zeros([4, 64, 3 * 32], (Kind::Float, Device::Cpu));
-        assert!(hearth::ops::self_attention_is_fused(&qkv, 4));
-    }
+    let before = masked_attention_calls();
     let logits = model.forward_t(&batch["ids"], true);
     lm_loss(&logits, &batch["targets"]).backward();
+    let after = masked_attention_calls();
     check(
-        "logits",
+        &format!("{form}: logits"),
         &logits,
         &theirs["f32.logits"],
         &theirs["f64.logits"],
@@ -94,7 +104,61 @@ fn a_traced_gpt2s_fused_graph_gives_pytorchs_logits_and_gradients() {
     for (name, p) in params {
         let key = |kind: &str| format!("{kind}.grad.{name}");
         let (f32_grad, exact) = (&theirs[&key("f32")], &theirs[&key("f64")]);
-        check(&format!("{name}'s gradient"), &p.grad(), f32_grad, exact);
+        check(
+            &format!("{form}: {name}'s gradient"),
+            &p.grad(),
+            f32_grad,
+            exact,
+        );
+    }
+    MaskedAttentionCalls {
+        causal: after.causal - before.causal,
+        full: after.full - before.full,
+        other: after.other - before.other,
+    }
+}
+
+#[test]
+fn a_traced_gpt2s_fused_graph_gives_pytorchs_logits_and_gradients() {
+    let _serial = super::serial();
+    // Both of GPT-2's tanh-GELUs, each block's key and value caches, and
+    // its two attentions.
+    fused_step_matches_pytorch("cache", (2, 4, 2));
+    if kernels_on() {
+        // hearth's own kernels take GPT-2's projection (width 32, 4 heads
+        // of 8, 64 positions), not libtorch's attention behind them.
+        let qkv = Tensor::zeros([4, 64, 3 * 32], (Kind::Float, Device::Cpu));
+        assert!(hearth::ops::self_attention_is_fused(&qkv, 4));
+    }
+}
+
+/// Traced with `use_cache=False`, transformers computes a causal mask in
+/// the graph; each call finds it causal and runs hearth's kernels.
+#[test]
+fn without_a_cache_the_computed_causal_mask_runs_hearths_attention() {
+    let _serial = super::serial();
+    let calls = fused_step_matches_pytorch("no-cache", (2, 0, 2));
+    if kernels_on() {
+        assert_eq!(
+            (calls.causal, calls.full, calls.other),
+            (2, 0, 0),
+            "{calls:?}"
+        );
+    }
+}
+
+/// A padding mask is not causal: each call finds so and runs libtorch's
+/// masked attention, as the exported graph did.
+#[test]
+fn a_padding_mask_runs_libtorchs_masked_attention() {
+    let _serial = super::serial();
+    let calls = fused_step_matches_pytorch("padded", (2, 0, 2));
+    if kernels_on() {
+        assert_eq!(
+            (calls.causal, calls.full, calls.other),
+            (0, 0, 2),
+            "{calls:?}"
+        );
     }
 }
 
@@ -103,7 +167,7 @@ fn a_traced_gpt2s_fused_graph_gives_pytorchs_logits_and_gradients() {
 #[test]
 fn unfused_the_traced_graph_is_libtorchs_own() {
     let _serial = super::serial();
-    let (dir, batch, theirs) = run_oracle("unfused-graph");
+    let (dir, batch, theirs) = run_oracle("unfused-graph", "cache");
     let model = TorchScriptModel::load_with(&dir.join("gpt2.pt"), Device::Cpu, false).unwrap();
     assert!(!model.fused().any());
     let logits = model.forward_t(&batch["ids"], true);
