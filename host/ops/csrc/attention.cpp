@@ -1,6 +1,7 @@
 // Multi-head self-attention from a packed qkv projection, as an autograd
 // function over hearth's own kernels (attention_avx2.cpp) for short float32
-// sequences on CPUs with AVX2 and FMA; elsewhere libtorch's
+// (or bf16/float16, computed in float32) sequences on CPUs with AVX2 and
+// FMA; elsewhere libtorch's
 // scaled_dot_product_attention on views of the same projection.
 //
 // Besides the kernels' speed, taking the packed projection saves two copies
@@ -54,10 +55,17 @@ Dims dims(const at::Tensor &qkv, int64_t heads) {
   return {qkv.size(0), qkv.size(1), heads, d / heads};
 }
 
+// A projection autocast gave in bf16 or float16: the kernels take it
+// converted to float32 (see hearth_self_attention).
+bool lower_precision(const at::Tensor &qkv) {
+  return qkv.scalar_type() == at::kBFloat16 || qkv.scalar_type() == at::kHalf;
+}
+
 // Whether the AVX2 kernels take qkv, when `kernels` asks for them.
 bool fused_path_takes(const at::Tensor &qkv, const Dims &g, int32_t kernels) {
-  return qkv.device().is_cpu() && qkv.scalar_type() == at::kFloat && g.D % 8 == 0 && g.T >= 1 &&
-         g.T <= kMaxFusedLength && g.B >= 1 && hearth_avx2::avx2_asked(kernels);
+  return qkv.device().is_cpu() && (qkv.scalar_type() == at::kFloat || lower_precision(qkv)) &&
+         g.D % 8 == 0 && g.T >= 1 && g.T <= kMaxFusedLength && g.B >= 1 &&
+         hearth_avx2::avx2_asked(kernels);
 }
 
 struct FusedSelfAttention : torch::autograd::Function<FusedSelfAttention> {
@@ -125,15 +133,28 @@ extern "C" {
 // out = multi-head attention of the packed projection qkv [B, T, 3*H*D]
 // (q | k | v) with `heads` heads, causal or not: [B, T, H*D]; `kernels` is
 // hearth_kernels' path and mutation.
+//
+// A bf16 or float16 projection (autocast's, under mixed precision) runs
+// the float32 kernels on its float32 copy and gives the output back in its
+// own precision; autograd converts the gradient on the way back. The
+// copies are [B, T, 4d] elements; libtorch's reduced-precision attention
+// on the CPU converts inside its kernel as well, and its backward is
+// several times slower than the float32 kernels'.
 char *hearth_self_attention(at::Tensor *qkv, int64_t heads, bool causal, int32_t kernels,
                             at::Tensor **out) {
   return hearth_abi::guarded([&] {
     const Dims g = dims(*qkv, heads);
-    *out = new at::Tensor(
-        fused_path_takes(*qkv, g, kernels)
-            ? FusedSelfAttention::apply(*qkv, heads, causal,
-                                        int64_t(hearth_kernels::mutation_of(kernels)))
-            : libtorch_attention(*qkv, g, causal));
+    if (!fused_path_takes(*qkv, g, kernels)) {
+      *out = new at::Tensor(libtorch_attention(*qkv, g, causal));
+      return;
+    }
+    const auto mutation = int64_t(hearth_kernels::mutation_of(kernels));
+    if (!lower_precision(*qkv)) {
+      *out = new at::Tensor(FusedSelfAttention::apply(*qkv, heads, causal, mutation));
+      return;
+    }
+    *out = new at::Tensor(FusedSelfAttention::apply(qkv->to(at::kFloat), heads, causal, mutation)
+                              .to(qkv->scalar_type()));
   });
 }
 

@@ -443,6 +443,53 @@ fn self_attention_is_within_its_rounding_bounds() {
     }
 }
 
+/// A bf16 or float16 projection (autocast's, under mixed precision) runs
+/// the float32 kernels on its float32 copy: its output and gradient are,
+/// bit for bit, the float32 kernels' on the same values rounded to its own
+/// precision (and those are held to their bounds above).
+#[test]
+fn reduced_precision_attention_is_the_float32_kernels_rounded() {
+    if !cpu_has_avx2_fma() {
+        return;
+    }
+    let (b, t, h, d) = (2, 20, 2, 8);
+    for kind in [Kind::BFloat16, Kind::Half] {
+        let qkv = uniform(&[b, t, 3 * h * d], 3.5, 7).to_kind(kind);
+        let grad_out = uniform(&[b, t, h * d], 1.7, 8).to_kind(kind);
+        let x = qkv.detach().set_requires_grad(true);
+        let y = self_attention_on(&x, h, true, AVX2);
+        (&y * &grad_out).sum(kind).backward();
+        let x32 = qkv.to_kind(Kind::Float).set_requires_grad(true);
+        let y32 = self_attention_on(&x32, h, true, AVX2);
+        (&y32 * grad_out.to_kind(Kind::Float))
+            .sum(Kind::Float)
+            .backward();
+        assert_eq!((y.kind(), x.grad().kind()), (kind, kind));
+        assert!(y.equal(&y32.to_kind(kind)), "{kind:?}: output");
+        assert!(
+            x.grad().equal(&x32.grad().to_kind(kind)),
+            "{kind:?}: gradient"
+        );
+        // And it is attention: libtorch's own in that precision agrees to
+        // within a few of its units.
+        let theirs = libtorch_attention(&qkv, h, true).to_kind(Kind::Float);
+        let off = (y.to_kind(Kind::Float) - &theirs)
+            .abs()
+            .max()
+            .double_value(&[]);
+        let unit = if kind == Kind::BFloat16 {
+            2f64.powi(-8)
+        } else {
+            2f64.powi(-11)
+        };
+        let largest = theirs.abs().max().double_value(&[]);
+        assert!(
+            off <= 8.0 * unit * largest,
+            "{kind:?}: {off} from libtorch's"
+        );
+    }
+}
+
 /// Where the kernels do not apply (off them, float64, a head size that is
 /// not a multiple of 8, more than 512 positions) the result is libtorch's,
 /// bit for bit.
