@@ -13,6 +13,7 @@
 #include "guarded.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -55,10 +56,13 @@ Dims dims(const at::Tensor &qkv, int64_t heads) {
   return {qkv.size(0), qkv.size(1), heads, d / heads};
 }
 
-// A projection autocast gave in bf16 or float16: the kernels take it
-// converted to float32 (see hearth_self_attention).
+// A projection CPU autocast gave in bf16 or float16: the kernels take it
+// converted to float32 (see hearth_self_attention). Outside autocast a
+// bf16 projection means bf16 parameters (a bf16 model, FSDP's param_dtype)
+// and keeps libtorch's bf16 attention, the arithmetic PyTorch runs there.
 bool lower_precision(const at::Tensor &qkv) {
-  return qkv.scalar_type() == at::kBFloat16 || qkv.scalar_type() == at::kHalf;
+  return (qkv.scalar_type() == at::kBFloat16 || qkv.scalar_type() == at::kHalf) &&
+         at::autocast::is_autocast_enabled(at::kCPU);
 }
 
 // Whether the AVX2 kernels take qkv, when `kernels` asks for them.
@@ -134,7 +138,7 @@ extern "C" {
 // (q | k | v) with `heads` heads, causal or not: [B, T, H*D]; `kernels` is
 // hearth_kernels' path and mutation.
 //
-// A bf16 or float16 projection (autocast's, under mixed precision) runs
+// A bf16 or float16 projection under CPU autocast (mixed precision) runs
 // the float32 kernels on its float32 copy and gives the output back in its
 // own precision; autograd converts the gradient on the way back. The
 // copies are [B, T, 4d] elements; libtorch's reduced-precision attention

@@ -443,10 +443,11 @@ fn self_attention_is_within_its_rounding_bounds() {
     }
 }
 
-/// A bf16 or float16 projection (autocast's, under mixed precision) runs
+/// A bf16 or float16 projection under CPU autocast (mixed precision) runs
 /// the float32 kernels on its float32 copy: its output and gradient are,
 /// bit for bit, the float32 kernels' on the same values rounded to its own
-/// precision (and those are held to their bounds above).
+/// precision (and those are held to their bounds above). Outside autocast
+/// it is libtorch's own (`self_attention_elsewhere_is_libtorchs_own`).
 #[test]
 fn reduced_precision_attention_is_the_float32_kernels_rounded() {
     if !cpu_has_avx2_fma() {
@@ -457,7 +458,10 @@ fn reduced_precision_attention_is_the_float32_kernels_rounded() {
         let qkv = uniform(&[b, t, 3 * h * d], 3.5, 7).to_kind(kind);
         let grad_out = uniform(&[b, t, h * d], 1.7, 8).to_kind(kind);
         let x = qkv.detach().set_requires_grad(true);
-        let y = self_attention_on(&x, h, true, AVX2);
+        let y = {
+            let _autocast = crate::AutocastGuard::new(Device::Cpu, kind).unwrap();
+            self_attention_on(&x, h, true, AVX2)
+        };
         (&y * &grad_out).sum(kind).backward();
         let x32 = qkv.to_kind(Kind::Float).set_requires_grad(true);
         let y32 = self_attention_on(&x32, h, true, AVX2);
@@ -490,14 +494,15 @@ fn reduced_precision_attention_is_the_float32_kernels_rounded() {
     }
 }
 
-/// Where the kernels do not apply (off them, float64, a head size that is
-/// not a multiple of 8, more than 512 positions) the result is libtorch's,
-/// bit for bit.
+/// Where the kernels do not apply (off them, float64, bf16 outside
+/// autocast, a head size that is not a multiple of 8, more than 512
+/// positions) the result is libtorch's, bit for bit.
 #[test]
 fn self_attention_elsewhere_is_libtorchs_own() {
     tch::manual_seed(12);
     for (code, kind, t, h, hd) in [
         (AVX2, Kind::Double, 16, 2, 8),
+        (AVX2, Kind::BFloat16, 16, 2, 8),
         (AVX2, Kind::Float, 9, 2, 12),
         (AVX2, Kind::Float, 513, 1, 8),
         (LIBTORCH, Kind::Float, 16, 2, 8),
