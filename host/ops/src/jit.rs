@@ -200,7 +200,7 @@ impl ScriptModule {
     /// approximate="tanh")`, and a concatenation of an empty constant (a
     /// traced empty cache) before a tensor becomes that tensor
     /// (`csrc/jit_fuse.cpp`); where hearth's CPU kernels run
-    /// ([`cpu_kernels`](crate::cpu_kernels)), q, k and v split out of one
+    /// ([`cpu_kernels`](crate::cpu_kernels())), q, k and v split out of one
     /// packed projection into `scaled_dot_product_attention` become
     /// hearth's self-attention on that projection, for a module on the CPU
     /// (`device`, where it was loaded). Call it before the first `forward`.
