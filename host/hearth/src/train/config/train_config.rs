@@ -469,29 +469,28 @@ lr = 0.01
         assert!(err.contains("steps") && err.contains("job.toml"), "{err}");
     }
 
+    /// A key that belongs to another kind is refused, naming it and the
+    /// kind it is for: a text file's path under sort-digits, and
+    /// fuse-graph (TorchScript only) under a built-in model.
     #[test]
     fn a_key_for_another_kind_is_refused() {
-        let err = parse(&GOOD.replace(
-            "kind = \"sort-digits\"",
-            "kind = \"sort-digits\"\npath = \"a.txt\"",
-        ))
-        .unwrap_err()
-        .to_string();
-        assert!(
-            err.contains("data.path") && err.contains("text-file"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn fuse_graph_is_refused_for_a_built_in_model() {
-        let err = parse(&GOOD.replace("d-model = 32", "d-model = 32\nfuse-graph = false"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("model.fuse-graph") && err.contains("torchscript"),
-            "{err}"
-        );
+        for (at, key, kind) in [
+            (
+                "kind = \"sort-digits\"",
+                "path = \"a.txt\"",
+                ("data.path", "text-file"),
+            ),
+            (
+                "d-model = 32",
+                "fuse-graph = false",
+                ("model.fuse-graph", "torchscript"),
+            ),
+        ] {
+            let err = parse(&GOOD.replace(at, &format!("{at}\n{key}")))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(kind.0) && err.contains(kind.1), "{err}");
+        }
     }
 
     #[test]
