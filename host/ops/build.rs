@@ -50,6 +50,8 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/exp_avx2.cpp");
     println!("cargo:rerun-if-changed=csrc/avx2_exp.h");
     println!("cargo:rerun-if-changed=csrc/avx2_kernels.h");
+    println!("cargo:rerun-if-changed=csrc/register_tile.h");
+    println!("cargo:rerun-if-changed=csrc/tile_avx512.cpp");
     println!("cargo:rerun-if-changed=csrc/kernel_paths.h");
     cc::Build::new()
         .cpp(true)
@@ -97,21 +99,35 @@ fn unity_source(files: &[&str]) -> PathBuf {
 
 /// hearth's own CPU kernels (`csrc/*_avx2.cpp`), compiled for AVX2 and
 /// FMA in a library of their own, optimised whatever the profile, and
-/// called only on CPUs that have both.
+/// called only on CPUs that have both; then the AVX-512 tiles they call on
+/// the avx512 path (`csrc/tile_avx512.cpp`), in a library after them (the
+/// linker reads libraries in order), called only on CPUs with AVX-512F.
 fn build_avx2_kernels(torch: &std::path::Path) {
-    cc::Build::new()
-        .cpp(true)
-        .pic(true)
-        .warnings(false)
-        .std("c++17")
-        .opt_level(2)
-        .flag("-mavx2")
-        .flag("-mfma")
-        .include(torch.join("include"))
-        .file("csrc/gelu_avx2.cpp")
-        .file("csrc/attention_avx2.cpp")
-        .file("csrc/exp_avx2.cpp")
-        .compile("hearth_avx2_kernels");
+    let kernels = |flags: &[&str], files: &[&str], name: &str| {
+        let mut build = cc::Build::new();
+        build
+            .cpp(true)
+            .pic(true)
+            .warnings(false)
+            .std("c++17")
+            .opt_level(2)
+            .include(torch.join("include"));
+        for flag in flags {
+            build.flag(flag);
+        }
+        build.files(files.iter().map(|f| format!("csrc/{f}")));
+        build.compile(name);
+    };
+    kernels(
+        &["-mavx2", "-mfma"],
+        &["gelu_avx2.cpp", "attention_avx2.cpp", "exp_avx2.cpp"],
+        "hearth_avx2_kernels",
+    );
+    kernels(
+        &["-mavx2", "-mfma", "-mavx512f"],
+        &["tile_avx512.cpp"],
+        "hearth_avx512_kernels",
+    );
 }
 
 /// libtorch's version from its headers (`TORCH_VERSION_MAJOR` and the

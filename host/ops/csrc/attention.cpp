@@ -24,14 +24,14 @@
 #include <string>
 
 #if defined(__x86_64__)
-extern "C" void hearth_attention_forward_avx2(const float *qkv, float *out, float *lse, int64_t B,
-                                              int64_t T, int64_t H, int64_t D, bool causal,
-                                              int64_t begin, int64_t end, int32_t mutation);
-extern "C" void hearth_attention_backward_avx2(const float *qkv, const float *lse,
-                                               const float *dout, float *dqkv,
-                                               int64_t B, int64_t T, int64_t H, int64_t D,
-                                               bool causal, int64_t begin, int64_t end,
-                                               int32_t mutation);
+extern "C" void hearth_attention_forward_kernel(const float *qkv, float *out, float *lse,
+                                                int64_t B, int64_t T, int64_t H, int64_t D,
+                                                bool causal, int64_t begin, int64_t end,
+                                                int32_t code);
+extern "C" void hearth_attention_backward_kernel(const float *qkv, const float *lse,
+                                                 const float *dout, float *dqkv, int64_t B,
+                                                 int64_t T, int64_t H, int64_t D, bool causal,
+                                                 int64_t begin, int64_t end, int32_t code);
 #endif
 
 namespace {
@@ -65,16 +65,16 @@ bool lower_precision(const at::Tensor &qkv) {
          at::autocast::is_autocast_enabled(at::kCPU);
 }
 
-// Whether the AVX2 kernels take qkv, when `kernels` asks for them.
+// Whether hearth's kernels take qkv, when `kernels` asks for them.
 bool fused_path_takes(const at::Tensor &qkv, const Dims &g, int32_t kernels) {
   return qkv.device().is_cpu() && (qkv.scalar_type() == at::kFloat || lower_precision(qkv)) &&
          g.D % 8 == 0 && g.T >= 1 && g.T <= kMaxFusedLength && g.B >= 1 &&
-         hearth_avx2::avx2_asked(kernels);
+         hearth_avx2::kernels_asked(kernels);
 }
 
 struct FusedSelfAttention : torch::autograd::Function<FusedSelfAttention> {
   static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &packed,
-                            int64_t heads, bool causal, int64_t mutation) {
+                            int64_t heads, bool causal, int64_t kernels) {
     const Dims g = dims(packed, heads);
     const at::Tensor qkv = packed.contiguous();
     at::Tensor out = at::empty({g.B, g.T, g.H * g.D}, qkv.options());
@@ -83,14 +83,14 @@ struct FusedSelfAttention : torch::autograd::Function<FusedSelfAttention> {
     const float *x = qkv.const_data_ptr<float>();
     float *o = out.mutable_data_ptr<float>(), *l = lse.mutable_data_ptr<float>();
     at::parallel_for(0, g.B * g.H, 1, [&](int64_t begin, int64_t end) {
-      hearth_attention_forward_avx2(x, o, l, g.B, g.T, g.H, g.D, causal, begin, end,
-                                    int32_t(mutation));
+      hearth_attention_forward_kernel(x, o, l, g.B, g.T, g.H, g.D, causal, begin, end,
+                                      int32_t(kernels));
     });
 #endif
     ctx->save_for_backward({qkv, lse});
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["causal"] = causal;
-    ctx->saved_data["mutation"] = mutation;
+    ctx->saved_data["kernels"] = kernels;
     return out;
   }
 
@@ -101,7 +101,7 @@ struct FusedSelfAttention : torch::autograd::Function<FusedSelfAttention> {
     const at::Tensor &qkv = saved[0], &lse = saved[1];
     const Dims g = dims(qkv, ctx->saved_data["heads"].toInt());
     const bool causal = ctx->saved_data["causal"].toBool();
-    const auto mutation = int32_t(ctx->saved_data["mutation"].toInt());
+    const auto kernels = int32_t(ctx->saved_data["kernels"].toInt());
     const at::Tensor dout = grads[0].contiguous();
     at::Tensor dqkv = at::empty_like(qkv);
 #if defined(__x86_64__)
@@ -109,8 +109,8 @@ struct FusedSelfAttention : torch::autograd::Function<FusedSelfAttention> {
                 *dO = dout.const_data_ptr<float>();
     float *dx = dqkv.mutable_data_ptr<float>();
     at::parallel_for(0, g.B * g.H, 1, [&](int64_t begin, int64_t end) {
-      hearth_attention_backward_avx2(x, l, dO, dx, g.B, g.T, g.H, g.D, causal, begin, end,
-                                     mutation);
+      hearth_attention_backward_kernel(x, l, dO, dx, g.B, g.T, g.H, g.D, causal, begin, end,
+                                       kernels);
     });
 #endif
     return {dqkv, at::Tensor(), at::Tensor(), at::Tensor()};
@@ -152,13 +152,13 @@ char *hearth_self_attention(at::Tensor *qkv, int64_t heads, bool causal, int32_t
       *out = new at::Tensor(libtorch_attention(*qkv, g, causal));
       return;
     }
-    const auto mutation = int64_t(hearth_kernels::mutation_of(kernels));
     if (!lower_precision(*qkv)) {
-      *out = new at::Tensor(FusedSelfAttention::apply(*qkv, heads, causal, mutation));
+      *out = new at::Tensor(FusedSelfAttention::apply(*qkv, heads, causal, int64_t(kernels)));
       return;
     }
-    *out = new at::Tensor(FusedSelfAttention::apply(qkv->to(at::kFloat), heads, causal, mutation)
-                              .to(qkv->scalar_type()));
+    *out = new at::Tensor(
+        FusedSelfAttention::apply(qkv->to(at::kFloat), heads, causal, int64_t(kernels))
+            .to(qkv->scalar_type()));
   });
 }
 

@@ -2,7 +2,8 @@
 // float32 on x86-64 with AVX2 and FMA, for short sequences: one (batch,
 // head) at a time, its T x T scores whole in a buffer (T <= 512, checked
 // by attention.cpp), every product a register-tiled loop over operands
-// that sit in the caches. libtorch's CPU flash kernel cuts the same work
+// that sit in the caches (register_tile.h: AVX2's, or AVX-512's where the
+// path is avx512; the rest is AVX2 on either path). libtorch's CPU flash kernel cuts the same work
 // into q-blocks of 32 rows, each a handful of small MKL calls, and spent
 // ~4.5 ms forward and ~12.6 ms backward per layer of the bench GPT (B=16,
 // H=4, T=128, D=32, one thread) — about 15 GFLOP/s. Built as
@@ -21,6 +22,7 @@
 //   dQ = s dS K,  dK = s dS^T Q
 
 #include "avx2_exp.h"
+#include "register_tile.h"
 
 #include <immintrin.h>
 
@@ -33,68 +35,10 @@
 
 namespace {
 
-// Rows of a register tile: 6 rows x 16 columns is 12 accumulators, plus two
-// rows of B and a broadcast of A, of the 16 ymm registers.
-constexpr int64_t kRows = 6;
+using hearth_tiles::kRows;
+using hearth_tiles::Tiles;
 
 inline int64_t round_up8(int64_t n) { return (n + 7) & ~int64_t(7); }
-
-// C[r][n] = alpha * sum_{k < K} A(r, k) * B[k][n] for r < MR, n < N, with
-// N a multiple of 8. A(r, k) is a[r*lda + k], or a[k*lda + r] when
-// A_TRANSPOSED; B is row-major with row stride ldb.
-template <int MR, bool A_TRANSPOSED>
-void tile(int64_t K, const float *a, int64_t lda, const float *b, int64_t ldb, float *c,
-          int64_t ldc, int64_t N, float alpha) {
-  const __m256 scale = _mm256_set1_ps(alpha);
-  auto a_at = [&](int r, int64_t k) { return A_TRANSPOSED ? a + k * lda + r : a + r * lda + k; };
-  int64_t n = 0;
-  for (; n + 16 <= N; n += 16) {
-    __m256 lo[MR], hi[MR];
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; ++k) {
-      const __m256 b0 = _mm256_loadu_ps(b + k * ldb + n);
-      const __m256 b1 = _mm256_loadu_ps(b + k * ldb + n + 8);
-#pragma GCC unroll 8
-      for (int r = 0; r < MR; ++r) {
-        const __m256 x = _mm256_broadcast_ss(a_at(r, k));
-        lo[r] = _mm256_fmadd_ps(x, b0, lo[r]);
-        hi[r] = _mm256_fmadd_ps(x, b1, hi[r]);
-      }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      _mm256_storeu_ps(c + r * ldc + n, _mm256_mul_ps(scale, lo[r]));
-      _mm256_storeu_ps(c + r * ldc + n + 8, _mm256_mul_ps(scale, hi[r]));
-    }
-  }
-  if (n < N) {  // the last 8 columns
-    __m256 acc[MR];
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; ++k) {
-      const __m256 b0 = _mm256_loadu_ps(b + k * ldb + n);
-#pragma GCC unroll 8
-      for (int r = 0; r < MR; ++r) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(a_at(r, k)), b0, acc[r]);
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) _mm256_storeu_ps(c + r * ldc + n, _mm256_mul_ps(scale, acc[r]));
-  }
-}
-
-// tile() for a run-time row count 1..kRows.
-template <bool A_TRANSPOSED>
-void tile_rows(int64_t rows, int64_t K, const float *a, int64_t lda, const float *b, int64_t ldb,
-               float *c, int64_t ldc, int64_t N, float alpha) {
-  switch (rows) {
-    case 6: return tile<6, A_TRANSPOSED>(K, a, lda, b, ldb, c, ldc, N, alpha);
-    case 5: return tile<5, A_TRANSPOSED>(K, a, lda, b, ldb, c, ldc, N, alpha);
-    case 4: return tile<4, A_TRANSPOSED>(K, a, lda, b, ldb, c, ldc, N, alpha);
-    case 3: return tile<3, A_TRANSPOSED>(K, a, lda, b, ldb, c, ldc, N, alpha);
-    case 2: return tile<2, A_TRANSPOSED>(K, a, lda, b, ldb, c, ldc, N, alpha);
-    default: return tile<1, A_TRANSPOSED>(K, a, lda, b, ldb, c, ldc, N, alpha);
-  }
-}
 
 inline float sum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -241,8 +185,8 @@ struct Shape {
 // Forward pass for heads [begin, end) of the B*H (batch-major), writing
 // their columns of out and their rows of lse.
 template <int M>
-void forward(const float *qkv, float *out, float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
-             bool causal, int64_t begin, int64_t end) {
+void forward(const Tiles &tiles, const float *qkv, float *out, float *lse, int64_t B, int64_t T,
+             int64_t H, int64_t D, bool causal, int64_t begin, int64_t end) {
   const Shape g{B, T, H, D, causal};
   const int64_t Tp = g.padded(), ld = g.ld(), d = g.d();
   const float scale = 1.0f / std::sqrt(float(D));
@@ -258,11 +202,11 @@ void forward(const float *qkv, float *out, float *lse, int64_t B, int64_t T, int
       if (next)
         for (int64_t part = 0; part < 3; ++part) prefetch_rows(next + part * d, ld, i0, rows, D);
       float *si = s.data() + i0 * Tp;
-      tile_rows<false>(rows, D, q + i0 * ld, ld, kt.data(), Tp, si, Tp, width, scale);
+      tiles.plain(rows, D, q + i0 * ld, ld, kt.data(), Tp, si, Tp, width, scale);
       float sums[kRows];
       for (int64_t r = 0; r < rows; ++r) sums[r] = exp_row<M>(si + r * Tp, g.len(i0 + r), width, &l[i0 + r]);
       const int64_t keys = causal ? i0 + rows : T;
-      tile_rows<false>(rows, keys, si, Tp, v, ld, o + i0 * d, d, D, 1.0f);
+      tiles.plain(rows, keys, si, Tp, v, ld, o + i0 * d, d, D, 1.0f);
       for (int64_t r = 0; r < rows; ++r) scale_row(o + (i0 + r) * d, D, 1.0f / sums[r]);
     }
   }
@@ -271,8 +215,9 @@ void forward(const float *qkv, float *out, float *lse, int64_t B, int64_t T, int
 // Backward pass for heads [begin, end): their columns of dqkv (q, k and v
 // parts) from qkv, the forward's lse, and dout.
 template <int M>
-void backward(const float *qkv, const float *lse, const float *dout, float *dqkv, int64_t B,
-              int64_t T, int64_t H, int64_t D, bool causal, int64_t begin, int64_t end) {
+void backward(const Tiles &tiles, const float *qkv, const float *lse, const float *dout,
+              float *dqkv, int64_t B, int64_t T, int64_t H, int64_t D, bool causal, int64_t begin,
+              int64_t end) {
   const Shape g{B, T, H, D, causal};
   const int64_t Tp = g.padded(), ld = g.ld(), d = g.d();
   const float scale = 1.0f / std::sqrt(float(D));
@@ -296,8 +241,8 @@ void backward(const float *qkv, const float *lse, const float *dout, float *dqkv
         prefetch_rows(dout + nb * T * d + nh * D, d, i0, rows, D);
       }
       float *pi = p.data() + i0 * Tp, *dsi = ds.data() + i0 * Tp;
-      tile_rows<false>(rows, D, q + i0 * ld, ld, kt.data(), Tp, pi, Tp, width, scale);
-      tile_rows<false>(rows, D, dO + i0 * d, d, vt.data(), Tp, dsi, Tp, width, 1.0f);
+      tiles.plain(rows, D, q + i0 * ld, ld, kt.data(), Tp, pi, Tp, width, scale);
+      tiles.plain(rows, D, dO + i0 * d, d, vt.data(), Tp, dsi, Tp, width, 1.0f);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = i0 + r;
         probabilities_row<M>(pi + r * Tp, g.len(i), width, l[i]);
@@ -310,44 +255,59 @@ void backward(const float *qkv, const float *lse, const float *dout, float *dqkv
         std::memset(dsi + r * Tp + width, 0, size_t(Tp - width) * sizeof(float));
       }
       const int64_t keys = causal ? i0 + rows : T;
-      tile_rows<false>(rows, keys, dsi, Tp, k, ld, dq + i0 * ld, ld, D, scale);
+      tiles.plain(rows, keys, dsi, Tp, k, ld, dq + i0 * ld, ld, D, scale);
     }
     // dK and dV, a tile of key rows at a time: key j gets gradient only from
     // queries i >= j when causal.
     for (int64_t j0 = 0; j0 < T; j0 += kRows) {
       const int64_t rows = std::min(kRows, T - j0), first = causal ? j0 : 0;
-      tile_rows<true>(rows, T - first, ds.data() + first * Tp + j0, Tp, q + first * ld, ld,
+      tiles.transposed(rows, T - first, ds.data() + first * Tp + j0, Tp, q + first * ld, ld,
                       dk + j0 * ld, ld, D, scale);
-      tile_rows<true>(rows, T - first, p.data() + first * Tp + j0, Tp, dO + first * d, d,
+      tiles.transposed(rows, T - first, p.data() + first * Tp + j0, Tp, dO + first * d, d,
                       dv + j0 * ld, ld, D, 1.0f);
     }
   }
 }
 
+// The tiles of `path`: AVX-512's (tile_avx512.cpp) on hearth_kernels'
+// kAvx512, this file's AVX2 ones otherwise. The callers (attention.cpp)
+// have checked that the CPU runs them.
+Tiles tiles_for(hearth_kernels::Path path) {
+  static const Tiles avx2 = hearth_tiles::tiles_of<hearth_tiles::Avx2>();
+  static const Tiles avx512 = hearth_tiles::avx512_tiles();
+  return path == hearth_kernels::kAvx512 ? avx512 : avx2;
+}
+
 }  // namespace
 
-// The kernels for heads [begin, end); `mutation` is hearth_kernels::kExact
-// but in the tests' mutation checks.
+// The kernels for heads [begin, end); `code` is hearth_kernels' path (kAvx2
+// or kAvx512, which give the same bits) and mutation (kExact but in the
+// tests' mutation checks).
 extern "C" {
 
-void hearth_attention_forward_avx2(const float *qkv, float *out, float *lse, int64_t B, int64_t T,
-                                   int64_t H, int64_t D, bool causal, int64_t begin, int64_t end,
-                                   int32_t mutation) {
+void hearth_attention_forward_kernel(const float *qkv, float *out, float *lse, int64_t B,
+                                     int64_t T, int64_t H, int64_t D, bool causal, int64_t begin,
+                                     int64_t end, int32_t code) {
   using namespace hearth_kernels;
-  if (mutation == kExpOff) return forward<kExpOff>(qkv, out, lse, B, T, H, D, causal, begin, end);
-  forward<kExact>(qkv, out, lse, B, T, H, D, causal, begin, end);
+  const Tiles tiles = tiles_for(path_of(code));
+  const Mutation mutation = mutation_of(code);
+  if (mutation == kExpOff)
+    return forward<kExpOff>(tiles, qkv, out, lse, B, T, H, D, causal, begin, end);
+  forward<kExact>(tiles, qkv, out, lse, B, T, H, D, causal, begin, end);
   if (mutation == kResultOff)
     for (int64_t bh = begin; bh < end; ++bh)
       hearth_avx2::move_4_ulps(out + (bh / H) * T * H * D + (bh % H) * D, T, D, H * D);
 }
 
-void hearth_attention_backward_avx2(const float *qkv, const float *lse, const float *dout,
-                                    float *dqkv, int64_t B, int64_t T, int64_t H, int64_t D,
-                                    bool causal, int64_t begin, int64_t end, int32_t mutation) {
+void hearth_attention_backward_kernel(const float *qkv, const float *lse, const float *dout,
+                                      float *dqkv, int64_t B, int64_t T, int64_t H, int64_t D,
+                                      bool causal, int64_t begin, int64_t end, int32_t code) {
   using namespace hearth_kernels;
+  const Tiles tiles = tiles_for(path_of(code));
+  const Mutation mutation = mutation_of(code);
   if (mutation == kExpOff)
-    return backward<kExpOff>(qkv, lse, dout, dqkv, B, T, H, D, causal, begin, end);
-  backward<kExact>(qkv, lse, dout, dqkv, B, T, H, D, causal, begin, end);
+    return backward<kExpOff>(tiles, qkv, lse, dout, dqkv, B, T, H, D, causal, begin, end);
+  backward<kExact>(tiles, qkv, lse, dout, dqkv, B, T, H, D, causal, begin, end);
   if (mutation == kResultOff)
     for (int64_t bh = begin; bh < end; ++bh)
       for (int64_t part = 0; part < 3; ++part)

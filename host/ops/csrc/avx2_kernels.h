@@ -1,5 +1,6 @@
 // What the autograd functions over hearth's own AVX2/FMA kernels (the
-// hearth_avx2_kernels library: gelu_avx2.cpp, attention_avx2.cpp) share:
+// hearth_avx2_kernels library: gelu_avx2.cpp, attention_avx2.cpp, with
+// tile_avx512.cpp's AVX-512 tiles on that path) share:
 // whether the path hearth::ops chose may run on this CPU, checked before
 // every call, and the refusal of a second derivative. Included by gelu.cpp
 // and attention.cpp, never by the kernels themselves.
@@ -23,15 +24,34 @@ inline bool cpu_has_avx2_fma() {
 #endif
 }
 
-// Whether `code` (hearth_kernels' path and mutation) asks for the AVX2
-// kernels; an error where this CPU cannot run them (hearth::ops refuses
-// that choice before it gets here, so this is the last guard against an
-// illegal instruction).
-inline bool avx2_asked(int32_t code) {
-  if (hearth_kernels::path_of(code) != hearth_kernels::kAvx2) return false;
-  if (!cpu_has_avx2_fma())
-    throw std::runtime_error("hearth's AVX2 kernels were asked for on a CPU without AVX2 and FMA");
-  return true;
+inline bool cpu_has_avx512f() {
+#if defined(__x86_64__)
+  static const bool yes = cpu_has_avx2_fma() && __builtin_cpu_supports("avx512f");
+  return yes;
+#else
+  return false;
+#endif
+}
+
+// Whether `code` (hearth_kernels' path and mutation) asks for hearth's
+// kernels (AVX2, or AVX2 with AVX-512 tiles); an error where this CPU
+// cannot run them (hearth::ops refuses that choice before it gets here, so
+// this is the last guard against an illegal instruction).
+inline bool kernels_asked(int32_t code) {
+  switch (hearth_kernels::path_of(code)) {
+    case hearth_kernels::kAvx2:
+      if (!cpu_has_avx2_fma())
+        throw std::runtime_error(
+            "hearth's AVX2 kernels were asked for on a CPU without AVX2 and FMA");
+      return true;
+    case hearth_kernels::kAvx512:
+      if (!cpu_has_avx512f())
+        throw std::runtime_error(
+            "hearth's AVX-512 kernels were asked for on a CPU without AVX-512F, AVX2 and FMA");
+      return true;
+    default:
+      return false;
+  }
 }
 
 // Called first in a fused function's backward: with create_graph=True the

@@ -61,7 +61,7 @@ char *hearth_gelu(at::Tensor *x, int32_t kernels, at::Tensor **out) {
   return hearth_abi::guarded([&] {
     const bool fused = x->device().is_cpu() && x->scalar_type() == at::kFloat &&
                        x->requires_grad() && torch::autograd::GradMode::is_enabled() &&
-                       hearth_avx2::avx2_asked(kernels);
+                       hearth_avx2::kernels_asked(kernels);
     *out = new at::Tensor(fused ? GeluSavingDerivative::apply(
                                       *x, int64_t(hearth_kernels::mutation_of(kernels)))
                                 : at::gelu(*x));
@@ -70,5 +70,8 @@ char *hearth_gelu(at::Tensor *x, int32_t kernels, at::Tensor **out) {
 
 // Whether this CPU can run hearth's AVX2 kernels (AVX2 and FMA).
 bool hearth_cpu_has_avx2_fma() { return hearth_avx2::cpu_has_avx2_fma(); }
+
+// Whether it can run them with AVX-512 tiles (AVX-512F too).
+bool hearth_cpu_has_avx512f() { return hearth_avx2::cpu_has_avx512f(); }
 
 }  // extern "C"

@@ -13,6 +13,7 @@ namespace hearth_kernels {
 enum Path : int32_t {
   kLibtorch = 0,  // libtorch's own operators
   kAvx2 = 1,      // hearth's AVX2 + FMA kernels
+  kAvx512 = 2,    // the same, their attention's matrix products in AVX-512
 };
 
 enum Mutation : int32_t {

@@ -135,6 +135,7 @@ extern "C" {
 extern "C" {
     pub fn hearth_gelu(x: *mut C_tensor, kernels: i32, out: *mut *mut C_tensor) -> *mut c_char;
     pub fn hearth_cpu_has_avx2_fma() -> bool;
+    pub fn hearth_cpu_has_avx512f() -> bool;
     pub fn hearth_cpu_capability(buf: *mut c_char, len: usize) -> usize;
 }
 

@@ -15,8 +15,9 @@ fn path() -> CpuKernels {
 
 /// The exact GELU (`torch.nn.functional.gelu(x)`, erf form).
 ///
-/// On a float32 CPU tensor that needs a gradient, where hearth's AVX2
-/// kernels run ([`CpuKernels::Avx2`]), the forward pass also computes
+/// On a float32 CPU tensor that needs a gradient, where hearth's kernels
+/// run ([`CpuKernels::runs_hearths_kernels`]; GELU is AVX2 on both of
+/// their paths), the forward pass also computes
 /// GELU's derivative in the same pass, and the backward pass multiplies the
 /// incoming gradient by it: libtorch's `gelu_backward` evaluates erf and
 /// exp again. erf is Abramowitz and Stegun's 7.1.26 (within 1.5e-7 of the
@@ -54,8 +55,9 @@ fn gelu_on(x: &Tensor, code: i32) -> Tensor {
 /// those before it.
 ///
 /// On a float32 CPU tensor with a head size that is a multiple of 8 and at
-/// most 512 positions, where hearth's AVX2 kernels run
-/// ([`CpuKernels::Avx2`]), hearth's own kernels compute it and its gradient ([`self_attention_is_fused`]); between the
+/// most 512 positions, where hearth's kernels run
+/// ([`CpuKernels::runs_hearths_kernels`]), hearth's own kernels compute it
+/// and its gradient ([`self_attention_is_fused`]); between the
 /// passes they keep `qkv` and a log-sum-exp per row and head (libtorch's
 /// flash kernel keeps the output too), and a second derivative through
 /// them (`create_graph`) is an error. Anything else runs libtorch's `scaled_dot_product_attention`.

@@ -74,6 +74,7 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
             "model": cpu,
             "libtorch_level": kernels.libtorch_level,
             "avx2_fma": kernels.avx2_fma,
+            "avx512f": kernels.avx512f,
             "kernels": kernels.path,
             "kernels_why": kernels.why,
         },
@@ -155,7 +156,9 @@ struct CpuKernelsReport {
     libtorch_level: String,
     /// Whether the CPU has AVX2 and FMA.
     avx2_fma: bool,
-    /// The path in use (`avx2`, `off`), or `invalid`.
+    /// Whether it has AVX-512F besides.
+    avx512f: bool,
+    /// The path in use (`avx512`, `avx2`, `off`), or `invalid`.
     path: &'static str,
     /// Why that path.
     why: String,
@@ -163,16 +166,26 @@ struct CpuKernelsReport {
 
 fn cpu_kernels_report() -> CpuKernelsReport {
     use hearth_ops::cpu_kernels::{
-        cpu_has_avx2_fma, cpu_kernels, libtorch_cpu_level, CpuKernels, CPU_KERNELS_VAR,
+        cpu_has_avx2_fma, cpu_has_avx512f, cpu_kernels, libtorch_cpu_level, CpuKernels,
+        CPU_KERNELS_VAR,
     };
     let libtorch_level = libtorch_cpu_level();
     let avx2_fma = cpu_has_avx2_fma();
+    let avx512f = cpu_has_avx512f();
     let requested = std::env::var(CPU_KERNELS_VAR).ok();
     let (path, why) = match (cpu_kernels(), requested.as_deref()) {
         (Err(e), _) => ("invalid", e.to_string()),
         (Ok(k), Some(r)) if !r.trim().eq_ignore_ascii_case("auto") && !r.trim().is_empty() => {
             (k.as_str(), format!("{CPU_KERNELS_VAR}={r}"))
         }
+        (Ok(CpuKernels::Avx512), _) => (
+            "avx512",
+            "AVX-512F, AVX2 and FMA here: AVX2 kernels with AVX-512 attention tiles".to_string(),
+        ),
+        (Ok(CpuKernels::Avx2), _) if avx512f => (
+            "avx2",
+            format!("libtorch's level is {libtorch_level} (ATEN_CPU_CAPABILITY): AVX2 and FMA"),
+        ),
         (Ok(CpuKernels::Avx2), _) => ("avx2", "AVX2 and FMA here".to_string()),
         (Ok(CpuKernels::Libtorch), _) if !avx2_fma => (
             "off",
@@ -186,6 +199,7 @@ fn cpu_kernels_report() -> CpuKernelsReport {
     CpuKernelsReport {
         libtorch_level,
         avx2_fma,
+        avx512f,
         path,
         why,
     }

@@ -302,18 +302,23 @@ fn env_says_in_words_who_started_the_process() {
 }
 
 /// `hearth env` names the path of hearth's CPU kernels, in words and in
-/// JSON, with the CPU's model and libtorch's level: AVX2 where the CPU has
-/// AVX2 and FMA (as Rust's own feature detection finds them), libtorch's
-/// own operators when `HEARTH_CPU_KERNELS=off` or `ATEN_CPU_CAPABILITY`
-/// pins libtorch below AVX2; a value it cannot honour is shown in `env` and
-/// refused by `hearth run` (exit 2, naming the variable).
+/// JSON, with the CPU's model and libtorch's level: avx512 where the CPU
+/// has AVX-512F, AVX2 and FMA (as Rust's own feature detection finds them)
+/// and libtorch runs at AVX-512, avx2 where it has AVX2 and FMA or libtorch
+/// is pinned to AVX2, libtorch's own operators when `HEARTH_CPU_KERNELS=off`
+/// or `ATEN_CPU_CAPABILITY` pins libtorch below AVX2; a value it cannot
+/// honour is shown in `env` and refused by `hearth run` (exit 2, naming the
+/// variable).
 #[test]
 fn env_names_the_cpu_kernels_path_and_run_refuses_a_bad_one() {
     #[cfg(target_arch = "x86_64")]
-    let has =
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+    let (has, has512) = {
+        let has = std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma");
+        (has, has && std::arch::is_x86_feature_detected!("avx512f"))
+    };
     #[cfg(not(target_arch = "x86_64"))]
-    let has = false;
+    let (has, has512) = (false, false);
     let env_json = |vars: &[(&str, &str)]| -> serde_json::Value {
         let mut cmd = hearth(&["env", "--json"]);
         cmd.env_remove("HEARTH_CPU_KERNELS")
@@ -324,8 +329,15 @@ fn env_names_the_cpu_kernels_path_and_run_refuses_a_bad_one() {
         serde_json::from_slice(&out.stdout).unwrap()
     };
     let v = env_json(&[]);
-    assert_eq!(v["cpu"]["kernels"], if has { "avx2" } else { "off" }, "{v}");
+    let libtorch_at_avx512 = v["cpu"]["libtorch_level"] == "AVX512";
+    let best = match (has, has512 && libtorch_at_avx512) {
+        (true, true) => "avx512",
+        (true, false) => "avx2",
+        _ => "off",
+    };
+    assert_eq!(v["cpu"]["kernels"], best, "{v}");
     assert_eq!(v["cpu"]["avx2_fma"], has, "{v}");
+    assert_eq!(v["cpu"]["avx512f"], has512, "{v}");
     assert!(!v["cpu"]["model"].as_str().unwrap().is_empty(), "{v}");
     assert!(
         !v["cpu"]["libtorch_level"].as_str().unwrap().is_empty(),
@@ -337,19 +349,24 @@ fn env_names_the_cpu_kernels_path_and_run_refuses_a_bad_one() {
     let v = env_json(&[("ATEN_CPU_CAPABILITY", "default")]);
     assert_eq!(v["cpu"]["libtorch_level"], "DEFAULT", "{v}");
     assert_eq!(v["cpu"]["kernels"], "off", "{v}");
+    if has {
+        let v = env_json(&[("ATEN_CPU_CAPABILITY", "avx2")]);
+        assert_eq!(v["cpu"]["libtorch_level"], "AVX2", "{v}");
+        assert_eq!(v["cpu"]["kernels"], "avx2", "{v}");
+    }
     let v = env_json(&[("HEARTH_CPU_KERNELS", "avx512")]);
-    assert_eq!(v["cpu"]["kernels"], "invalid", "{v}");
+    assert_eq!(
+        v["cpu"]["kernels"],
+        if has512 { "avx512" } else { "invalid" },
+        "{v}"
+    );
 
     let mut cmd = hearth(&["env"]);
     cmd.env_remove("HEARTH_CPU_KERNELS")
         .env_remove("ATEN_CPU_CAPABILITY");
     let said = text(&cmd.run().unwrap());
-    let words = if has {
-        "hearth's CPU kernels: avx2"
-    } else {
-        "hearth's CPU kernels: off"
-    };
-    assert!(said.contains(words), "{said}");
+    let words = format!("hearth's CPU kernels: {best}");
+    assert!(said.contains(&words), "{said}");
 
     let run = hearth(&["run", "/nonexistent/config.toml"])
         .env("HEARTH_CPU_KERNELS", "fastest")

@@ -6,14 +6,15 @@
 
 use super::bounds::{self, Approx, Shape, EXP_ERROR};
 use super::*;
-use crate::cpu_kernels::cpu_has_avx2_fma;
+use crate::cpu_kernels::{cpu_has_avx2_fma, cpu_has_avx512f};
 use tch::{Device, Kind};
 
-/// `csrc/kernel_paths.h`'s codes: libtorch, the AVX2 kernels, and the AVX2
-/// kernels with exp off by 1e-6 or every result off by 4 units in the last
-/// place.
+/// `csrc/kernel_paths.h`'s codes: libtorch, the AVX2 kernels (and the
+/// same with AVX-512 attention tiles), and the AVX2 kernels with exp off by
+/// 1e-6 or every result off by 4 units in the last place.
 const LIBTORCH: i32 = 0;
 const AVX2: i32 = 1;
+const AVX512: i32 = 2;
 const EXP_OFF: i32 = 1 | (1 << 8);
 const RESULT_OFF: i32 = 1 | (2 << 8);
 
@@ -251,7 +252,10 @@ fn gelu_and_attention_take_the_processs_path() {
     (&y * &g).sum(Kind::Float).backward();
     assert_eq!(by_path, bits((values(&y), values(&input.grad()))));
     let qkv = uniform(&[2, 9, 48], 1.0, 3);
-    assert_eq!(self_attention_is_fused(&qkv, 2), path() == CpuKernels::Avx2);
+    assert_eq!(
+        self_attention_is_fused(&qkv, 2),
+        path().runs_hearths_kernels()
+    );
     let ours = self_attention(&qkv, 2, true);
     assert!(ours.equal(&self_attention_on(&qkv, 2, true, code)));
 }
@@ -441,6 +445,57 @@ fn self_attention_is_within_its_rounding_bounds() {
         }
         assert!(seen > 0, "attention with {what} passes the test");
     }
+}
+
+/// The avx512 path (the attention's products in AVX-512 tiles) gives the
+/// AVX2 path's outputs and gradients bit for bit: each element of a
+/// product is the same chain of fused multiply-adds over k in order,
+/// whatever the width. So the bounds above hold it too. The cases are the
+/// bounds test's and every width from 8 to 56 columns (sequences and head
+/// sizes), on each side of the AVX-512 tile's 32- and 16-column steps and
+/// its masked 8-column tail; a tile that dropped or misplaced a column, or
+/// summed in another order, would differ somewhere here.
+#[test]
+fn the_avx512_path_gives_the_avx2_paths_bits() {
+    if !cpu_has_avx512f() {
+        eprintln!("skipped: this CPU lacks AVX-512F");
+        return;
+    }
+    let widths = (8..=56).step_by(8);
+    let more = widths.clone().flat_map(|t| {
+        widths.clone().flat_map(move |d| {
+            [true, false].map(|causal| {
+                let s = Shape {
+                    b: 1,
+                    t,
+                    h: 2,
+                    d,
+                    causal,
+                };
+                (s, 2.0)
+            })
+        })
+    });
+    for (n, (s, scale)) in ATTENTION_CASES.into_iter().chain(more).enumerate() {
+        let (b, t, h, d) = (s.b as i64, s.t as i64, s.h as i64, s.d as i64);
+        let qkv = uniform(&[b, t, 3 * h * d], scale, 300 + n as u64);
+        let grad_out = uniform(&[b, t, h * d], 1.7, 3000 + n as u64);
+        let bits = |code| {
+            let (out, grad) =
+                value_and_gradient(&qkv, &grad_out, |x| self_attention_on(x, h, s.causal, code));
+            out.iter()
+                .chain(&grad)
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        assert!(bits(AVX512) == bits(AVX2), "{s:?}: the paths differ");
+    }
+    // And the tests' mutations reach the kernels on this path.
+    let seen: usize = attention_misses(AVX512 | (2 << 8))
+        .iter()
+        .map(|c| c.1 + c.2)
+        .sum();
+    assert!(seen > 0, "avx512 attention off by 4 ulps passes the bounds");
 }
 
 /// A bf16 or float16 projection under CPU autocast (mixed precision) runs
