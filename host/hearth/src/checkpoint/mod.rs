@@ -29,7 +29,7 @@ pub use sharded::{
     HeldRows, Piece, ShardedTensors,
 };
 pub use state_dir::{
-    newest_complete, newest_intact, numbered_checkpoints, rotate, set_aside, set_aside_as,
-    verify_complete, verify_contents, verify_intact, HookRecord, Manifest, ManifestFile,
-    StagedCheckpoint, TensorKey, MANIFEST_NAME,
+    newest_complete, newest_intact, numbered_checkpoints, rotate, rotate_after_commit, set_aside,
+    set_aside_as, verify_complete, verify_contents, verify_intact, HookRecord, Manifest,
+    ManifestFile, StagedCheckpoint, TensorKey, MANIFEST_NAME,
 };

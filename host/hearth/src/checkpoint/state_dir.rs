@@ -507,6 +507,37 @@ pub fn rotate(folder: &Path, limit: usize) -> Result<(), CheckpointError> {
     rotate_with(folder, limit, |dir| fs::remove_dir_all(dir))
 }
 
+/// [`rotate`] once a new checkpoint in `folder` has committed. A failure
+/// there (an old folder that cannot be renamed or deleted) leaves the new
+/// checkpoint complete and the old ones in place, so it does not fail the
+/// save: it is logged as a warning and returned as text, and the next
+/// save's rotation tries again.
+pub fn rotate_after_commit(folder: &Path, limit: usize) -> Option<String> {
+    rotate_after_commit_with(folder, limit, |dir| fs::remove_dir_all(dir))
+}
+
+/// [`rotate_after_commit`], deleting each hidden folder with `remove`.
+fn rotate_after_commit_with(
+    folder: &Path,
+    limit: usize,
+    remove: impl FnMut(&Path) -> std::io::Result<()>,
+) -> Option<String> {
+    let e = rotate_with(folder, limit, remove).err()?;
+    let mut why = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        why = format!("{why}: {cause}");
+        source = cause.source();
+    }
+    let message = format!(
+        "the checkpoint was saved, but removing the old ones beyond total_limit = {limit} \
+         failed ({why}); they stay in {} until a later save removes them",
+        folder.display()
+    );
+    tracing::warn!("{message}");
+    Some(message)
+}
+
 /// [`rotate`], deleting each hidden folder with `remove`.
 fn rotate_with(
     folder: &Path,
@@ -529,6 +560,33 @@ fn rotate_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A rotation that fails after a commit is a warning naming the
+    /// folder and the limit, not an error, and the newest checkpoints stay
+    /// visible and complete.
+    #[test]
+    fn a_rotation_failing_after_a_commit_is_a_warning() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        for n in 0..3 {
+            let mut staged = StagedCheckpoint::begin(&dir.join(format!("checkpoint_{n}"))).unwrap();
+            staged.bytes("model.safetensors", &[7u8; 100]).unwrap();
+            staged.commit().unwrap();
+        }
+        let said = rotate_after_commit_with(dir, 1, |_| Err(std::io::Error::other("busy")))
+            .expect("the failure is reported");
+        assert!(
+            said.contains("total_limit = 1") && said.contains(&dir.display().to_string()),
+            "{said}"
+        );
+        assert!(said.contains("busy"), "{said}");
+        let visible: Vec<u64> = numbered_checkpoints(dir).iter().map(|(n, _)| *n).collect();
+        assert_eq!(visible, [1, 2]);
+        assert!(verify_complete(&dir.join("checkpoint_2")).is_ok());
+        assert_eq!(rotate_after_commit(dir, 1), None);
+        let visible: Vec<u64> = numbered_checkpoints(dir).iter().map(|(n, _)| *n).collect();
+        assert_eq!(visible, [2]);
+    }
 
     #[test]
     fn a_rotation_killed_while_deleting_leaves_every_visible_checkpoint_complete() {

@@ -8,7 +8,7 @@ use hearth::accelerator::{
     AcceleratedOptimizer, AcceleratedScheduler, Accelerator, Checkpointable, LrSchedule,
     PreparedDataLoader, ProjectConfiguration,
 };
-use hearth::checkpoint::{CheckpointError, MANIFEST_NAME};
+use hearth::checkpoint::{numbered_checkpoints, verify_complete, CheckpointError, MANIFEST_NAME};
 use hearth::data::{DataLoader, MapStyle};
 use hearth::models::{Model, ModuleTree, Unit};
 use hearth::ops::AdamHyper;
@@ -271,6 +271,74 @@ fn total_limit_keeps_the_newest_and_a_checkpoint_is_never_overwritten() {
         .unwrap()
         .all(|e| !e.unwrap().file_name().to_string_lossy().contains(".tmp-"));
     assert!(no_tmp, "no temporary folder is left behind");
+}
+
+/// Files made immutable with `chattr +i` (which even root cannot delete)
+/// until dropped.
+struct Immutable(std::path::PathBuf);
+
+impl Immutable {
+    /// `None` where the file system or the process cannot set the flag.
+    fn set(folder: &Path) -> Option<Immutable> {
+        let done = std::process::Command::new("chattr")
+            .arg("-R")
+            .arg("+i")
+            .arg(folder)
+            .output()
+            .ok()?;
+        done.status
+            .success()
+            .then(|| Immutable(folder.parent().unwrap().to_path_buf()))
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("chattr")
+            .args(["-R", "-i"])
+            .arg(&self.0)
+            .output();
+    }
+}
+
+/// An old checkpoint that cannot be removed does not fail the save that
+/// committed a new one (it used to, so `on-save-error = "stop"` ended a run
+/// whose checkpoint was good): the save returns its folder, complete and
+/// loadable, and a later save's rotation removes the old one once it can.
+#[test]
+fn a_rotation_that_fails_after_the_commit_does_not_fail_the_save() {
+    let _serial = serial();
+    let dir = scratch("rotate-fails");
+    let project = |total_limit| ProjectConfiguration {
+        project_dir: dir.to_path_buf(),
+        automatic_checkpoint_naming: true,
+        total_limit,
+        ..Default::default()
+    };
+    let mut acc = Accelerator::builder()
+        .cpu(true)
+        .project_config(project(Some(1)))
+        .build()
+        .unwrap();
+    let first = acc.save_state(None).unwrap();
+    let Some(stuck) = Immutable::set(&first) else {
+        eprintln!("skipped: chattr +i is not available here");
+        return;
+    };
+    let second = acc.save_state(None).unwrap();
+    assert!(second.ends_with("checkpoint_1"), "{}", second.display());
+    verify_complete(&second).unwrap();
+    drop(stuck);
+    let third = acc.save_state(None).unwrap();
+    let visible = numbered_checkpoints(&dir.join("checkpoints"));
+    assert_eq!(visible.len(), 1, "{visible:?}");
+    assert_eq!(visible[0].1, third);
+    let mut fresh = Accelerator::builder()
+        .cpu(true)
+        .project_config(project(None))
+        .build()
+        .unwrap();
+    assert_eq!(fresh.load_state(None).unwrap(), third);
 }
 
 #[test]

@@ -10,7 +10,7 @@ use super::{
     SchedulerFile, TrainerState,
 };
 use crate::checkpoint::storage::{FileSystem, SaveSpace};
-use crate::checkpoint::{rotate, CheckpointError, StagedCheckpoint, TensorKey};
+use crate::checkpoint::{rotate_after_commit, CheckpointError, StagedCheckpoint, TensorKey};
 use crate::optim::OptimizerState;
 use hearth_plugins::{CheckpointHookPlugin, HookCheckpoint};
 use std::collections::BTreeMap;
@@ -316,7 +316,7 @@ impl Accelerator {
             let saved = write_checkpoint(staged, snapshot, &hooks, &context)
                 .map_err(|e| space.explain(e))?;
             if let Some((folder, limit)) = rotation {
-                rotate(&folder, limit)?;
+                rotate_after_commit(&folder, limit);
             }
             Ok(saved)
         };
@@ -373,10 +373,10 @@ impl Accelerator {
             return Ok(());
         };
         if all_succeeded {
-            return match provisional.rotation {
-                Some((folder, limit)) => rotate(&folder, limit),
-                None => Ok(()),
-            };
+            if let Some((folder, limit)) = provisional.rotation {
+                rotate_after_commit(&folder, limit);
+            }
+            return Ok(());
         }
         if committed {
             let to = crate::checkpoint::set_aside_as(&provisional.dest, "incomplete")?;
