@@ -56,9 +56,18 @@ Dims dims(const at::Tensor &qkv, int64_t heads) {
   return {qkv.size(0), qkv.size(1), heads, d / heads};
 }
 
+// A projection CPU autocast gave in bf16 or float16: the kernels take it
+// converted to float32 (see hearth_self_attention). Outside autocast a
+// bf16 projection means bf16 parameters (a bf16 model, FSDP's param_dtype)
+// and keeps libtorch's bf16 attention, the arithmetic PyTorch runs there.
+bool lower_precision(const at::Tensor &qkv) {
+  return (qkv.scalar_type() == at::kBFloat16 || qkv.scalar_type() == at::kHalf) &&
+         at::autocast::is_autocast_enabled(at::kCPU);
+}
+
 // Whether hearth's kernels take qkv, when `kernels` asks for them.
 bool fused_path_takes(const at::Tensor &qkv, const Dims &g, int32_t kernels) {
-  return qkv.device().is_cpu() && (qkv.scalar_type() == at::kFloat || hearth_avx2::autocast_lowered(qkv)) &&
+  return qkv.device().is_cpu() && (qkv.scalar_type() == at::kFloat || lower_precision(qkv)) &&
          g.D % 8 == 0 && g.T >= 1 && g.T <= kMaxFusedLength && g.B >= 1 &&
          hearth_avx2::kernels_asked(kernels);
 }
@@ -143,7 +152,7 @@ char *hearth_self_attention(at::Tensor *qkv, int64_t heads, bool causal, int32_t
       *out = new at::Tensor(libtorch_attention(*qkv, g, causal));
       return;
     }
-    if (!hearth_avx2::autocast_lowered(*qkv)) {
+    if (!lower_precision(*qkv)) {
       *out = new at::Tensor(FusedSelfAttention::apply(*qkv, heads, causal, int64_t(kernels)));
       return;
     }

@@ -2,15 +2,12 @@
 // hearth_avx2_kernels library: gelu_avx2.cpp, attention_avx2.cpp, with
 // tile_avx512.cpp's AVX-512 tiles on that path) share:
 // whether the path hearth::ops chose may run on this CPU, checked before
-// every call, which reduced-precision inputs they take in float32, and the
-// refusal of a second derivative. Included by gelu.cpp and attention.cpp,
-// never by the kernels themselves.
+// every call, and the refusal of a second derivative. Included by gelu.cpp
+// and attention.cpp, never by the kernels themselves.
 #pragma once
 
 #include "kernel_paths.h"
 
-#include <ATen/autocast_mode.h>
-#include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <stdexcept>
@@ -55,17 +52,6 @@ inline bool kernels_asked(int32_t code) {
     default:
       return false;
   }
-}
-
-// A tensor CPU autocast gave in bf16 or float16: the float32 kernels take
-// its float32 copy and give their result back in its precision, bit for
-// bit their float32 result rounded; autograd converts the gradient both
-// ways. Outside autocast a bf16 tensor means bf16 parameters (a bf16 model,
-// FSDP's param_dtype) and keeps libtorch's own bf16 operators, the
-// arithmetic PyTorch runs there.
-inline bool autocast_lowered(const at::Tensor &x) {
-  return (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf) &&
-         at::autocast::is_autocast_enabled(at::kCPU);
 }
 
 // Called first in a fused function's backward: with create_graph=True the

@@ -55,24 +55,16 @@ extern "C" {
 
 // out = GELU(x), exact (erf) form. A float32 CPU tensor that needs a
 // gradient takes the fused path above when `kernels` (hearth_kernels'
-// path and mutation) asks for hearth's kernels; so does a bf16 or float16
-// one under CPU autocast, through its float32 copy (autocast_lowered),
-// keeping the float32 derivative (4 bytes an element where libtorch keeps
-// the 2-byte input). Anything else is libtorch's at::gelu.
+// path and mutation) asks for the AVX2 kernels; anything else libtorch's
+// at::gelu.
 char *hearth_gelu(at::Tensor *x, int32_t kernels, at::Tensor **out) {
   return hearth_abi::guarded([&] {
-    const bool lowered = hearth_avx2::autocast_lowered(*x);
-    const bool fused = x->device().is_cpu() && (x->scalar_type() == at::kFloat || lowered) &&
+    const bool fused = x->device().is_cpu() && x->scalar_type() == at::kFloat &&
                        x->requires_grad() && torch::autograd::GradMode::is_enabled() &&
                        hearth_avx2::kernels_asked(kernels);
-    if (!fused) {
-      *out = new at::Tensor(at::gelu(*x));
-      return;
-    }
-    const auto mutation = int64_t(hearth_kernels::mutation_of(kernels));
-    *out = new at::Tensor(
-        lowered ? GeluSavingDerivative::apply(x->to(at::kFloat), mutation).to(x->scalar_type())
-                : GeluSavingDerivative::apply(*x, mutation));
+    *out = new at::Tensor(fused ? GeluSavingDerivative::apply(
+                                      *x, int64_t(hearth_kernels::mutation_of(kernels)))
+                                : at::gelu(*x));
   });
 }
 

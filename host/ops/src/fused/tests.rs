@@ -225,32 +225,17 @@ fn gelu_and_its_gradient_are_within_their_rounding_bounds() {
 }
 
 /// Off hearth's kernels, GELU is libtorch's own, bit for bit, values and
-/// gradients; so is a bf16 GELU outside autocast (bf16 parameters) on
-/// them.
+/// gradients.
 #[test]
 fn gelu_off_the_kernels_is_libtorchs_own() {
     let (x, g) = gelu_inputs();
-    for (code, kind) in [(LIBTORCH, Kind::Float), (AVX2, Kind::BFloat16)] {
-        let (x, g) = (x.to_kind(kind), g.to_kind(kind));
-        let input = x.detach().set_requires_grad(true);
-        let ours = gelu_on(&input, code);
-        (&ours * &g).sum(kind).backward();
-        let theirs_in = x.detach().set_requires_grad(true);
-        let theirs = theirs_in.gelu("none");
-        (&theirs * &g).sum(kind).backward();
-        // equal() would call NaN (gelu'(inf) * g) unequal to itself.
-        let bits = |t: &Tensor| {
-            values(&t.to_kind(Kind::Float))
-                .iter()
-                .map(|v| v.to_bits())
-                .collect::<Vec<_>>()
-        };
-        assert!(bits(&ours) == bits(&theirs), "{kind:?}: values");
-        assert!(
-            bits(&input.grad()) == bits(&theirs_in.grad()),
-            "{kind:?}: gradients"
-        );
-    }
+    let (ours, ours_grad) = gelu_and_gradient(&x, &g, LIBTORCH);
+    let input = x.detach().set_requires_grad(true);
+    let theirs = input.gelu("none");
+    (&theirs * &g).sum(Kind::Float).backward();
+    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(same(&ours, &values(&theirs)));
+    assert!(same(&ours_grad, &values(&input.grad())));
 }
 
 /// The public functions take the path this process chose.
@@ -513,54 +498,6 @@ fn the_avx512_path_gives_the_avx2_paths_bits() {
     assert!(seen > 0, "avx512 attention off by 4 ulps passes the bounds");
 }
 
-/// Runs `op` on `x` rounded to `kind` under CPU autocast in `kind` (mixed
-/// precision), and its backward under `grad_out` rounded likewise; asserts
-/// that output and gradient are, bit for bit, `op`'s float32 output and
-/// gradient on the same values rounded to `kind` (the float32 kernels on
-/// the input's float32 copy). Returns the output and the rounded input.
-fn assert_autocast_runs_float32_rounded(
-    kind: Kind,
-    x: &Tensor,
-    grad_out: &Tensor,
-    op: impl Fn(&Tensor) -> Tensor,
-) -> (Tensor, Tensor) {
-    let rounded = x.to_kind(kind);
-    let g = grad_out.to_kind(kind);
-    let input = rounded.detach().set_requires_grad(true);
-    let y = {
-        let _autocast = crate::AutocastGuard::new(Device::Cpu, kind).unwrap();
-        op(&input)
-    };
-    (&y * &g).sum(kind).backward();
-    let x32 = rounded.to_kind(Kind::Float).set_requires_grad(true);
-    let y32 = op(&x32);
-    (&y32 * g.to_kind(Kind::Float)).sum(Kind::Float).backward();
-    assert_eq!((y.kind(), input.grad().kind()), (kind, kind));
-    assert!(y.equal(&y32.to_kind(kind)), "{kind:?}: output");
-    assert!(
-        input.grad().equal(&x32.grad().to_kind(kind)),
-        "{kind:?}: gradient"
-    );
-    (y, rounded)
-}
-
-/// The largest distance of `ours` from `theirs` (both in a reduced
-/// precision), in units of that precision's rounding of `theirs`' largest
-/// magnitude.
-fn units_apart(ours: &Tensor, theirs: &Tensor) -> f64 {
-    let unit = if theirs.kind() == Kind::BFloat16 {
-        2f64.powi(-8)
-    } else {
-        2f64.powi(-11)
-    };
-    let theirs = theirs.to_kind(Kind::Float);
-    let off = (ours.to_kind(Kind::Float) - &theirs)
-        .abs()
-        .max()
-        .double_value(&[]);
-    off / (unit * theirs.abs().max().double_value(&[]))
-}
-
 /// A bf16 or float16 projection under CPU autocast (mixed precision) runs
 /// the float32 kernels on its float32 copy: its output and gradient are,
 /// bit for bit, the float32 kernels' on the same values rounded to its own
@@ -572,34 +509,43 @@ fn reduced_precision_attention_is_the_float32_kernels_rounded() {
         return;
     }
     let (b, t, h, d) = (2, 20, 2, 8);
-    let qkv = uniform(&[b, t, 3 * h * d], 3.5, 7);
-    let grad_out = uniform(&[b, t, h * d], 1.7, 8);
     for kind in [Kind::BFloat16, Kind::Half] {
-        let (y, rounded) = assert_autocast_runs_float32_rounded(kind, &qkv, &grad_out, |x| {
-            self_attention_on(x, h, true, AVX2)
-        });
+        let qkv = uniform(&[b, t, 3 * h * d], 3.5, 7).to_kind(kind);
+        let grad_out = uniform(&[b, t, h * d], 1.7, 8).to_kind(kind);
+        let x = qkv.detach().set_requires_grad(true);
+        let y = {
+            let _autocast = crate::AutocastGuard::new(Device::Cpu, kind).unwrap();
+            self_attention_on(&x, h, true, AVX2)
+        };
+        (&y * &grad_out).sum(kind).backward();
+        let x32 = qkv.to_kind(Kind::Float).set_requires_grad(true);
+        let y32 = self_attention_on(&x32, h, true, AVX2);
+        (&y32 * grad_out.to_kind(Kind::Float))
+            .sum(Kind::Float)
+            .backward();
+        assert_eq!((y.kind(), x.grad().kind()), (kind, kind));
+        assert!(y.equal(&y32.to_kind(kind)), "{kind:?}: output");
+        assert!(
+            x.grad().equal(&x32.grad().to_kind(kind)),
+            "{kind:?}: gradient"
+        );
         // And it is attention: libtorch's own in that precision agrees to
         // within a few of its units.
-        let apart = units_apart(&y, &libtorch_attention(&rounded, h, true));
-        assert!(apart <= 8.0, "{kind:?}: {apart} units from libtorch's");
-    }
-}
-
-/// Likewise GELU: under CPU autocast a bf16 or float16 input that needs a
-/// gradient runs the float32 kernels on its float32 copy, bit for bit
-/// their result rounded, within a unit or two of libtorch's own GELU in
-/// that precision (which computes in float32 and rounds once, as this
-/// does). Outside autocast it is libtorch's (`gelu_off_the_kernels_is_libtorchs_own`).
-#[test]
-fn reduced_precision_gelu_is_the_float32_kernels_rounded() {
-    if !cpu_has_avx2_fma() {
-        return;
-    }
-    let (x, g) = (uniform(&[4, 1001], 8.0, 17), uniform(&[4, 1001], 2.0, 18));
-    for kind in [Kind::BFloat16, Kind::Half] {
-        let (y, rounded) = assert_autocast_runs_float32_rounded(kind, &x, &g, |x| gelu_on(x, AVX2));
-        let apart = units_apart(&y, &rounded.gelu("none"));
-        assert!(apart <= 2.0, "{kind:?}: {apart} units from libtorch's");
+        let theirs = libtorch_attention(&qkv, h, true).to_kind(Kind::Float);
+        let off = (y.to_kind(Kind::Float) - &theirs)
+            .abs()
+            .max()
+            .double_value(&[]);
+        let unit = if kind == Kind::BFloat16 {
+            2f64.powi(-8)
+        } else {
+            2f64.powi(-11)
+        };
+        let largest = theirs.abs().max().double_value(&[]);
+        assert!(
+            off <= 8.0 * unit * largest,
+            "{kind:?}: {off} from libtorch's"
+        );
     }
 }
 
