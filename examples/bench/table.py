@@ -51,18 +51,25 @@ GOALS = {
 DATA_ROUNDS = 3
 
 
+# The CPU flags that change which kernels run (libtorch's, oneDNN's, hearth's).
+VECTOR_FLAGS = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_bf16": "AVX512-BF16",
+                "amx_bf16": "AMX"}
+
+
 def machine() -> str:
-    """CPU model, cores, memory and OS, in one line."""
-    model = "unknown CPU"
+    """CPU model, its vector flags, cores, memory and OS, in one line."""
+    model, flags = "unknown CPU", set()
     for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
+        if line.startswith("model name") and model == "unknown CPU":
             model = line.split(":", 1)[1].strip()
-            break
+        elif line.startswith("flags") and not flags:
+            flags = set(line.split(":", 1)[1].split())
+    vector = ", ".join(name for flag, name in VECTOR_FLAGS.items() if flag in flags) or "no AVX2"
     mem_kib = int(pathlib.Path("/proc/meminfo").read_text().split()[1])
     import torch
 
-    return (f"{model}, {os.cpu_count()} cores, {mem_kib / 2**20:.0f} GiB, {platform.system()} "
-            f"{platform.release()}, torch {torch.__version__}, no GPU")
+    return (f"{model} ({vector}), {os.cpu_count()} cores, {mem_kib / 2**20:.0f} GiB, "
+            f"{platform.system()} {platform.release()}, torch {torch.__version__}, no GPU")
 
 
 def spread(ratios: list[float], digits: int = 2) -> str:
