@@ -273,9 +273,12 @@ void backward(const Tiles &tiles, const float *qkv, const float *lse, const floa
 // kAvx512, this file's AVX2 ones otherwise. The callers (attention.cpp)
 // have checked that the CPU runs them.
 Tiles tiles_for(hearth_kernels::Path path) {
+  if (path == hearth_kernels::kAvx512) {
+    static const Tiles avx512 = hearth_tiles::avx512_tiles();
+    return avx512;
+  }
   static const Tiles avx2 = hearth_tiles::tiles_of<hearth_tiles::Avx2>();
-  static const Tiles avx512 = hearth_tiles::avx512_tiles();
-  return path == hearth_kernels::kAvx512 ? avx512 : avx2;
+  return avx2;
 }
 
 }  // namespace
@@ -313,6 +316,13 @@ void hearth_attention_backward_kernel(const float *qkv, const float *lse, const 
       for (int64_t part = 0; part < 3; ++part)
         hearth_avx2::move_4_ulps(dqkv + (bh / H) * T * 3 * H * D + part * H * D + (bh % H) * D, T,
                                  D, 3 * H * D);
+}
+
+// The floats a register of the tiles `code`'s path runs (8: AVX2, 16:
+// AVX-512), for the tests: the two paths give the same bits, so only this
+// tells them apart.
+int64_t hearth_attention_tile_lanes(int32_t code) {
+  return tiles_for(hearth_kernels::path_of(code)).lanes;
 }
 
 }  // extern "C"

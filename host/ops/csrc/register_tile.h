@@ -24,9 +24,11 @@ using Tile = void (*)(int64_t rows, int64_t K, const float *a, int64_t lda, cons
 // and two registers of B beside a broadcast of A, within AVX2's 16.
 constexpr int64_t kRows = 6;
 
-// The tiles for A as stored and A transposed, in one width.
+// The tiles for A as stored and A transposed, in one width (floats a
+// register).
 struct Tiles {
   Tile plain, transposed;
+  int64_t lanes;
 };
 
 // The AVX-512 tiles (tile_avx512.cpp), for CPUs with AVX-512F.
@@ -134,7 +136,7 @@ void tile_rows(int64_t rows, int64_t K, const float *a, int64_t lda, const float
 // The tiles of one width.
 template <class S>
 Tiles tiles_of() {
-  return {&tile_rows<S, false>, &tile_rows<S, true>};
+  return {&tile_rows<S, false>, &tile_rows<S, true>, S::Lanes};
 }
 
 }  // namespace hearth_tiles

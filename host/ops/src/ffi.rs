@@ -145,6 +145,13 @@ extern "C" {
     pub fn hearth_exp_nonpositive_avx2(x: *const f32, y: *mut f32, n: i64, mutation: i32);
 }
 
+// host/ops/csrc/attention_avx2.cpp: the width of the attention's tiles on a
+// path, for its test.
+#[cfg(all(test, target_arch = "x86_64"))]
+extern "C" {
+    pub fn hearth_attention_tile_lanes(code: i32) -> i64;
+}
+
 // host/ops/csrc/attention.cpp: self-attention from a packed qkv projection.
 extern "C" {
     pub fn hearth_self_attention(

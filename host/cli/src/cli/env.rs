@@ -164,6 +164,15 @@ struct CpuKernelsReport {
     why: String,
 }
 
+/// ` (ATEN_CPU_CAPABILITY=...)` where that variable is set, else nothing:
+/// libtorch's level can be below the CPU's without it (a libtorch built
+/// without the higher kernels, a CPU lacking a flag libtorch needs).
+fn pinned_by() -> String {
+    std::env::var("ATEN_CPU_CAPABILITY")
+        .map(|v| format!(" (ATEN_CPU_CAPABILITY={v})"))
+        .unwrap_or_default()
+}
+
 fn cpu_kernels_report() -> CpuKernelsReport {
     use hearth_ops::cpu_kernels::{
         cpu_has_avx2_fma, cpu_has_avx512f, cpu_kernels, libtorch_cpu_level, CpuKernels,
@@ -184,7 +193,10 @@ fn cpu_kernels_report() -> CpuKernelsReport {
         ),
         (Ok(CpuKernels::Avx2), _) if avx512f => (
             "avx2",
-            format!("libtorch's level is {libtorch_level} (ATEN_CPU_CAPABILITY): AVX2 and FMA"),
+            format!(
+                "libtorch's level is {libtorch_level}{}: AVX2 and FMA, as libtorch",
+                pinned_by()
+            ),
         ),
         (Ok(CpuKernels::Avx2), _) => ("avx2", "AVX2 and FMA here".to_string()),
         (Ok(CpuKernels::Libtorch), _) if !avx2_fma => (
@@ -193,7 +205,10 @@ fn cpu_kernels_report() -> CpuKernelsReport {
         ),
         (Ok(CpuKernels::Libtorch), _) => (
             "off",
-            format!("libtorch's level is {libtorch_level} (ATEN_CPU_CAPABILITY): libtorch's GELU and attention"),
+            format!(
+                "libtorch's level is {libtorch_level}{}: libtorch's GELU and attention",
+                pinned_by()
+            ),
         ),
     };
     CpuKernelsReport {

@@ -353,6 +353,10 @@ fn env_names_the_cpu_kernels_path_and_run_refuses_a_bad_one() {
         let v = env_json(&[("ATEN_CPU_CAPABILITY", "avx2")]);
         assert_eq!(v["cpu"]["libtorch_level"], "AVX2", "{v}");
         assert_eq!(v["cpu"]["kernels"], "avx2", "{v}");
+        if has512 {
+            let why = v["cpu"]["kernels_why"].as_str().unwrap();
+            assert!(why.contains("(ATEN_CPU_CAPABILITY=avx2)"), "{v}");
+        }
     }
     let v = env_json(&[("HEARTH_CPU_KERNELS", "avx512")]);
     assert_eq!(

@@ -502,123 +502,177 @@ pub fn set_aside_as(dir: &Path, why: &str) -> Result<PathBuf, CheckpointError> {
 /// and removes the others. Each goes at once: it is renamed to a hidden
 /// `.checkpoint_<n>.removing-<pid>` (the rename made durable) before its
 /// files are deleted, so a process killed while deleting leaves no visible
-/// half-deleted checkpoint; the next commit sweeps such leftovers.
+/// half-deleted checkpoint; the next commit sweeps such leftovers. A folder
+/// that cannot be removed does not stop the others: each is tried, as are
+/// this process's own hidden leftovers of an earlier rotation, and the
+/// first error is returned.
 pub fn rotate(folder: &Path, limit: usize) -> Result<(), CheckpointError> {
-    rotate_with(folder, limit, |dir| fs::remove_dir_all(dir))
+    match rotate_with(folder, limit, |dir| fs::remove_dir_all(dir))
+        .into_iter()
+        .next()
+    {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// [`rotate`] once a new checkpoint in `folder` has committed. A failure
 /// there (an old folder that cannot be renamed or deleted) leaves the new
-/// checkpoint complete and the old ones in place, so it does not fail the
-/// save: it is logged as a warning and returned as text, and the next
-/// save's rotation tries again.
-pub fn rotate_after_commit(folder: &Path, limit: usize) -> Option<String> {
-    rotate_after_commit_with(folder, limit, |dir| fs::remove_dir_all(dir))
+/// checkpoint complete, so it does not fail the save: it is logged as a
+/// warning naming each folder and why, the other old folders still go, and
+/// the next save's rotation tries the stuck ones again.
+pub fn rotate_after_commit(folder: &Path, limit: usize) {
+    rotate_after_commit_with(folder, limit, |dir| fs::remove_dir_all(dir));
 }
 
-/// [`rotate_after_commit`], deleting each hidden folder with `remove`.
+/// [`rotate_after_commit`], deleting each hidden folder with `remove`;
+/// returns the warning it logged, if any.
 fn rotate_after_commit_with(
     folder: &Path,
     limit: usize,
     remove: impl FnMut(&Path) -> std::io::Result<()>,
 ) -> Option<String> {
-    let e = rotate_with(folder, limit, remove).err()?;
-    let mut why = e.to_string();
-    let mut source = std::error::Error::source(&e);
-    while let Some(cause) = source {
-        why = format!("{why}: {cause}");
-        source = cause.source();
+    let errors = rotate_with(folder, limit, remove);
+    if errors.is_empty() {
+        return None;
     }
+    let why: Vec<String> = errors.iter().map(with_causes).collect();
     let message = format!(
-        "the checkpoint was saved, but removing the old ones beyond total_limit = {limit} \
-         failed ({why}); they stay in {} until a later save removes them",
-        folder.display()
+        "the checkpoint was saved, but {} of the old ones beyond total_limit = {limit} in {} \
+         could not be removed ({}); a later save tries again",
+        errors.len(),
+        folder.display(),
+        why.join("; ")
     );
     tracing::warn!("{message}");
     Some(message)
 }
 
-/// [`rotate`], deleting each hidden folder with `remove`.
+/// `e` and the errors under it, as one line.
+fn with_causes(e: &CheckpointError) -> String {
+    let mut line = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        line = format!("{line}: {cause}");
+        source = cause.source();
+    }
+    line
+}
+
+/// [`rotate`], deleting each hidden folder with `remove`: every one is
+/// tried, and the errors come back together (none: all gone).
 fn rotate_with(
     folder: &Path,
     limit: usize,
     mut remove: impl FnMut(&Path) -> std::io::Result<()>,
-) -> Result<(), CheckpointError> {
+) -> Vec<CheckpointError> {
+    let mut errors = Vec::new();
+    // This process's own leftovers, from a rotation whose deletion failed
+    // (a dead process's go at the next commit: remove_abandoned). Saves
+    // run one at a time, so none of them is being deleted now.
+    let own = format!(".removing-{}", std::process::id());
+    for entry in fs::read_dir(folder).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(".checkpoint_") && name.ends_with(&own) {
+            let path = entry.path();
+            if let Err(e) = remove(&path) {
+                errors.push(CheckpointError::io(&path)(e));
+            }
+        }
+    }
     let all = numbered_checkpoints(folder);
     let excess = all.len().saturating_sub(limit);
     for (n, dir) in all.into_iter().take(excess) {
-        let hidden = folder.join(format!(".checkpoint_{n}.removing-{}", std::process::id()));
-        fs::rename(&dir, &hidden).map_err(CheckpointError::io(&dir))?;
-        File::open(folder)
-            .and_then(|d| d.sync_all())
-            .map_err(CheckpointError::io(folder))?;
-        remove(&hidden).map_err(CheckpointError::io(&hidden))?;
+        let hidden = folder.join(format!(".checkpoint_{n}{own}"));
+        if let Err(e) = fs::rename(&dir, &hidden) {
+            errors.push(CheckpointError::io(&dir)(e));
+            continue;
+        }
+        if let Err(e) = File::open(folder).and_then(|d| d.sync_all()) {
+            errors.push(CheckpointError::io(folder)(e));
+        }
+        if let Err(e) = remove(&hidden) {
+            errors.push(CheckpointError::io(&hidden)(e));
+        }
     }
-    Ok(())
+    errors
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A rotation that fails after a commit is a warning naming the
-    /// folder and the limit, not an error, and the newest checkpoints stay
-    /// visible and complete.
-    #[test]
-    fn a_rotation_failing_after_a_commit_is_a_warning() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path();
-        for n in 0..3 {
+    /// Checkpoints 0..n committed in `dir`.
+    fn committed(dir: &Path, n: u64) {
+        for n in 0..n {
             let mut staged = StagedCheckpoint::begin(&dir.join(format!("checkpoint_{n}"))).unwrap();
             staged.bytes("model.safetensors", &[7u8; 100]).unwrap();
             staged.commit().unwrap();
         }
-        let said = rotate_after_commit_with(dir, 1, |_| Err(std::io::Error::other("busy")))
-            .expect("the failure is reported");
+    }
+
+    fn visible(dir: &Path) -> Vec<u64> {
+        numbered_checkpoints(dir).iter().map(|(n, _)| *n).collect()
+    }
+
+    /// A rotation that fails after a commit is a warning naming the
+    /// folder, the limit and each cause, not an error; a folder that
+    /// cannot be removed does not keep the others, and a later rotation
+    /// removes this process's own half-deleted leftovers.
+    #[test]
+    fn a_rotation_failing_after_a_commit_is_a_warning_and_removes_the_rest() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        committed(dir, 4);
+        let mut calls = 0;
+        let said = rotate_after_commit_with(dir, 1, |d| {
+            calls += 1;
+            if calls == 1 {
+                return Err(std::io::Error::other("busy"));
+            }
+            fs::remove_dir_all(d)
+        })
+        .expect("the failure is reported");
         assert!(
-            said.contains("total_limit = 1") && said.contains(&dir.display().to_string()),
+            said.contains("1 of the old ones beyond total_limit = 1")
+                && said.contains(&dir.display().to_string())
+                && said.contains("busy"),
             "{said}"
         );
-        assert!(said.contains("busy"), "{said}");
-        let visible: Vec<u64> = numbered_checkpoints(dir).iter().map(|(n, _)| *n).collect();
-        assert_eq!(visible, [1, 2]);
-        assert!(verify_complete(&dir.join("checkpoint_2")).is_ok());
-        assert_eq!(rotate_after_commit(dir, 1), None);
-        let visible: Vec<u64> = numbered_checkpoints(dir).iter().map(|(n, _)| *n).collect();
-        assert_eq!(visible, [2]);
+        assert_eq!(visible(dir), [3]);
+        assert!(verify_complete(&dir.join("checkpoint_3")).is_ok());
+        let own = dir.join(format!(".checkpoint_0.removing-{}", std::process::id()));
+        assert!(own.exists(), "the folder that failed is left hidden");
+        assert_eq!(
+            rotate_after_commit_with(dir, 1, |d| fs::remove_dir_all(d)),
+            None
+        );
+        assert!(!own.exists(), "and the next rotation removes it");
+        assert_eq!(visible(dir), [3]);
     }
 
     #[test]
     fn a_rotation_killed_while_deleting_leaves_every_visible_checkpoint_complete() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        for n in 0..4 {
-            let mut staged = StagedCheckpoint::begin(&dir.join(format!("checkpoint_{n}"))).unwrap();
-            staged.bytes("model.safetensors", &[7u8; 100]).unwrap();
-            staged.commit().unwrap();
-        }
-        // The deletion dies after removing the manifest (a SIGKILL there).
-        let err = rotate_with(dir, 2, |d| {
+        committed(dir, 4);
+        // Each deletion dies after removing the manifest (as a SIGKILL
+        // there would leave it).
+        let errors = rotate_with(dir, 2, |d| {
             fs::remove_file(d.join(MANIFEST_NAME))?;
             Err(std::io::Error::other("killed"))
         });
-        assert!(err.is_err());
-        let visible = numbered_checkpoints(dir);
-        assert_eq!(
-            visible.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
-            [1, 2, 3]
-        );
-        for (_, d) in &visible {
+        assert_eq!(errors.len(), 2);
+        let visible_now = numbered_checkpoints(dir);
+        assert_eq!(visible(dir), [2, 3]);
+        for (_, d) in &visible_now {
             assert!(
                 verify_complete(d).is_ok(),
                 "{} is visible and incomplete",
                 d.display()
             );
         }
-        // A later rotation finishes the job; the leftover of a dead
-        // process goes at the next commit.
-        rotate(dir, 2).unwrap();
-        assert_eq!(numbered_checkpoints(dir).len(), 2);
+        // The leftover of a dead process goes at the next commit.
         let leftover = dir.join(".checkpoint_0.removing-4999999");
         fs::rename(
             dir.join(format!(".checkpoint_0.removing-{}", std::process::id())),
@@ -630,6 +684,12 @@ mod tests {
             .commit()
             .unwrap();
         assert!(!leftover.exists());
+        // This process's own goes at its next rotation.
+        let own = dir.join(format!(".checkpoint_1.removing-{}", std::process::id()));
+        assert!(own.exists());
+        rotate(dir, 2).unwrap();
+        assert!(!own.exists());
+        assert_eq!(visible(dir), [3, 4]);
     }
 
     #[test]

@@ -278,17 +278,17 @@ fn total_limit_keeps_the_newest_and_a_checkpoint_is_never_overwritten() {
 struct Immutable(std::path::PathBuf);
 
 impl Immutable {
-    /// `None` where the file system or the process cannot set the flag.
+    /// `None` where the file system or the process cannot set the flag
+    /// (whatever it did set is cleared again).
     fn set(folder: &Path) -> Option<Immutable> {
+        let guard = Immutable(folder.parent().unwrap().to_path_buf());
         let done = std::process::Command::new("chattr")
             .arg("-R")
             .arg("+i")
             .arg(folder)
             .output()
             .ok()?;
-        done.status
-            .success()
-            .then(|| Immutable(folder.parent().unwrap().to_path_buf()))
+        done.status.success().then_some(guard)
     }
 }
 
