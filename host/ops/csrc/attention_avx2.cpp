@@ -3,12 +3,12 @@
 // head) at a time, its T x T scores whole in a buffer (T <= 512, checked
 // by attention.cpp), every product a register-tiled loop over operands
 // that sit in the caches (register_tile.h: AVX2's, or AVX-512's where the
-// path is avx512; the rest is AVX2 on either path). libtorch's CPU flash kernel cuts the same work
-// into q-blocks of 32 rows, each a handful of small MKL calls, and spent
-// ~4.5 ms forward and ~12.6 ms backward per layer of the bench GPT (B=16,
-// H=4, T=128, D=32, one thread) — about 15 GFLOP/s. Built as
-// gelu_avx2.cpp is (no ATen header, -mavx2 -mfma, called only where the
-// CPU has both).
+// path is avx512; the rest is AVX2 on either path). libtorch's CPU flash
+// kernel cuts the same work into q-blocks of 32 rows, each a handful of
+// small MKL calls, and spent ~4.5 ms forward and ~12.6 ms backward per
+// layer of the bench GPT (B=16, H=4, T=128, D=32, one thread) — about 15
+// GFLOP/s. Built as gelu_avx2.cpp is (no ATen header, -mavx2 -mfma, called
+// only where the CPU has both).
 //
 // Layout: qkv is [B, T, 3*H*D] (the packed projection, q | k | v, each
 // head's D features side by side), the output and its gradient [B, T, H*D],
