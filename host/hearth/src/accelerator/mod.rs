@@ -39,7 +39,7 @@ pub use join::JoinError;
 pub use kinds::{LoggerType, RngType};
 pub use loader::{PreparedBatches, PreparedDataLoader, TryPreparedBatches};
 pub use memory::{find_executable_batch_size, is_out_of_memory, BatchSizeError};
-pub use model::PreparedModel;
+pub use model::{ForwardError, PreparedModel};
 pub use nested::{TensorTree, TreeShape};
 pub use optimizer::AcceleratedOptimizer;
 pub use prepare::{Prepare, PrepareError};

@@ -3,11 +3,26 @@
 
 use super::TensorTree;
 use crate::models::{Model, ModuleTree, Unit};
-use crate::parallel::{BufferBroadcast, Unitwise};
+use crate::parallel::{BufferBroadcast, Unitwise, UnitwiseError};
 use crate::precision::MixedPrecision;
+use hearth_comm::DistError;
 use hearth_ops::AutocastGuard;
 use std::rc::{Rc, Weak};
 use tch::{Device, Tensor};
+
+/// Why a prepared model's forward pass failed: a collective it runs
+/// (another process stopped or hangs) or a unit's recomputation setup.
+/// [`PreparedModel::try_forward_t`] returns it; `Model::forward_t`, which
+/// cannot, panics with it.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// Sending rank 0's buffers (DDP's `broadcast_buffers`) failed.
+    #[error("broadcasting the model's buffers from rank 0 (broadcast_buffers) failed")]
+    BroadcastBuffers(#[source] DistError),
+    /// Unit-wise execution (FULL_SHARD's gathers) failed.
+    #[error(transparent)]
+    Unitwise(#[from] UnitwiseError),
+}
 
 /// A model prepared by the accelerator. Its forward pass runs under
 /// autocast when mixed precision is on and returns float32 outputs (as
@@ -95,32 +110,40 @@ impl<M: Model> PreparedModel<M> {
 }
 
 impl<M: Model + 'static> PreparedModel<M> {
-    fn run(&self, tokens: &Tensor, train: bool) -> Tensor {
+    fn run(&self, tokens: &Tensor, train: bool) -> Result<Tensor, ForwardError> {
         if let (true, Some(broadcast)) = (train, &self.buffer_broadcast) {
-            broadcast
-                .run()
-                .unwrap_or_else(|e| panic!("broadcasting the model's buffers: {e}"));
+            broadcast.run().map_err(ForwardError::BroadcastBuffers)?;
         }
         let Some(unitwise) = &self.unitwise else {
-            return self.inner.forward_t(tokens, train);
+            return Ok(self.inner.forward_t(tokens, train));
         };
         let handle: Weak<dyn Model> = Rc::downgrade(&self.inner) as Weak<dyn Model>;
         let autocast = self
             .precision
             .autocast_kind(self.device)
             .map(|k| (self.device, k));
-        unitwise
-            .forward(&*self.inner, handle, tokens, train, autocast)
-            .unwrap_or_else(|e| panic!("{}", hearth_ops::error_chain(&e)))
+        Ok(unitwise.forward(&*self.inner, handle, tokens, train, autocast)?)
     }
-}
 
-impl<M: Model + 'static> PreparedModel<M> {
     /// The forward pass under autocast, with its outputs left in the
     /// precision autocast gave them (no `convert_to_fp32`): for a loss that
     /// upcasts inside its own kernel, as [`crate::train::lm_loss`] does on
     /// a GPU, sparing a float32 copy of the logits and its gradient.
+    /// Panics where [`try_forward_t_unconverted`](Self::try_forward_t_unconverted)
+    /// returns an error.
     pub fn forward_t_unconverted(&self, tokens: &Tensor, train: bool) -> Tensor {
+        self.try_forward_t_unconverted(tokens, train)
+            .unwrap_or_else(|e| panic!("{}", hearth_ops::error_chain(&e)))
+    }
+
+    /// [`forward_t_unconverted`](Self::forward_t_unconverted), with a
+    /// failed collective (under FULL_SHARD, or DDP's `broadcast_buffers`)
+    /// returned as an error instead of a panic.
+    pub fn try_forward_t_unconverted(
+        &self,
+        tokens: &Tensor,
+        train: bool,
+    ) -> Result<Tensor, ForwardError> {
         match self.precision.autocast_kind(self.device) {
             Some(kind) => {
                 let _guard =
@@ -129,6 +152,18 @@ impl<M: Model + 'static> PreparedModel<M> {
             }
             None => self.run(tokens, train),
         }
+    }
+
+    /// The forward pass (`Model::forward_t`: float32 outputs under mixed
+    /// precision), with a failed collective (under FULL_SHARD, or DDP's
+    /// `broadcast_buffers`) returned as an error: `Model::forward_t`
+    /// cannot return one, so it panics with it.
+    pub fn try_forward_t(&self, tokens: &Tensor, train: bool) -> Result<Tensor, ForwardError> {
+        let out = self.try_forward_t_unconverted(tokens, train)?;
+        Ok(match self.precision.autocast_kind(self.device) {
+            Some(_) => out.to_fp32(),
+            None => out,
+        })
     }
 }
 
@@ -148,12 +183,10 @@ impl<M: Model + 'static> Model for PreparedModel<M> {
     fn num_parameters(&self) -> i64 {
         self.num_parameters
     }
+    /// Panics where [`PreparedModel::try_forward_t`] returns an error.
     fn forward_t(&self, tokens: &Tensor, train: bool) -> Tensor {
-        let out = self.forward_t_unconverted(tokens, train);
-        match self.precision.autocast_kind(self.device) {
-            Some(_) => out.to_fp32(),
-            None => out,
-        }
+        self.try_forward_t(tokens, train)
+            .unwrap_or_else(|e| panic!("{}", hearth_ops::error_chain(&e)))
     }
 }
 

@@ -1,6 +1,6 @@
 //! Why `hearth run` failed: [`TrainError`].
 
-use crate::accelerator::{BackwardError, BuildError, PrepareError};
+use crate::accelerator::{BackwardError, BuildError, ForwardError, PrepareError};
 use crate::checkpoint::CheckpointError;
 use crate::data::TextFileError;
 use crate::models::TorchScriptError;
@@ -33,6 +33,10 @@ pub enum TrainError {
     /// A libtorch operation failed.
     #[error("libtorch error")]
     Torch(#[from] TchError),
+    /// A forward pass failed (a collective it runs: FULL_SHARD's gathers,
+    /// DDP's `broadcast_buffers`).
+    #[error(transparent)]
+    Forward(#[from] ForwardError),
     /// A backward pass, or the gradient averaging after it, failed.
     #[error(transparent)]
     Backward(#[from] BackwardError),

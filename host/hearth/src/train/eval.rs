@@ -3,7 +3,9 @@
 
 use super::loss::batch_loss;
 use crate::data::{GenerationSet, TokenDataset};
-use crate::models::{Model, ModelOutput};
+#[cfg(test)]
+use crate::models::Model;
+use crate::models::ModelOutput;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -131,6 +133,7 @@ impl Scores {
 
 /// Scores `model` on `shard` of the dataset's held-out data, if it has any
 /// (every shard of a dataset has, even an empty one).
+#[cfg(test)]
 pub(crate) fn score(
     model: &dyn Model,
     output: ModelOutput,
@@ -139,6 +142,24 @@ pub(crate) fn score(
     device: Device,
     shard: Shard,
 ) -> Option<Scores> {
+    let forward = |x: &Tensor| Ok::<_, std::convert::Infallible>(model.forward_t(x, false));
+    match try_score(&forward, output, data, plan, device, shard) {
+        Ok(scores) => scores,
+        Err(never) => match never {},
+    }
+}
+
+/// [`score`] with the model's evaluation forward pass (`train` false)
+/// given as `forward`, which can fail: a prepared model's collectives
+/// under FULL_SHARD.
+pub(crate) fn try_score<E>(
+    forward: &dyn Fn(&Tensor) -> Result<Tensor, E>,
+    output: ModelOutput,
+    data: &dyn TokenDataset,
+    plan: Plan,
+    device: Device,
+    shard: Shard,
+) -> Result<Option<Scores>, E> {
     let Plan {
         seed,
         samples,
@@ -152,16 +173,16 @@ pub(crate) fn score(
             let (start, end) = (index * n / count, (index + 1) * n / count);
             // The largest shard's batches: every rank runs as many.
             let rounds = ((n + count - 1) / count + batch_size - 1) / batch_size;
-            let correct = exact_match(model, &set, start, end, batch_size, rounds, device);
-            return Some(Scores {
+            let correct = exact_match(forward, &set, start, end, batch_size, rounds, device)?;
+            return Ok(Some(Scores {
                 exact_match: true,
                 total: correct as f64,
                 count: end - start,
-            });
+            }));
         }
         let batches = data.validation_batches(batch_size);
         if batches.is_empty() {
-            return None;
+            return Ok(None);
         }
         let mut total = Tensor::zeros([], (Kind::Double, device));
         let mut tokens = Tensor::zeros([], (Kind::Int64, device));
@@ -174,28 +195,23 @@ pub(crate) fn score(
             let Some(batch) = batches.get(shard.index + round * shard.count) else {
                 let row = |t: &Tensor| t.narrow(0, 0, 1).to_device(device);
                 let first = &batches[0];
-                let _ = batch_loss(
-                    |x| model.forward_t(x, false),
-                    output,
-                    &row(&first.inputs),
-                    &row(&first.targets),
-                );
+                let _ = batch_loss(forward, output, &row(&first.inputs), &row(&first.targets))?;
                 continue;
             };
             let targets = batch.targets.to_device(device);
             let inputs = batch.inputs.to_device(device);
-            let (loss, n) = batch_loss(|x| model.forward_t(x, false), output, &inputs, &targets);
+            let (loss, n) = batch_loss(forward, output, &inputs, &targets)?;
             // A batch with nothing to score adds nothing (its mean is NaN);
             // a NaN loss of a batch that scores something shows.
             let weighted = loss.to_kind(Kind::Double) * &n;
             total += weighted.where_self(&n.gt(0), &Tensor::zeros_like(&weighted));
             tokens += n;
         }
-        Some(Scores {
+        Ok(Some(Scores {
             exact_match: false,
             total: f64::try_from(total).unwrap_or(f64::NAN),
             count: i64::try_from(tokens).unwrap_or(0),
-        })
+        }))
     })
 }
 
@@ -204,15 +220,15 @@ pub(crate) fn score(
 /// this range's own continue one prompt and count nothing, so that every
 /// rank runs the same forward passes (under FULL_SHARD each one is a
 /// collective).
-fn exact_match(
-    model: &dyn Model,
+fn exact_match<E>(
+    forward: &dyn Fn(&Tensor) -> Result<Tensor, E>,
     set: &GenerationSet,
     start: i64,
     end: i64,
     batch_size: i64,
     rounds: i64,
     device: Device,
-) -> i64 {
+) -> Result<i64, E> {
     let answer_len = set.answers.size()[1];
     let mut correct = Tensor::zeros([], (Kind::Int64, device));
     for round in 0..rounds {
@@ -224,7 +240,7 @@ fn exact_match(
         };
         let mut seq = set.prompts.narrow(0, from, len).to_device(device);
         for _ in 0..answer_len {
-            let logits = model.forward_t(&seq, false);
+            let logits = forward(&seq)?;
             let next = logits.select(1, -1).argmax(-1, true);
             seq = Tensor::cat(&[seq, next], 1);
         }
@@ -238,7 +254,7 @@ fn exact_match(
             .all_dim(1, false)
             .sum(Kind::Int64);
     }
-    i64::try_from(correct).unwrap_or(0)
+    Ok(i64::try_from(correct).unwrap_or(0))
 }
 
 #[cfg(test)]

@@ -63,22 +63,24 @@ pub fn causal_labels(targets: &Tensor) -> Tensor {
 /// (a scalar tensor, so nothing waits for the device): the logits
 /// `forward` gives scored by [`lm_loss`], or the loss a model with
 /// `output = "loss"` returns for the inputs and [`causal_labels`].
-pub fn batch_loss(
-    forward: impl Fn(&Tensor) -> Tensor,
+/// `forward` can fail (a prepared model's
+/// [`try_forward_t`](crate::accelerator::PreparedModel::try_forward_t)).
+pub fn batch_loss<E>(
+    forward: impl Fn(&Tensor) -> Result<Tensor, E>,
     output: ModelOutput,
     inputs: &Tensor,
     targets: &Tensor,
-) -> (Tensor, Tensor) {
-    match output {
+) -> Result<(Tensor, Tensor), E> {
+    Ok(match output {
         ModelOutput::Logits => {
-            let loss = lm_loss(&forward(inputs), targets);
+            let loss = lm_loss(&forward(inputs)?, targets);
             (loss, targets.ne(IGNORE_INDEX).sum(Kind::Int64))
         }
         ModelOutput::Loss => {
             let labels = causal_labels(targets);
-            let loss = forward(&pack_labels(inputs, &labels));
+            let loss = forward(&pack_labels(inputs, &labels))?;
             let scored = labels.narrow(1, 1, labels.size()[1] - 1);
             (loss, scored.ne(IGNORE_INDEX).sum(Kind::Int64))
         }
-    }
+    })
 }

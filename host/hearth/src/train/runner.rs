@@ -2,7 +2,7 @@
 
 use super::config::{OnSaveError, TrainConfig};
 use super::error::TrainError;
-use super::eval::{score, Evaluation, Plan as EvalPlan, Shard};
+use super::eval::{try_score, Evaluation, Plan as EvalPlan, Shard};
 use super::graphed::{GraphedStep, StepOutput};
 use super::history::{History, HISTORY_NAME};
 use super::loss::batch_loss;
@@ -611,8 +611,9 @@ impl Job {
             count: acc.num_processes(),
         };
         let eval = &config.eval;
-        let scored = score(
-            &self.model,
+        let forward = |x: &Tensor| self.model.try_forward_t(x, false);
+        let scored = try_score(
+            &forward,
             config.model.output(),
             self.data.as_ref(),
             EvalPlan {
@@ -622,7 +623,7 @@ impl Job {
             },
             acc.device(),
             shard,
-        );
+        )?;
         let Some(scores) = scored else {
             return Ok(None);
         };
@@ -650,13 +651,13 @@ fn update(
         let output = config.model.output();
         batch_loss(
             |x| match output {
-                ModelOutput::Logits => model.forward_t_unconverted(x, true),
-                ModelOutput::Loss => model.forward_t(x, true),
+                ModelOutput::Logits => model.try_forward_t_unconverted(x, true),
+                ModelOutput::Loss => model.try_forward_t(x, true),
             },
             output,
             inputs,
             targets,
-        )
+        )?
         .0
     };
     acc.backward(&loss)?;

@@ -9,6 +9,8 @@
 
 use common::{mpirun_ok, results, scratch, CHILD, OUT};
 use hearth_testkit as common;
+/// A rank lost mid-step under FULL_SHARD: errors, not panics.
+mod lost_rank;
 
 use hearth::accelerator::Accelerator;
 use hearth::data::DataLoader;
@@ -220,7 +222,8 @@ fn train_custom(acc: &mut Accelerator, setup: Setup, seed: i64) -> HashMap<Strin
         .collect()
 }
 
-fn accelerator(setup: Setup) -> Accelerator {
+/// The accelerator of `setup`, whose collectives time out after `timeout`.
+fn accelerator(setup: Setup, timeout: Duration) -> Accelerator {
     let mut builder = Accelerator::builder()
         .cpu(true)
         .mixed_precision(setup.precision)
@@ -228,7 +231,7 @@ fn accelerator(setup: Setup) -> Accelerator {
         // scaling on, the scaler's overflow check runs over the shards.
         .cpu_loss_scaling(setup.precision == MixedPrecision::Fp16)
         .gradient_accumulation_steps(setup.accumulation)
-        .timeout(Duration::from_secs(120));
+        .timeout(timeout);
     if let Some(strategy) = setup.strategy {
         let class = if setup.custom { "Layer" } else { "Block" };
         builder = builder.fsdp(FsdpPlugin {
@@ -264,7 +267,7 @@ fn child_fsdp() {
             .unwrap();
         std::env::set_var("HEARTH_NODE_NAME", format!("machine-{}", rank / 2));
     }
-    let mut acc = accelerator(setup);
+    let mut acc = accelerator(setup, Duration::from_secs(120));
     let r = acc.process_index();
     let out = std::path::PathBuf::from(std::env::var(OUT).unwrap());
     let weights = train(&mut acc, setup, 1000 + r as i64, Some(&out));
@@ -665,7 +668,7 @@ fn an_optimizer_prepared_before_its_sharded_model_is_refused() {
         custom: false,
         checkpointing: false,
     };
-    let mut acc = accelerator(setup);
+    let mut acc = accelerator(setup, Duration::from_secs(120));
     // Drawing weights here would move the generator under a reference run.
     let _one_at_a_time = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
     let model = Gpt::new(bench_gpt(), Device::Cpu);
@@ -701,7 +704,7 @@ fn full_shard_and_activation_checkpointing_refuse_a_model_whose_forward_is_the_u
             custom: true,
             checkpointing,
         };
-        let mut acc = accelerator(setup);
+        let mut acc = accelerator(setup, Duration::from_secs(120));
         let vs = tch::nn::VarStore::new(Device::Cpu);
         let _one_at_a_time = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
         let _layer = tch::nn::linear(vs.root() / "layer", 3, 3, Default::default());

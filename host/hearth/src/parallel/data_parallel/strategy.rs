@@ -19,6 +19,10 @@ pub enum BackwardError {
     /// The gradients could not be averaged across processes.
     #[error("averaging gradients across processes failed")]
     Sync(#[from] DistError),
+    /// Unit-wise backward (recomputing the units; under FULL_SHARD their
+    /// gathers and gradient reduce-scatters) failed.
+    #[error(transparent)]
+    Unitwise(#[from] crate::parallel::UnitwiseError),
     /// Parameters got no gradient on some process while DDP expects every
     /// parameter to take part in the loss.
     #[error("{} got no gradient in this backward pass on at least one of the {world} processes (reported by rank {rank}): DDP expects every parameter to take part in the loss; set DdpOptions::find_unused_parameters (Accelerate's DistributedDataParallelKwargs(find_unused_parameters=True); in a config, [distributed] find-unused-parameters = true), or make every parameter take part in the loss", names_list(.names))]
@@ -168,17 +172,16 @@ impl DataParallel {
         // The loss's own backward, then the recomputation of the units of
         // models that ran unit by unit (whose gradients the round's hooks
         // see come in, as from one backward pass).
-        let backward = || -> Result<(), TchError> {
+        let backward = || -> Result<(), BackwardError> {
             backward()?;
             for u in unitwise.iter() {
-                u.backward()
-                    .map_err(|e| TchError::Torch(hearth_ops::error_chain(&e)))?;
+                u.backward()?;
             }
             Ok(())
         };
         let mut models = self.models.borrow_mut();
         if models.is_empty() || (self.no_sync.get() && !self.forced.get()) {
-            return Ok(backward()?);
+            return backward();
         }
         if self.joining.load(std::sync::atomic::Ordering::Relaxed) {
             // Processes that ran out of inputs learn a round is coming.
