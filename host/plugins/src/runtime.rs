@@ -21,6 +21,11 @@ use std::sync::Arc;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Store, Trap};
 
+/// How long a thread of a plugin's blocking pool (WASI's file calls) stays
+/// once idle: tokio's default of 10 s kept every thread a burst ever needed
+/// alive through a run whose plugins are called every few seconds.
+const IDLE_THREAD_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A call abandoned by the host timer (the guest was blocked in a host call).
 #[derive(Debug, thiserror::Error)]
 #[error("the call did not return within its deadline")]
@@ -121,11 +126,15 @@ impl Prepared {
         // an idle pool thread for 10 s, so calls every few seconds (a
         // checkpoint hook, a tracker) keep every thread a burst ever needed
         // alive for the whole run (the hour-long soak saw 0 grow to 5).
-        // Idle threads now go after 2 s, and a plugin's pool is capped.
+        // Idle threads now go after 2 s ([`IDLE_THREAD_KEEP_ALIVE`]), and a
+        // plugin's pool is capped. They are named after the plugin
+        // (`plugin-<name>`, the first 15 bytes in `ps` and /proc), so that
+        // a thread list shows whose they are.
         let executor = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .enable_io()
-            .thread_keep_alive(std::time::Duration::from_secs(2))
+            .thread_name(format!("plugin-{name}"))
+            .thread_keep_alive(IDLE_THREAD_KEEP_ALIVE)
             .max_blocking_threads(8)
             .build()
             .map_err(|e| PluginError::Runtime {

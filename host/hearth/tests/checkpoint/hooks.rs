@@ -401,3 +401,64 @@ fn a_hook_sees_only_its_checkpoint_folder() {
     assert!(verify_complete(&saved).is_ok());
     assert!(saved.join(MANIFEST_NAME).is_file());
 }
+
+/// This process's threads named `name` (as /proc gives it: its first 15
+/// bytes).
+fn threads_named(name: &str) -> usize {
+    let name = &name[..name.len().min(15)];
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim_end() == name)
+        .count()
+}
+
+/// A hook's file calls run on its executor's blocking pool, whose idle
+/// threads tokio kept for 10 s: hooks called every few seconds kept every
+/// thread a burst ever started (the hour-long soak saw 5). They now go
+/// after 2 s (`IDLE_THREAD_KEEP_ALIVE` in plugins/src/runtime.rs), and are
+/// named after the plugin.
+#[test]
+fn a_hooks_idle_file_threads_go_after_the_keep_alive() {
+    let dir = scratch("idle-threads");
+    // The built-in manifest-sha256 hook under a name of its own, so that
+    // no other test's plugin threads are counted.
+    let built = common::repo_root().join("target/plugins/manifest-sha256");
+    let copy = dir.join("plugins/idle-probe");
+    std::fs::create_dir_all(&copy).unwrap();
+    for file in
+        std::fs::read_dir(&built).expect("built-in plugins are installed: run `make plugins`")
+    {
+        let file = file.unwrap().path();
+        std::fs::copy(&file, copy.join(file.file_name().unwrap())).unwrap();
+    }
+    let manifest = std::fs::read_to_string(copy.join("plugin.toml")).unwrap();
+    let renamed = manifest.replace("name = \"manifest-sha256\"", "name = \"idle-probe\"");
+    assert_ne!(manifest, renamed);
+    std::fs::write(copy.join("plugin.toml"), renamed).unwrap();
+    let hook = load_checkpoint_hook(&Manifest::read(&copy).unwrap(), "{}").unwrap();
+
+    let (mut acc, _vs) = setup(&dir.join("run"), false);
+    acc.register_checkpoint_hook(hook);
+    let thread = "plugin-idle-probe";
+    acc.save_state(None).unwrap();
+    // The hook's file calls just ran on the pool: its thread is idle, not gone.
+    assert!(
+        threads_named(thread) >= 1,
+        "the hook's file calls ran on its named pool"
+    );
+    let since = std::time::Instant::now();
+    while threads_named(thread) > 0 {
+        assert!(
+            // 2 s, and a margin for a loaded machine: tokio's 10 s fails.
+            since.elapsed() < std::time::Duration::from_secs(5),
+            "{} idle thread(s) of the hook still there after {:?}",
+            threads_named(thread),
+            since.elapsed()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // The pool serves the next save again.
+    let second = acc.save_state(None).unwrap();
+    verify_complete(&second).unwrap();
+}
