@@ -235,7 +235,12 @@ pub fn from_environment(
             let group = super::NcclGroup::init(place, timeout, share)?;
             // Every rank has read the id before rank 0's store may stop.
             store.barrier("hearth/joined", env.rank, env.world_size)?;
-            Ok(Box::new(group.keeping(store)))
+            let roll_call = super::roll_call::StoreRollCall {
+                store,
+                rank: env.rank,
+                world: env.world_size,
+            };
+            Ok(Box::new(group.keeping(roll_call)))
         }
         #[cfg(not(feature = "cuda"))]
         Join::NcclOverMpi { .. } | Join::NcclOverStore { .. } => unreachable!("refused above"),

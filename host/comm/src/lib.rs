@@ -19,6 +19,7 @@ mod mpi;
 #[cfg(feature = "cuda")]
 mod nccl;
 mod process_group;
+mod roll_call;
 mod single;
 mod store;
 

@@ -11,6 +11,7 @@
 use super::process_group::{
     check_gather_rows, scatter_rows, DistError, Pending, ProcessGroup, ReduceOp,
 };
+use super::roll_call::{self, RollCall};
 use mpi::collective::{Operation, SystemOperation, UserOperation};
 use mpi::datatype::{Equivalence, PartitionMut};
 use mpi::request::{Request, StaticScope};
@@ -22,8 +23,6 @@ use tch::{Device, Kind, Tensor};
 
 /// The tag of the roll call after a timed-out collective.
 const ROLL_CALL_TAG: i32 = 0x4845;
-/// The longest a roll call waits for the other processes' answers.
-const ROLL_CALL_WINDOW: Duration = Duration::from_secs(15);
 
 /// A world of processes joined by MPI.
 pub struct MpiGroup {
@@ -45,10 +44,50 @@ pub struct MpiGroup {
     _universe: Option<mpi::environment::Universe>,
 }
 
-/// The ranks the first roll call found silent: later timeouts (the group
-/// is broken by then) report them again rather than call another, whose
-/// bytes the first one's receives, still posted, could take.
-static SILENT: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
+/// Over MPI's own point-to-point messages (also NCCL's roll call when NCCL
+/// was joined through MPI, whose world is otherwise idle).
+impl RollCall for MpiGroup {
+    /// After a collective timed out, which ranks are lost: each process
+    /// sends every other in the group one byte (every process still alive
+    /// there times out too, within about a step of the others) and waits
+    /// `window` for theirs. Those whose byte did not come hang or are
+    /// gone; returned as ranks of the world, as the launcher numbers them.
+    fn silent_ranks(&self, window: Duration) -> Vec<usize> {
+        let deadline = Instant::now() + window;
+        let mut waiting = Vec::new();
+        for peer in (0..self.size).filter(|&p| p != self.rank) {
+            let process = self.world.process_at_rank(peer as i32);
+            let (send, recv) = (Leaked::new(vec![1u8]), Leaked::new(vec![0u8]));
+            // SAFETY: the buffers are leaked (never taken back), and a
+            // request not completed by the deadline is forgotten, so MPI
+            // never writes into freed memory.
+            unsafe {
+                std::mem::forget(process.immediate_send_with_tag(
+                    StaticScope,
+                    &*send.get(),
+                    ROLL_CALL_TAG,
+                ));
+                let request =
+                    process.immediate_receive_into_with_tag(StaticScope, recv.get(), ROLL_CALL_TAG);
+                waiting.push((peer, request));
+            }
+        }
+        while !waiting.is_empty() && Instant::now() < deadline {
+            waiting = waiting
+                .into_iter()
+                .filter_map(|(peer, request)| request.test().err().map(|r| (peer, r)))
+                .collect();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        waiting
+            .into_iter()
+            .map(|(peer, request)| {
+                std::mem::forget(request);
+                self.world_rank(peer)
+            })
+            .collect()
+    }
+}
 
 impl Drop for MpiGroup {
     fn drop(&mut self) {
@@ -171,14 +210,17 @@ impl MpiGroup {
                 // Cannot be cancelled: forget it (its buffers are leaked).
                 std::mem::forget(request);
                 super::process_group::mark_collectives_broken();
-                let window = (self.timeout / 2).min(ROLL_CALL_WINDOW);
-                let silent = SILENT.get_or_init(|| self.silent_ranks(window));
+                // Later timeouts report the first roll call's answer: a
+                // second one's bytes could go to the first's receives,
+                // still posted.
+                let window = roll_call::window(self.timeout);
+                let silent = roll_call::silent_once(|| self.silent_ranks(window));
                 return Err(DistError::Timeout {
                     op,
                     timeout: self.timeout,
                     rank: self.world_rank(self.rank),
                     world: SimpleCommunicator::world().size() as usize,
-                    silent: Some(silent.clone()),
+                    silent: Some(silent),
                 });
             }
             if Instant::now() < busy_until {
@@ -188,47 +230,6 @@ impl MpiGroup {
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(1));
         }
-    }
-
-    /// After a collective timed out, which ranks are lost: each process
-    /// sends every other in the group one byte (every process still alive
-    /// there times out too, within about a step of the others) and waits
-    /// `window` for theirs. Those whose byte did not come hang or are
-    /// gone; returned as ranks of the world, as the launcher numbers them.
-    fn silent_ranks(&self, window: Duration) -> Vec<usize> {
-        let deadline = Instant::now() + window;
-        let mut waiting = Vec::new();
-        for peer in (0..self.size).filter(|&p| p != self.rank) {
-            let process = self.world.process_at_rank(peer as i32);
-            let (send, recv) = (Leaked::new(vec![1u8]), Leaked::new(vec![0u8]));
-            // SAFETY: the buffers are leaked (never taken back), and a
-            // request not completed by the deadline is forgotten, so MPI
-            // never writes into freed memory.
-            unsafe {
-                std::mem::forget(process.immediate_send_with_tag(
-                    StaticScope,
-                    &*send.get(),
-                    ROLL_CALL_TAG,
-                ));
-                let request =
-                    process.immediate_receive_into_with_tag(StaticScope, recv.get(), ROLL_CALL_TAG);
-                waiting.push((peer, request));
-            }
-        }
-        while !waiting.is_empty() && Instant::now() < deadline {
-            waiting = waiting
-                .into_iter()
-                .filter_map(|(peer, request)| request.test().err().map(|r| (peer, r)))
-                .collect();
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        waiting
-            .into_iter()
-            .map(|(peer, request)| {
-                std::mem::forget(request);
-                self.world_rank(peer)
-            })
-            .collect()
     }
 
     /// The world rank of rank `rank` of this group.

@@ -22,6 +22,7 @@
 use super::process_group::{
     check_gather_rows, scatter_rows, DistError, Pending, ProcessGroup, ReduceOp,
 };
+use super::roll_call::{self, RollCall};
 use cudarc::driver::result as cu;
 use cudarc::driver::sys as cusys;
 use cudarc::nccl::result as nc;
@@ -61,9 +62,10 @@ pub struct NcclGroup {
     /// Set once the communicator was aborted (a timeout or an error).
     aborted: Cell<bool>,
     /// What delivered the unique id (the store, or MPI), kept alive as
-    /// long as the communicator: rank 0's store serves until then, and
-    /// MPI must not be finalised before.
-    _rendezvous: Option<Box<dyn std::any::Any + Send>>,
+    /// long as the communicator (rank 0's store serves until then, and
+    /// MPI must not be finalised before) and called a roll over after a
+    /// timeout.
+    rendezvous: Option<Box<dyn RollCall>>,
 }
 
 // SAFETY: the raw handles are owned by this group, which is used by one
@@ -222,7 +224,7 @@ impl NcclGroup {
             place,
             timeout,
             aborted: Cell::new(true),
-            _rendezvous: None,
+            rendezvous: None,
         };
         let version = nc::get_nccl_version().map_err(|e| nccl_failed("init", e))?;
         if version < MIN_NCCL_VERSION {
@@ -278,9 +280,10 @@ impl NcclGroup {
 
     /// Keeps `rendezvous` (the store or MPI group that carried the unique
     /// id) alive as long as the group: rank 0's store serves until then,
-    /// and MPI is finalised only after the communicator is destroyed.
-    pub fn keeping(mut self, rendezvous: impl std::any::Any + Send) -> Self {
-        self._rendezvous = Some(Box::new(rendezvous));
+    /// and MPI is finalised only after the communicator is destroyed. A
+    /// timed-out collective calls its roll over it.
+    pub(crate) fn keeping(mut self, rendezvous: impl RollCall + 'static) -> Self {
+        self.rendezvous = Some(Box::new(rendezvous));
         self
     }
 
@@ -330,14 +333,22 @@ impl NcclGroup {
         }
     }
 
+    /// The error of a collective that timed out, after aborting the
+    /// communicator and calling a roll over the rendezvous (once per
+    /// process; later timeouts give the first one's answer).
     fn timed_out(&self, op: &'static str) -> DistError {
         self.abort();
+        let window = roll_call::window(self.timeout);
+        let silent = self
+            .rendezvous
+            .as_ref()
+            .map(|r| roll_call::silent_once(|| r.silent_ranks(window)));
         DistError::Timeout {
             op,
             timeout: self.timeout,
             rank: self.place.rank,
             world: self.place.world_size,
-            silent: None,
+            silent,
         }
     }
 

@@ -70,8 +70,12 @@ pub fn store_port(master_port: u16, agent_store: bool) -> u16 {
 /// A client of the job's store; on rank 0 also its server.
 pub struct TcpStore {
     client: Mutex<TcpStream>,
+    host: String,
+    port: u16,
     address: String,
     timeout: Duration,
+    /// The job token this client presented, if any.
+    token: Option<String>,
     /// The server's runtime (rank 0): dropping it stops serving.
     _server: Option<Server>,
 }
@@ -139,14 +143,25 @@ impl TcpStore {
         client.set_nodelay(true).ok();
         let store = Self {
             client: Mutex::new(client),
+            host: host.to_string(),
+            port,
             address,
             timeout,
+            token: token.map(str::to_owned),
             _server: server,
         };
         if let Some(token) = token {
             store.authenticate(token)?;
         }
         Ok(store)
+    }
+
+    /// Another client of the same store (same token), whose connecting and
+    /// `get` wait at most `timeout`: a roll call's, which must not wait
+    /// for the whole collective timeout.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn client_within(&self, timeout: Duration) -> Result<Self, DistError> {
+        Self::connect(&self.host, self.port, false, timeout, self.token.as_deref())
     }
 
     /// Presents the job's `token` to the store.

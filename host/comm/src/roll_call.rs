@@ -1,0 +1,165 @@
+//! Who is lost after a collective timed out: every process still alive
+//! times out too (they all wait on the same collective) and then calls a
+//! roll over a channel other than the communicator that failed, so that
+//! the error names the ranks that hang or are gone. MPI calls it over MPI
+//! point-to-point messages (`mpi.rs`); NCCL over the MPI world or the
+//! job's store it was joined through (here).
+
+use super::TcpStore;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The longest a roll call waits for the other processes' answers.
+const ROLL_CALL_WINDOW: Duration = Duration::from_secs(15);
+
+/// How long the roll call of a group whose collectives time out after
+/// `timeout` waits: half the timeout, 15 s at most.
+pub(crate) fn window(timeout: Duration) -> Duration {
+    (timeout / 2).min(ROLL_CALL_WINDOW)
+}
+
+/// A channel the processes can call a roll over once a collective timed
+/// out, apart from the communicator that timed out.
+pub(crate) trait RollCall: Send {
+    /// The ranks (of the world, as the launcher numbers them) that did
+    /// not answer within `window`.
+    fn silent_ranks(&self, window: Duration) -> Vec<usize>;
+}
+
+/// The ranks the first roll call of this process found silent: later
+/// timeouts (the group is broken by then) report them again rather than
+/// call another, whose answers the first one's may take.
+pub(crate) fn silent_once(call: impl FnOnce() -> Vec<usize>) -> Vec<usize> {
+    static SILENT: OnceLock<Vec<usize>> = OnceLock::new();
+    SILENT.get_or_init(call).clone()
+}
+
+/// The roll call over the job's store (NCCL joined through it): each
+/// process sets `hearth/roll-call/<rank>`, then waits for the others'
+/// keys. Rank 0 serves the store: when the store does not take this
+/// process's key in time, rank 0 is the one named (the others cannot be
+/// told apart then).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) struct StoreRollCall {
+    /// The job's store (rank 0 serves it from a thread of its own, so it
+    /// answers while rank 0's training thread hangs, not while the whole
+    /// process is stopped).
+    pub store: TcpStore,
+    /// This process's rank in the world.
+    pub rank: usize,
+    /// The number of processes.
+    pub world: usize,
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn key(rank: usize) -> String {
+    format!("hearth/roll-call/{rank}")
+}
+
+impl RollCall for StoreRollCall {
+    fn silent_ranks(&self, window: Duration) -> Vec<usize> {
+        let deadline = Instant::now() + window;
+        let left = || {
+            deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(10))
+        };
+        // Connections of the roll call's own, which wait no longer than
+        // what is left of the window; one whose `get` timed out has an
+        // answer still owed on it, so each peer gets a fresh one.
+        let answered = self
+            .store
+            .client_within(left())
+            .and_then(|client| client.set(&key(self.rank), &[]));
+        if answered.is_err() {
+            return vec![0];
+        }
+        (0..self.world)
+            .filter(|&peer| peer != self.rank)
+            .filter(|&peer| {
+                let heard = self
+                    .store
+                    .client_within(left())
+                    .and_then(|client| client.get(&key(peer)));
+                heard.is_err()
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    /// Rank `rank` of `world` on the store at `port` (served by rank 0).
+    fn member(port: u16, rank: usize, world: usize) -> StoreRollCall {
+        let store = TcpStore::connect(
+            "127.0.0.1",
+            port,
+            rank == 0,
+            Duration::from_secs(10),
+            Some("token"),
+        )
+        .unwrap();
+        StoreRollCall { store, rank, world }
+    }
+
+    #[test]
+    fn the_ranks_that_call_no_roll_are_named_by_those_that_do() {
+        let port = free_port();
+        let zero = member(port, 0, 4);
+        let (one, three) = (member(port, 1, 4), member(port, 3, 4));
+        // Rank 2 hangs: it joined the store and never answers.
+        let _two = member(port, 2, 4);
+        let window = Duration::from_secs(2);
+        let started = Instant::now();
+        let calls: Vec<_> = [one, three]
+            .into_iter()
+            .map(|m| std::thread::spawn(move || m.silent_ranks(window)))
+            .collect();
+        // Rank 0 comes to the roll call half a second late, within the window.
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(zero.silent_ranks(window), vec![2]);
+        for call in calls {
+            assert_eq!(call.join().unwrap(), vec![2]);
+        }
+        assert!(started.elapsed() < window * 2, "{:?}", started.elapsed());
+    }
+
+    #[test]
+    fn when_every_rank_answers_none_is_named() {
+        let port = free_port();
+        let zero = member(port, 0, 2);
+        let one = member(port, 1, 2);
+        let other = std::thread::spawn(move || one.silent_ranks(Duration::from_secs(2)));
+        assert!(zero.silent_ranks(Duration::from_secs(2)).is_empty());
+        assert!(other.join().unwrap().is_empty());
+    }
+
+    /// Rank 0's whole process stopped (SIGSTOP): its store takes
+    /// connections into the kernel's backlog and answers nothing.
+    #[test]
+    fn a_store_that_answers_nothing_names_rank_0_within_the_window() {
+        let stopped = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = stopped.local_addr().unwrap().port();
+        // Without a token the client sends nothing until it is asked.
+        let store =
+            TcpStore::connect("127.0.0.1", port, false, Duration::from_secs(10), None).unwrap();
+        let one = StoreRollCall {
+            store,
+            rank: 1,
+            world: 2,
+        };
+        let started = Instant::now();
+        assert_eq!(one.silent_ranks(Duration::from_secs(1)), vec![0]);
+        assert!(started.elapsed() < Duration::from_secs(3));
+    }
+}
