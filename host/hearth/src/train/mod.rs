@@ -16,6 +16,7 @@ mod results;
 mod run_options;
 mod runner;
 mod setup;
+mod step;
 mod stream;
 
 pub use config::flatten_toml;

@@ -1,6 +1,9 @@
-//! What a run shows while it trains: an indicatif bar on a terminal, and a
-//! `tracing` line every `log-every` steps (what CI logs and pipes see).
+//! What a run shows: the line that says what is about to train, then while
+//! it trains an indicatif bar on a terminal and a `tracing` line every
+//! `log-every` steps (what CI logs and pipes see).
 
+use super::config::TrainConfig;
+use crate::accelerator::Accelerator;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::time::Duration;
 
@@ -80,4 +83,71 @@ impl Progress {
     pub(crate) fn finish(&self) {
         self.bar.finish_and_clear();
     }
+}
+
+/// What [`announce`] says of the job besides its config.
+pub(crate) struct Shape {
+    /// The model's parameters.
+    pub parameters: i64,
+    /// Optimizer steps to train.
+    pub steps: u64,
+    /// Tokens per example.
+    pub seq_len: i64,
+    /// Whether the step runs as a CUDA graph.
+    pub graphed: bool,
+}
+
+/// Prints (on the main process) what is about to train.
+pub(crate) fn announce(acc: &Accelerator, config: &TrainConfig, job: Shape) {
+    let accumulation = acc.gradient_accumulation_steps();
+    acc.print(format!(
+        "hearth run {}: {:?} with {} parameters on {:?}{}, {} steps of {}{} × {} tokens{}{}{}",
+        config.run.name,
+        config.model.kind,
+        job.parameters,
+        acc.device(),
+        match acc.process_group().backend() {
+            "single" => String::new(),
+            backend => match acc.num_processes() {
+                1 => format!(" (1 process, {backend})"),
+                n => format!(" ({n} processes, {backend})"),
+            },
+        },
+        job.steps,
+        if accumulation > 1 {
+            format!("{accumulation} × ")
+        } else {
+            String::new()
+        },
+        config.data.batch_size,
+        job.seq_len,
+        match acc.mixed_precision() {
+            crate::precision::MixedPrecision::No => String::new(),
+            mode => format!(", mixed precision {mode}"),
+        },
+        match acc.fsdp_settings() {
+            Some(f) => format!(
+                ", FSDP {} ({}{})",
+                f.sharding_strategy.as_str(),
+                f.auto_wrap_policy,
+                match f.mixed_precision_policy {
+                    Some(p) => format!(
+                        "; parameters in {}, gradients reduced in {}",
+                        p.param_dtype.name(),
+                        p.reduce_dtype.name()
+                    ),
+                    None => String::new(),
+                }
+            ),
+            None => String::new(),
+        },
+        if job.graphed {
+            format!(
+                ", the step captured in a CUDA graph after {} eager steps",
+                super::graphed::WARMUP_STEPS
+            )
+        } else {
+            String::new()
+        }
+    ));
 }

@@ -3,19 +3,19 @@
 use super::config::{OnSaveError, TrainConfig};
 use super::error::TrainError;
 use super::eval::{try_score, Evaluation, Plan as EvalPlan, Shard};
-use super::graphed::{GraphedStep, StepOutput};
+use super::graphed::GraphedStep;
 use super::history::{History, HISTORY_NAME};
-use super::loss::batch_loss;
 use super::profile::RunProfile;
 use super::progress::Progress;
 use super::results::{write_results, Finished, RunSummary, Trained};
 use super::setup::{self, eval_entries, io_err};
+use super::step::{slowest_rank, update};
 use super::stream::DataStream;
 use super::RunOptions;
 use crate::accelerator::{AcceleratedOptimizer, AcceleratedScheduler, Accelerator, PreparedModel};
 use crate::checkpoint::CheckpointError;
 use crate::data::TokenDataset;
-use crate::models::{Model, ModelOutput};
+use crate::models::Model;
 use hearth_plugins::{Entries, Registry, Value};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -245,7 +245,16 @@ impl Job {
         if config.run.cuda_graph {
             self.use_cuda_graph(acc, config)?;
         }
-        self.announce(acc, config);
+        super::progress::announce(
+            acc,
+            config,
+            super::progress::Shape {
+                parameters: self.model.num_parameters(),
+                steps: self.steps,
+                seq_len: self.data.seq_len(),
+                graphed: self.graphed.is_some(),
+            },
+        );
         let mut profile = RunProfile::start(acc, config, options, run_dir, self.first_step)?;
         let progress = Progress::new(steps, options.quiet, acc.is_main_process());
         // Tokens of all processes.
@@ -333,61 +342,6 @@ impl Job {
             profile,
             checkpoints_not_saved: self.not_saved.clone(),
         })
-    }
-
-    /// Prints what is about to train.
-    fn announce(&self, acc: &Accelerator, config: &TrainConfig) {
-        let accumulation = acc.gradient_accumulation_steps();
-        acc.print(format!(
-            "hearth run {}: {:?} with {} parameters on {:?}{}, {} steps of {}{} × {} tokens{}{}{}",
-            config.run.name,
-            config.model.kind,
-            self.model.num_parameters(),
-            acc.device(),
-            match acc.process_group().backend() {
-                "single" => String::new(),
-                backend => match acc.num_processes() {
-                    1 => format!(" (1 process, {backend})"),
-                    n => format!(" ({n} processes, {backend})"),
-                },
-            },
-            self.steps,
-            if accumulation > 1 {
-                format!("{accumulation} × ")
-            } else {
-                String::new()
-            },
-            config.data.batch_size,
-            self.data.seq_len(),
-            match acc.mixed_precision() {
-                crate::precision::MixedPrecision::No => String::new(),
-                mode => format!(", mixed precision {mode}"),
-            },
-            match acc.fsdp_settings() {
-                Some(f) => format!(
-                    ", FSDP {} ({}{})",
-                    f.sharding_strategy.as_str(),
-                    f.auto_wrap_policy,
-                    match f.mixed_precision_policy {
-                        Some(p) => format!(
-                            "; parameters in {}, gradients reduced in {}",
-                            p.param_dtype.name(),
-                            p.reduce_dtype.name()
-                        ),
-                        None => String::new(),
-                    }
-                ),
-                None => String::new(),
-            },
-            if self.graphed.is_some() {
-                format!(
-                    ", the step captured in a CUDA graph after {} eager steps",
-                    super::graphed::WARMUP_STEPS
-                )
-            } else {
-                String::new()
-            }
-        ));
     }
 
     /// Checks that this run's step can be captured (`run.cuda-graph`) and
@@ -630,62 +584,6 @@ impl Job {
         let sums = acc.reduce(&scores.to_tensor(), hearth_comm::ReduceOp::Sum)?;
         Ok(Some(scores.with_sums(&sums).evaluation()))
     }
-}
-
-/// A micro-batch's device work: forward, loss and backward, then at the
-/// end of an accumulation group clipping and the optimizer step (what a
-/// CUDA graph captures). The norm stays on the device until a log step
-/// reads it.
-fn update(
-    acc: &Accelerator,
-    config: &TrainConfig,
-    model: &PreparedModel<Box<dyn Model>>,
-    opt: &mut AcceleratedOptimizer,
-    inputs: &Tensor,
-    targets: &Tensor,
-) -> Result<StepOutput, TrainError> {
-    let loss = {
-        let _span = crate::profiling::span("hearth::forward");
-        // Logits stay in autocast's precision: `lm_loss` upcasts them in
-        // its own kernel. A model's own loss is converted as Accelerate does.
-        let output = config.model.output();
-        batch_loss(
-            |x| match output {
-                ModelOutput::Logits => model.try_forward_t_unconverted(x, true),
-                ModelOutput::Loss => model.try_forward_t(x, true),
-            },
-            output,
-            inputs,
-            targets,
-        )?
-        .0
-    };
-    acc.backward(&loss)?;
-    let mut grad_norm = None;
-    if let Some(max_norm) = config.optimizer.max_grad_norm {
-        // Clips (and unscales) only at the accumulation group's end.
-        grad_norm = acc.clip_grad_norm_(opt, max_norm, 2.0)?;
-    }
-    opt.step()?;
-    Ok(StepOutput { loss, grad_norm })
-}
-
-/// With several processes, the one whose steps took longest over the last
-/// logging window, and its seconds per step (every process logs at the
-/// same steps, so they all join this gather).
-fn slowest_rank(
-    acc: &Accelerator,
-    seconds_per_step: f64,
-) -> Result<Option<(usize, f64)>, TrainError> {
-    if acc.num_processes() == 1 {
-        return Ok(None);
-    }
-    let mine = Tensor::from_slice(&[seconds_per_step]).to_device(acc.device());
-    let all: Vec<f64> = Vec::try_from(&acc.gather(&mine)?.to_device(tch::Device::Cpu))?;
-    Ok(all
-        .into_iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(&b.1)))
 }
 
 /// Whether the newest complete checkpoint in `folder` was written by the
