@@ -25,6 +25,7 @@ mod load;
 mod pre_hooks;
 mod save;
 mod sharded;
+mod snapshot;
 mod state;
 
 pub(crate) use buffers::{Session as SnapshotCopies, SnapshotBuffers};
