@@ -15,6 +15,7 @@ mod kinds;
 mod loader;
 mod memory;
 mod model;
+mod model_files;
 mod nested;
 mod optimizer;
 mod prepare;
