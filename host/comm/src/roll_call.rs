@@ -2,7 +2,7 @@
 //! times out too (they all wait on the same collective) and then calls a
 //! roll over a channel other than the communicator that failed, so that
 //! the error names the ranks that hang or are gone. MPI calls it over MPI
-//! point-to-point messages (`mpi/mod.rs`); NCCL over the MPI world or the
+//! point-to-point messages (`mpi/group.rs`); NCCL over the MPI world or the
 //! job's store it was joined through (here).
 
 use super::TcpStore;

@@ -1,7 +1,17 @@
 //! The [`ProcessGroup`] methods of [`MpiGroup`], each a non-blocking MPI
-//! collective finished against the group's timeout (`mod.rs`).
+//! collective finished against the group's timeout (`group.rs`).
 
-use super::*;
+use super::group::*;
+use crate::process_group::{
+    check_gather_rows, scatter_rows, DistError, Pending, ProcessGroup, ReduceOp,
+};
+use mpi::datatype::PartitionMut;
+use mpi::request::StaticScope;
+use mpi::topology::Communicator;
+use mpi::traits::*;
+use mpi::Count;
+use std::time::Instant;
+use tch::Tensor;
 
 impl ProcessGroup for MpiGroup {
     fn process_index(&self) -> usize {

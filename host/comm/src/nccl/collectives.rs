@@ -2,9 +2,18 @@
 //! after libtorch's work, finished by polling its event against the
 //! group's timeout, its tensors kept until the event completed; and the
 //! [`ProcessGroup`] methods built on them. The communicator's life (init,
-//! state, abort, timeouts) is in `mod.rs`.
+//! state, abort, timeouts) is in `group.rs`.
 
-use super::*;
+use super::group::*;
+use crate::process_group::{
+    check_gather_rows, scatter_rows, DistError, Pending, ProcessGroup, ReduceOp,
+};
+use cudarc::driver::result as cu;
+use cudarc::driver::sys as cusys;
+use cudarc::nccl::result as nc;
+use cudarc::nccl::sys as ncsys;
+use std::time::{Duration, Instant};
+use tch::{Device, Kind, Tensor};
 
 /// A collective launched on the group's stream: its completion event and
 /// the tensors it reads and writes. The tensors are freed only once the
