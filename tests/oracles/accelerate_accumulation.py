@@ -1,4 +1,4 @@
-"""Oracle for host/hearth/tests/api/accelerator.rs: Accelerate's own gradient
+"""Oracle for host/hearth/tests/api/accumulation.rs: Accelerate's own gradient
 accumulation over an N-batch loader for some epochs, with a linear LambdaLR
 schedule. Prints, for every micro-batch, whether gradients synced, the
 learning rate after the scheduler step and the scheduler's `_step_count`,

@@ -1,4 +1,4 @@
-"""Oracle for host/hearth/tests/api/accelerator.rs: the batches Accelerate's seedable
+"""Oracle for host/hearth/tests/api/data_loading.rs: the batches Accelerate's seedable
 sampler, BatchSamplerShard and IterableDatasetShard give, as JSON.
 
 argv: n batch_size seed epochs, then world configurations as
