@@ -1,4 +1,4 @@
-"""Oracle for host/hearth/tests/distributed/mpi.rs: what Accelerate's process helpers give on
+"""Oracle for host/hearth/tests/distributed/mpi/process_helpers.rs: what Accelerate's process helpers give on
 each rank of a CPU world (gloo), started as
 `python -m torch.distributed.run --nproc_per_node N this.py OUT_DIR`.
 Each rank writes OUT_DIR/rank_<r>.json; hearth's child under mpirun
