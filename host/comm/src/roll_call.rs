@@ -90,14 +90,7 @@ impl RollCall for StoreRollCall {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn free_port() -> u16 {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    }
+    use crate::store::tests::free_port;
 
     /// Rank `rank` of `world` on the store at `port` (served by rank 0).
     fn member(port: u16, rank: usize, world: usize) -> StoreRollCall {

@@ -469,10 +469,11 @@ async fn serve_client(mut socket: tokio::net::TcpStream, shared: Arc<Shared>) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn free_port() -> u16 {
+    /// A port nothing listens on now.
+    pub(crate) fn free_port() -> u16 {
         std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
