@@ -238,7 +238,6 @@ pub fn from_environment(
             let roll_call = super::roll_call::StoreRollCall {
                 store,
                 rank: env.rank,
-                world: env.world_size,
             };
             Ok(Box::new(group.keeping(roll_call)))
         }

@@ -21,9 +21,10 @@ pub(crate) fn window(timeout: Duration) -> Duration {
 /// A channel the processes can call a roll over once a collective timed
 /// out, apart from the communicator that timed out.
 pub(crate) trait RollCall: Send {
-    /// The ranks (of the world, as the launcher numbers them) that did
-    /// not answer within `window`.
-    fn silent_ranks(&self, window: Duration) -> Vec<usize>;
+    /// Which of `peers` (the other members of the group that timed out)
+    /// did not answer within `window`, as ranks of the world (the
+    /// launcher's numbering).
+    fn silent_ranks(&self, window: Duration, peers: &[usize]) -> Vec<usize>;
 }
 
 /// The ranks the first roll call of this process found silent: later
@@ -35,10 +36,11 @@ pub(crate) fn silent_once(call: impl FnOnce() -> Vec<usize>) -> Vec<usize> {
 }
 
 /// The roll call over the job's store (NCCL joined through it): each
-/// process sets `hearth/roll-call/<rank>`, then waits for the others'
-/// keys. Rank 0 serves the store: when the store does not take this
-/// process's key in time, rank 0 is the one named (the others cannot be
-/// told apart then).
+/// process sets `hearth/roll-call/<rank>`, then polls for its peers' keys
+/// until all are there or the window ends. Rank 0 serves the store: when
+/// the store does not take this process's key in time, rank 0 is the one
+/// named (the others cannot be told apart then); when it stops answering
+/// part-way (rank 0 ended), the peers not heard from by then are named.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) struct StoreRollCall {
     /// The job's store (rank 0 serves it from a thread of its own, so it
@@ -47,8 +49,6 @@ pub(crate) struct StoreRollCall {
     pub store: TcpStore,
     /// This process's rank in the world.
     pub rank: usize,
-    /// The number of processes.
-    pub world: usize,
 }
 
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -56,34 +56,38 @@ fn key(rank: usize) -> String {
     format!("hearth/roll-call/{rank}")
 }
 
+/// How often a roll call over the store looks for the keys still missing.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+const POLL: Duration = Duration::from_millis(20);
+
 impl RollCall for StoreRollCall {
-    fn silent_ranks(&self, window: Duration) -> Vec<usize> {
+    fn silent_ranks(&self, window: Duration, peers: &[usize]) -> Vec<usize> {
         let deadline = Instant::now() + window;
-        let left = || {
-            deadline
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(10))
-        };
-        // Connections of the roll call's own, which wait no longer than
-        // what is left of the window; one whose `get` timed out has an
-        // answer still owed on it, so each peer gets a fresh one.
+        // A connection of the roll call's own, whose connecting and every
+        // answer wait no longer than the window.
         let answered = self
             .store
-            .client_within(left())
-            .and_then(|client| client.set(&key(self.rank), &[]));
-        if answered.is_err() {
+            .client_within(window)
+            .and_then(|client| client.set(&key(self.rank), &[]).map(|()| client));
+        let Ok(client) = answered else {
             return vec![0];
+        };
+        let mut missing: Vec<usize> = peers.iter().copied().filter(|&p| p != self.rank).collect();
+        loop {
+            let mut heard = Vec::new();
+            for &peer in &missing {
+                match client.check(&key(peer)) {
+                    Ok(true) => heard.push(peer),
+                    Ok(false) => {}
+                    Err(_) => return missing,
+                }
+            }
+            missing.retain(|p| !heard.contains(p));
+            if missing.is_empty() || Instant::now() >= deadline {
+                return missing;
+            }
+            std::thread::sleep(POLL.min(deadline.saturating_duration_since(Instant::now())));
         }
-        (0..self.world)
-            .filter(|&peer| peer != self.rank)
-            .filter(|&peer| {
-                let heard = self
-                    .store
-                    .client_within(left())
-                    .and_then(|client| client.get(&key(peer)));
-                heard.is_err()
-            })
-            .collect()
     }
 }
 
@@ -92,8 +96,8 @@ mod tests {
     use super::*;
     use crate::store::tests::free_port;
 
-    /// Rank `rank` of `world` on the store at `port` (served by rank 0).
-    fn member(port: u16, rank: usize, world: usize) -> StoreRollCall {
+    /// Rank `rank` on the store at `port` (served by rank 0).
+    fn member(port: u16, rank: usize) -> StoreRollCall {
         let store = TcpStore::connect(
             "127.0.0.1",
             port,
@@ -102,25 +106,31 @@ mod tests {
             Some("token"),
         )
         .unwrap();
-        StoreRollCall { store, rank, world }
+        StoreRollCall { store, rank }
+    }
+
+    /// The others of a world of `n`, seen from `rank`.
+    fn others(n: usize, rank: usize) -> Vec<usize> {
+        (0..n).filter(|&r| r != rank).collect()
     }
 
     #[test]
     fn the_ranks_that_call_no_roll_are_named_by_those_that_do() {
         let port = free_port();
-        let zero = member(port, 0, 4);
-        let (one, three) = (member(port, 1, 4), member(port, 3, 4));
-        // Rank 2 hangs: it joined the store and never answers.
-        let _two = member(port, 2, 4);
+        let zero = member(port, 0);
+        let (one, three) = (member(port, 1), member(port, 3));
+        // Rank 2 hangs: it joined the store and never answers. Rank 3,
+        // looked for after it, answers and is not named.
+        let _two = member(port, 2);
         let window = Duration::from_secs(2);
         let started = Instant::now();
-        let calls: Vec<_> = [one, three]
+        let calls: Vec<_> = [(1, one), (3, three)]
             .into_iter()
-            .map(|m| std::thread::spawn(move || m.silent_ranks(window)))
+            .map(|(r, m)| std::thread::spawn(move || m.silent_ranks(window, &others(4, r))))
             .collect();
         // Rank 0 comes to the roll call half a second late, within the window.
         std::thread::sleep(Duration::from_millis(500));
-        assert_eq!(zero.silent_ranks(window), vec![2]);
+        assert_eq!(zero.silent_ranks(window, &others(4, 0)), vec![2]);
         for call in calls {
             assert_eq!(call.join().unwrap(), vec![2]);
         }
@@ -128,12 +138,28 @@ mod tests {
     }
 
     #[test]
-    fn when_every_rank_answers_none_is_named() {
+    fn when_every_rank_answers_none_is_named_and_nobody_waits_the_window() {
         let port = free_port();
-        let zero = member(port, 0, 2);
-        let one = member(port, 1, 2);
-        let other = std::thread::spawn(move || one.silent_ranks(Duration::from_secs(2)));
-        assert!(zero.silent_ranks(Duration::from_secs(2)).is_empty());
+        let zero = member(port, 0);
+        let one = member(port, 1);
+        let started = Instant::now();
+        let window = Duration::from_secs(10);
+        let other = std::thread::spawn(move || one.silent_ranks(window, &[0]));
+        assert!(zero.silent_ranks(window, &[1]).is_empty());
+        assert!(other.join().unwrap().is_empty());
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    /// A split group (ranks 1 and 3 of 4) waits for its own members only:
+    /// ranks 0 and 2, which did not time out, are not named.
+    #[test]
+    fn a_sub_group_calls_the_roll_among_its_members() {
+        let port = free_port();
+        let _zero = member(port, 0);
+        let (one, three) = (member(port, 1), member(port, 3));
+        let window = Duration::from_secs(2);
+        let other = std::thread::spawn(move || three.silent_ranks(window, &[1]));
+        assert!(one.silent_ranks(window, &[3]).is_empty());
         assert!(other.join().unwrap().is_empty());
     }
 
@@ -146,13 +172,9 @@ mod tests {
         // Without a token the client sends nothing until it is asked.
         let store =
             TcpStore::connect("127.0.0.1", port, false, Duration::from_secs(10), None).unwrap();
-        let one = StoreRollCall {
-            store,
-            rank: 1,
-            world: 2,
-        };
+        let one = StoreRollCall { store, rank: 1 };
         let started = Instant::now();
-        assert_eq!(one.silent_ranks(Duration::from_secs(1)), vec![0]);
+        assert_eq!(one.silent_ranks(Duration::from_secs(1), &[0]), vec![0]);
         assert!(started.elapsed() < Duration::from_secs(3));
     }
 }

@@ -12,7 +12,8 @@
 //! Frames, little-endian: a request is `op: u8, key_len: u32, key`, then
 //! for `SET` `value_len: u32, value`; the reply to `SET` is one byte (0:
 //! stored, 1: refused, the store is full), the reply to `GET`
-//! `value_len: u32, value` once the key exists.
+//! `value_len: u32, value` once the key exists, the reply to `CHECK` one
+//! byte at once (0: the key exists, 1: not yet).
 //!
 //! A job token (`HEARTH_JOB_TOKEN`, a random one `hearth launch` gives
 //! every rank of a job) keeps other clients out: a store served with one
@@ -33,6 +34,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const SET: u8 = 0;
 const GET: u8 = 1;
 const AUTH: u8 = 2;
+const CHECK: u8 = 3;
 /// The longest key (or token) a store takes, in bytes.
 pub const MAX_KEY: u32 = 4 << 10;
 /// The largest value a store takes or a client accepts, in bytes (an NCCL
@@ -70,8 +72,6 @@ pub fn store_port(master_port: u16, agent_store: bool) -> u16 {
 /// A client of the job's store; on rank 0 also its server.
 pub struct TcpStore {
     client: Mutex<TcpStream>,
-    host: String,
-    port: u16,
     address: String,
     timeout: Duration,
     /// The job token this client presented, if any.
@@ -143,8 +143,6 @@ impl TcpStore {
         client.set_nodelay(true).ok();
         let store = Self {
             client: Mutex::new(client),
-            host: host.to_string(),
-            port,
             address,
             timeout,
             token: token.map(str::to_owned),
@@ -157,11 +155,49 @@ impl TcpStore {
     }
 
     /// Another client of the same store (same token), whose connecting and
-    /// `get` wait at most `timeout`: a roll call's, which must not wait
-    /// for the whole collective timeout.
+    /// every answer wait at most `timeout`: a roll call's, which must not
+    /// wait for the whole collective timeout. It connects to the address
+    /// this client already reached (no name lookup).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn client_within(&self, timeout: Duration) -> Result<Self, DistError> {
-        Self::connect(&self.host, self.port, false, timeout, self.token.as_deref())
+        let unreachable = |e: std::io::Error| {
+            failed(
+                &self.address,
+                format!("the store did not answer within {timeout:?} ({e})"),
+            )
+        };
+        let peer = self
+            .client
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .peer_addr()
+            .map_err(unreachable)?;
+        let client = TcpStream::connect_timeout(&peer, timeout).map_err(unreachable)?;
+        client.set_nodelay(true).ok();
+        client.set_write_timeout(Some(timeout)).ok();
+        let store = Self {
+            client: Mutex::new(client),
+            address: self.address.clone(),
+            timeout,
+            token: self.token.clone(),
+            _server: None,
+        };
+        if let Some(token) = &self.token {
+            store.authenticate(token)?;
+        }
+        Ok(store)
+    }
+
+    /// Whether `key` is set now (never waits for it).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn check(&self, key: &str) -> Result<bool, DistError> {
+        self.check_key(key)?;
+        let answer = self.exchange(key, &request(CHECK, key), |stream| {
+            let mut answer = [0u8; 1];
+            stream.read_exact(&mut answer)?;
+            Ok(answer.to_vec())
+        })?;
+        Ok(answer == [0])
     }
 
     /// Presents the job's `token` to the store.
@@ -459,6 +495,10 @@ async fn serve_client(mut socket: tokio::net::TcpStream, shared: Arc<Shared>) {
                 let mut reply = (value.len() as u32).to_le_bytes().to_vec();
                 reply.extend_from_slice(&value);
                 socket.write_all(&reply).await
+            }
+            CHECK => {
+                let set = shared.values.lock().unwrap().map.contains_key(&key);
+                socket.write_u8(u8::from(!set)).await
             }
             _ => return,
         };

@@ -43,10 +43,13 @@ impl RollCall for MpiGroup {
     /// there times out too, within about a step of the others) and waits
     /// `window` for theirs. Those whose byte did not come hang or are
     /// gone; returned as ranks of the world, as the launcher numbers them.
-    fn silent_ranks(&self, window: Duration) -> Vec<usize> {
+    ///
+    /// `peers` are ranks of this group's communicator; as NCCL's rendezvous
+    /// the group is MPI's world, whose ranks are the world's.
+    fn silent_ranks(&self, window: Duration, peers: &[usize]) -> Vec<usize> {
         let deadline = Instant::now() + window;
         let mut waiting = Vec::new();
-        for peer in (0..self.size).filter(|&p| p != self.rank) {
+        for &peer in peers.iter().filter(|&&p| p != self.rank) {
             let process = self.world.process_at_rank(peer as i32);
             let (send, recv) = (Leaked::new(vec![1u8]), Leaked::new(vec![0u8]));
             // SAFETY: the buffers are leaked (never taken back), and a
@@ -205,7 +208,8 @@ impl MpiGroup {
                 // second one's bytes could go to the first's receives,
                 // still posted.
                 let window = roll_call::window(self.timeout);
-                let silent = roll_call::silent_once(|| self.silent_ranks(window));
+                let others: Vec<usize> = (0..self.size).collect();
+                let silent = roll_call::silent_once(|| self.silent_ranks(window, &others));
                 return Err(DistError::Timeout {
                     op,
                     timeout: self.timeout,

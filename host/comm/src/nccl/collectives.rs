@@ -405,7 +405,9 @@ impl ProcessGroup for NcclGroup {
     fn duplicate(&self) -> Result<Box<dyn ProcessGroup>, DistError> {
         // A new communicator whose unique id travels over this one.
         let share = |id: Option<Vec<u8>>| self.broadcast_bytes(id.unwrap_or_default(), 0);
-        Ok(Box::new(NcclGroup::init(self.place, self.timeout, share)?))
+        let everyone: Vec<usize> = (0..self.place.world_size).collect();
+        let group = NcclGroup::init(self.place, self.timeout, share)?;
+        Ok(Box::new(group.made_from(self, &everyone)))
     }
 
     fn split(&self, color: usize, key: usize) -> Result<Box<dyn ProcessGroup>, DistError> {
@@ -439,7 +441,9 @@ impl ProcessGroup for NcclGroup {
             let ids = self.all_gather_bytes(&id.unwrap_or_default())?;
             Ok(ids[leader].clone())
         };
-        Ok(Box::new(NcclGroup::init(place, self.timeout, share)?))
+        let parent_ranks: Vec<usize> = members.iter().map(|m| m.2).collect();
+        let group = NcclGroup::init(place, self.timeout, share)?;
+        Ok(Box::new(group.made_from(self, &parent_ranks)))
     }
 
     fn barrier(&self) -> Result<(), DistError> {

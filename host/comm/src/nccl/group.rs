@@ -8,6 +8,7 @@ use cudarc::driver::sys as cusys;
 use cudarc::nccl::result as nc;
 use cudarc::nccl::sys as ncsys;
 use std::cell::Cell;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tch::Kind;
 
@@ -41,12 +42,19 @@ pub struct NcclGroup {
     pub(super) timeout: Duration,
     /// Set once the communicator was aborted (a timeout or an error).
     pub(super) aborted: Cell<bool>,
-    /// What delivered the unique id (the store, or MPI), kept alive as
-    /// long as the communicator (rank 0's store serves until then, and
-    /// MPI must not be finalised before) and called a roll over after a
-    /// timeout.
-    rendezvous: Option<Box<dyn RollCall>>,
+    /// What delivered the world's unique id (the store, or MPI), kept
+    /// alive as long as any communicator made from the world's (rank 0's
+    /// store serves until then, and MPI must not be finalised before), and
+    /// called a roll over after a timeout.
+    rendezvous: Option<Rendezvous>,
+    /// The world rank of each rank of this group (a split group's are a
+    /// subset), and the number of processes in the world.
+    world_ranks: Arc<Vec<usize>>,
+    world_size: usize,
 }
+
+/// The world's rendezvous, shared by the groups made from the world's.
+type Rendezvous = Arc<Mutex<Box<dyn RollCall>>>;
 
 // SAFETY: the raw handles are owned by this group, which is used by one
 // thread at a time (`ProcessGroup` is `Send`, not `Sync`); NCCL and the
@@ -176,6 +184,8 @@ impl NcclGroup {
             timeout,
             aborted: Cell::new(true),
             rendezvous: None,
+            world_ranks: Arc::new((0..place.world_size).collect()),
+            world_size: place.world_size,
         };
         let version = nc::get_nccl_version().map_err(|e| nccl_failed("init", e))?;
         if version < MIN_NCCL_VERSION {
@@ -234,7 +244,23 @@ impl NcclGroup {
     /// and MPI is finalised only after the communicator is destroyed. A
     /// timed-out collective calls its roll over it.
     pub(crate) fn keeping(mut self, rendezvous: impl RollCall + 'static) -> Self {
-        self.rendezvous = Some(Box::new(rendezvous));
+        self.rendezvous = Some(Arc::new(Mutex::new(Box::new(rendezvous))));
+        self
+    }
+
+    /// This group (made from `parent`'s: a duplicate, or a split whose
+    /// ranks are `parent_ranks` of the parent's) with the parent's
+    /// rendezvous, so that its timeouts call the roll too, among its own
+    /// members.
+    pub(super) fn made_from(mut self, parent: &NcclGroup, parent_ranks: &[usize]) -> Self {
+        self.rendezvous = parent.rendezvous.clone();
+        self.world_ranks = Arc::new(
+            parent_ranks
+                .iter()
+                .map(|&r| parent.world_ranks[r])
+                .collect(),
+        );
+        self.world_size = parent.world_size;
         self
     }
 
@@ -265,15 +291,24 @@ impl NcclGroup {
     /// non-blocking init, launch or finalize), aborting it on an error or
     /// at `deadline`.
     pub(super) fn settle(&self, op: &'static str, deadline: Instant) -> Result<(), DistError> {
+        match self.idle_by(op, deadline)? {
+            true => Ok(()),
+            false => Err(self.timed_out(op)),
+        }
+    }
+
+    /// Whether the communicator has no operation in progress by
+    /// `deadline` (polled; an NCCL error aborts it and is returned).
+    fn idle_by(&self, op: &'static str, deadline: Instant) -> Result<bool, DistError> {
         let mut pause = Duration::from_micros(20);
         while self.in_progress(op)? {
             if Instant::now() >= deadline {
-                return Err(self.timed_out(op));
+                return Ok(false);
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(1));
         }
-        Ok(())
+        Ok(true)
     }
 
     pub(super) fn abort(&self) {
@@ -289,16 +324,25 @@ impl NcclGroup {
     /// process; later timeouts give the first one's answer).
     pub(super) fn timed_out(&self, op: &'static str) -> DistError {
         self.abort();
+        let me = self.world_ranks[self.place.rank];
+        let peers: Vec<usize> = self
+            .world_ranks
+            .iter()
+            .copied()
+            .filter(|&r| r != me)
+            .collect();
         let window = roll_call::window(self.timeout);
-        let silent = self
-            .rendezvous
-            .as_ref()
-            .map(|r| roll_call::silent_once(|| r.silent_ranks(window)));
+        let silent = self.rendezvous.as_ref().map(|r| {
+            roll_call::silent_once(|| {
+                let rendezvous = r.lock().unwrap_or_else(|p| p.into_inner());
+                rendezvous.silent_ranks(window, &peers)
+            })
+        });
         DistError::Timeout {
             op,
             timeout: self.timeout,
-            rank: self.place.rank,
-            world: self.place.world_size,
+            rank: me,
+            world: self.world_size,
             silent,
         }
     }
@@ -340,8 +384,10 @@ impl Drop for NcclGroup {
             let _ = cu::ctx::set_current(self.context);
             if !self.aborted.get() {
                 let deadline = Instant::now() + self.timeout.min(Duration::from_secs(60));
+                // A finalize that does not end in time is aborted without a
+                // roll call: the process is on its way out.
                 let finalized = nc::comm_finalize(self.comm).is_ok()
-                    && self.settle("destroy", deadline).is_ok();
+                    && matches!(self.idle_by("destroy", deadline), Ok(true));
                 if finalized {
                     let _ = ncsys::ncclCommDestroy(self.comm);
                 } else {

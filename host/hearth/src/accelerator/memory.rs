@@ -69,6 +69,20 @@ mod tests {
         assert_eq!(tried, vec![128, 115, 103, 92]);
     }
 
+    /// An out-of-memory error in unit-wise backward (FULL_SHARD or
+    /// activation checkpointing recomputing a unit) is retried as well.
+    #[test]
+    fn an_out_of_memory_error_recomputing_a_unit_is_seen() {
+        let oom = tch::TchError::Torch(
+            "DefaultCPUAllocator: can't allocate memory: you tried to allocate 4096 bytes".into(),
+        );
+        let e = crate::parallel::BackwardError::from(crate::parallel::UnitwiseError::Torch {
+            unit: 2,
+            error: oom,
+        });
+        assert!(is_out_of_memory(&e.to_string()), "{e}");
+    }
+
     #[test]
     fn other_errors_propagate_and_zero_is_an_error() {
         let other = find_executable_batch_size(8, |_| Err::<(), _>("shape mismatch".to_string()));

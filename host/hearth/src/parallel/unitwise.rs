@@ -182,14 +182,16 @@ pub enum UnitwiseError {
         #[source]
         source: DistError,
     },
-    /// libtorch failed recomputing a unit.
-    #[error("recomputing model unit {unit} in backward failed")]
+    /// libtorch failed recomputing a unit. Its message is part of this
+    /// one (not a `source`), so that a check of the text, such as
+    /// [`crate::accelerator::is_out_of_memory`] in
+    /// `find_executable_batch_size`, sees an out-of-memory error.
+    #[error("recomputing model unit {unit} in backward failed: {error}")]
     Torch {
         /// The model unit's index.
         unit: usize,
         /// The failure.
-        #[source]
-        source: tch::TchError,
+        error: tch::TchError,
     },
 }
 
@@ -457,7 +459,7 @@ impl Unitwise {
                 inputs.push(x.shallow_clone());
                 rng.push(
                     hearth_ops::rng_state(device)
-                        .map_err(|source| UnitwiseError::Torch { unit: k, source })?,
+                        .map_err(|error| UnitwiseError::Torch { unit: k, error })?,
                 );
                 x = tch::no_grad(|| unit.forward_t(&x, train));
             } else {
@@ -544,7 +546,7 @@ impl Unitwise {
                 } else {
                     input.shallow_clone()
                 };
-                let torch = |source| UnitwiseError::Torch { unit: k, source };
+                let torch = |error| UnitwiseError::Torch { unit: k, error };
                 let device = input.device();
                 let now = hearth_ops::rng_state(device).map_err(torch)?;
                 hearth_ops::set_rng_state(device, &tape.rng[k]).map_err(torch)?;

@@ -441,10 +441,25 @@ fn a_hooks_idle_file_threads_go_after_the_keep_alive() {
     let (mut acc, _vs) = setup(&dir.join("run"), false);
     acc.register_checkpoint_hook(hook);
     let thread = "plugin-idle-probe";
+    // The pool's thread is watched from before the save: its last file
+    // call may end more than the keep-alive before save_state returns
+    // (the commit's syncs come after the hook's calls).
+    let saving = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let watcher = {
+        let saving = saving.clone();
+        std::thread::spawn(move || {
+            let mut most = 0;
+            while saving.load(std::sync::atomic::Ordering::Relaxed) {
+                most = most.max(threads_named(thread));
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            most
+        })
+    };
     acc.save_state(None).unwrap();
-    // The hook's file calls just ran on the pool: its thread is idle, not gone.
+    saving.store(false, std::sync::atomic::Ordering::Relaxed);
     assert!(
-        threads_named(thread) >= 1,
+        watcher.join().unwrap() >= 1,
         "the hook's file calls ran on its named pool"
     );
     let since = std::time::Instant::now();

@@ -366,7 +366,7 @@ fn run(
 }
 
 /// DDP's tolerance against one process with the global batch (as in
-/// `mpi.rs`), met by sharding against both.
+/// `mpi/ddp.rs`), met by sharding against both.
 const TOLERANCE: f64 = 2e-5;
 
 /// `strategy` on `n` ranks against DDP on `n` ranks and one process with
