@@ -44,10 +44,24 @@ for level in avx2 avx512; do [ -z "$(lacks $level)" ] && native=$level; done
 TESTS=(
     "cargo test -q --lib"
     "cargo test -q --test api -- pytorch_parity:: fused_graph::"
-    "cargo test -q --test distributed -- sharding:: fsdp_mixed_precision:: mpi::ddp_on_two_ranks mpi::bf16_compression mpi::process_helpers_on_three_ranks_match_accelerate mpi::ddp_kwargs::power_sgd_gives_pytorchs mpi::join::join_uneven_inputs"
+    "cargo test -q --test distributed -- sharding:: fsdp_mixed_precision:: mpi::ddp::ddp_on_two_ranks mpi::ddp::bf16_compression mpi::process_helpers::process_helpers_on_three_ranks_match_accelerate mpi::ddp_kwargs::power_sgd_gives_pytorchs mpi::join::join_uneven_inputs"
     "cargo test -q --test big_model -- accelerates_logits checkpoints_logits"
     "$PY -m pytest -q --timeout 1800 tests/test_accelerator_run.py -k accumulated_batches_of_8"
 )
+
+# Every filter above must still name a test: one that matches nothing (a
+# test renamed or moved to another module) would pass silently.
+for test in "${TESTS[@]}"; do
+    [[ $test == "cargo test"*" -- "* ]] || continue
+    for filter in ${test#* -- }; do
+        # grep -c reads all of the list (-q would leave cargo a broken pipe).
+        named=$(${test%% -- *} -- --list "$filter" 2>/dev/null | grep -c ': test$')
+        if [ "$named" = 0 ]; then
+            echo "isa: the filter $filter of \"$test\" names no test; update tests/isa/levels.sh"
+            exit 1
+        fi
+    done
+done
 
 failed=()
 for level in $LEVELS; do
