@@ -13,7 +13,7 @@ from conftest import SHORT_JOB, write_config
         ("gradient-accumulation-steps = 2\n", "adamw", "needs gradient-accumulation-steps = 1"),
         ('mixed-precision = "fp16"\n', "adamw", 'use mixed-precision = "bf16"'),
         ("", "sgd", "cannot be used with this optimizer"),
-        ('device = "cpu"\n', "adamw", 'needs a CUDA GPU, and this run trains on Cpu; set run.device = "cuda"'),
+        ('device = "cpu"\n', "adamw", 'needs a CUDA GPU, and this run trains on cpu; set run.device = "cuda"'),
     ],
     ids=["accumulation", "fp16", "sgd", "cpu"],
 )

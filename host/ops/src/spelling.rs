@@ -129,3 +129,23 @@ mod tests {
         assert_eq!(one_of(&["a", "b", "c"]), "a, b or c");
     }
 }
+
+/// PyTorch's spelling of a device (`str(torch.device(...))`): `cpu`,
+/// `cuda:0`, `mps`; what hearth's messages and `summary.json` print.
+pub fn device_name(device: tch::Device) -> String {
+    match device {
+        tch::Device::Cpu => "cpu".into(),
+        tch::Device::Cuda(i) => format!("cuda:{i}"),
+        tch::Device::Mps => "mps".into(),
+        tch::Device::Vulkan => "vulkan".into(),
+    }
+}
+
+#[cfg(test)]
+mod device_tests {
+    #[test]
+    fn devices_are_spelled_as_pytorch_spells_them() {
+        assert_eq!(super::device_name(tch::Device::Cpu), "cpu");
+        assert_eq!(super::device_name(tch::Device::Cuda(1)), "cuda:1");
+    }
+}

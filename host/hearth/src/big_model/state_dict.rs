@@ -73,8 +73,9 @@ pub fn load_state_dict(
             .and_then(MapDevice::torch_device)
             .unwrap_or(Device::Cpu);
         let tensor = tensor.f_to_device(device).map_err(torch_err(format!(
-            "{}: loading `{name}` on {device:?}",
-            path.display()
+            "{}: loading `{name}` on {}",
+            path.display(),
+            hearth_ops::spelling::device_name(device)
         )))?;
         out.push((name, tensor));
     }

@@ -60,8 +60,8 @@ pub fn refusal(acc: &Accelerator) -> Option<String> {
 pub fn device_refusal(acc: &Accelerator) -> Option<String> {
     if !acc.device().is_cuda() {
         return Some(format!(
-            "needs a CUDA GPU, and this run trains on {:?}; set run.device = \"cuda\"",
-            acc.device()
+            "needs a CUDA GPU, and this run trains on {}; set run.device = \"cuda\"",
+            hearth_ops::spelling::device_name(acc.device())
         ));
     }
     cuda_graph::available().err().map(|e| e.to_string())

@@ -101,11 +101,11 @@ pub(crate) struct Shape {
 pub(crate) fn announce(acc: &Accelerator, config: &TrainConfig, job: Shape) {
     let accumulation = acc.gradient_accumulation_steps();
     acc.print(format!(
-        "hearth run {}: {:?} with {} parameters on {:?}{}, {} steps of {}{} × {} tokens{}{}{}",
+        "hearth run {}: {} with {} parameters on {}{}, {} steps of {}{} × {} tokens{}{}{}",
         config.run.name,
-        config.model.kind,
+        config.model.kind.as_str(),
         job.parameters,
-        acc.device(),
+        hearth_ops::spelling::device_name(acc.device()),
         match acc.process_group().backend() {
             "single" => String::new(),
             backend => match acc.num_processes() {

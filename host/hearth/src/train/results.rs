@@ -111,7 +111,7 @@ pub(super) fn write_results(
     let summary = RunSummary {
         run_dir: run_dir.to_path_buf(),
         model_path,
-        device: format!("{:?}", acc.device()).to_lowercase(),
+        device: hearth_ops::spelling::device_name(acc.device()),
         num_parameters: finished.model.num_parameters(),
         steps: finished.steps,
         final_loss: finished.trained.final_loss,

@@ -17,6 +17,20 @@ pub enum ModelKind {
     Torchscript,
 }
 
+impl ModelKind {
+    /// Every kind.
+    pub const ALL: [ModelKind; 3] = [ModelKind::Gpt, ModelKind::Mlp, ModelKind::Torchscript];
+
+    /// The config's spelling (`kind = "gpt"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelKind::Gpt => "gpt",
+            ModelKind::Mlp => "mlp",
+            ModelKind::Torchscript => "torchscript",
+        }
+    }
+}
+
 /// The `[model]` section.
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -163,5 +177,18 @@ impl ModelSection {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ModelKind;
+
+    #[test]
+    fn each_kind_is_spelled_as_the_config_reads_it() {
+        for kind in ModelKind::ALL {
+            let read: ModelKind = serde_json::from_value(serde_json::json!(kind.as_str())).unwrap();
+            assert_eq!(read, kind);
+        }
     }
 }
