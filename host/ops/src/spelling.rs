@@ -144,7 +144,7 @@ pub fn device_name(device: tch::Device) -> String {
 #[cfg(test)]
 mod device_tests {
     #[test]
-    fn devices_are_spelled_as_pytorch_spells_them() {
+    fn devices_are_spelled_cpu_and_cuda_colon_index() {
         assert_eq!(super::device_name(tch::Device::Cpu), "cpu");
         assert_eq!(super::device_name(tch::Device::Cuda(1)), "cuda:1");
     }

@@ -35,8 +35,7 @@ impl ProcessGroup for MpiGroup {
     }
 
     fn reduce_scatter(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
-        scatter_rows(self, "reduce_scatter", tensor)?;
-        self.start_reduction(tensor, op, true)?.wait()
+        self.reduce_scatter_start(tensor, op)?.wait()
     }
     fn reduce_scatter_start(
         &self,
