@@ -443,25 +443,32 @@ fn a_hooks_idle_file_threads_go_after_the_keep_alive() {
     let thread = "plugin-idle-probe";
     // The pool's thread is watched from before the save: its last file
     // call may end more than the keep-alive before save_state returns
-    // (the commit's syncs come after the hook's calls).
+    // (the commit's syncs come after the hook's calls). The watcher has
+    // looked once before the save starts, and once more after it ends
+    // whenever it is scheduled: on a loaded machine (CI) its first look
+    // could otherwise come after the save and see nothing.
     let saving = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let started = std::sync::Arc::new(std::sync::Barrier::new(2));
     let watcher = {
-        let saving = saving.clone();
+        let (saving, started) = (saving.clone(), started.clone());
         std::thread::spawn(move || {
-            let mut most = 0;
-            while saving.load(std::sync::atomic::Ordering::Relaxed) {
+            let mut most = threads_named(thread);
+            started.wait();
+            loop {
+                let done = !saving.load(std::sync::atomic::Ordering::Acquire);
                 most = most.max(threads_named(thread));
+                if done {
+                    return most;
+                }
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }
-            most
         })
     };
+    started.wait();
     acc.save_state(None).unwrap();
-    saving.store(false, std::sync::atomic::Ordering::Relaxed);
-    assert!(
-        watcher.join().unwrap() >= 1,
-        "the hook's file calls ran on its named pool"
-    );
+    saving.store(false, std::sync::atomic::Ordering::Release);
+    let seen = watcher.join().unwrap().max(threads_named(thread));
+    assert!(seen >= 1, "the hook's file calls ran on its named pool");
     let since = std::time::Instant::now();
     while threads_named(thread) > 0 {
         assert!(
