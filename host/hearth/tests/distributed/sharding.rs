@@ -11,6 +11,8 @@ use common::{mpirun_ok, results, scratch, CHILD, OUT};
 use hearth_testkit as common;
 /// A rank lost mid-step under FULL_SHARD: errors, not panics.
 mod lost_rank;
+mod refusals;
+mod shard_grad_op;
 
 use hearth::accelerator::Accelerator;
 use hearth::data::DataLoader;
@@ -471,22 +473,6 @@ fn sharding_matches_ddp_and_one_process(
     (ddp_reports, reports)
 }
 
-fn shard_grad_op_matches_ddp_and_one_process(
-    n: usize,
-    batch: usize,
-    accumulation: usize,
-    precision: MixedPrecision,
-) -> (Vec<serde_json::Value>, Vec<serde_json::Value>) {
-    sharding_matches_ddp_and_one_process(
-        ShardingStrategy::ShardGradOp,
-        false,
-        n,
-        batch,
-        accumulation,
-        precision,
-    )
-}
-
 /// Under FULL_SHARD each of `n` processes holds, between steps, its
 /// shards of the parameters, gradients and optimizer state: at most 1/n
 /// of what one DDP process holds, plus one unit's whole parameters
@@ -596,35 +582,6 @@ fn activation_checkpointing_without_sharding_trains_what_ddp_does() {
     );
 }
 
-#[test]
-fn shard_grad_op_with_fp16_loss_scaling_trains_what_ddp_and_one_process_do() {
-    shard_grad_op_matches_ddp_and_one_process(2, 2, 1, MixedPrecision::Fp16);
-}
-
-#[test]
-fn a_custom_var_store_model_is_sharded_by_its_declared_classes() {
-    let sharded = Setup {
-        strategy: Some(ShardingStrategy::ShardGradOp),
-        batch: 3,
-        accumulation: 1,
-        precision: MixedPrecision::No,
-        clip: Some(2.0),
-        custom: true,
-        checkpointing: false,
-    };
-    let want = reference(sharded, 2);
-    let (ranks, reports, _dir) = run(2, sharded);
-    for (r, got) in ranks.iter().enumerate() {
-        let worst = worst_difference(got, &want);
-        assert!(
-            worst <= TOLERANCE,
-            "rank {r}: {worst:e} from one process's weights"
-        );
-    }
-    // Four `Layer` units; the root holds nothing of its own.
-    assert_eq!(reports[0]["reduce_scatters"], 4 * STEPS, "{}", reports[0]);
-}
-
 /// Clipping by the L1 norm and by the largest gradient when each process
 /// holds shards of the gradients: the shards' norms are combined across
 /// the processes (p-th powers summed; the largest taken) as one process
@@ -655,95 +612,4 @@ fn sharded_clipping_by_l1_and_infinity_norms_trains_what_one_process_does() {
             );
         }
     }
-}
-
-#[test]
-fn an_optimizer_prepared_before_its_sharded_model_is_refused() {
-    let setup = Setup {
-        strategy: Some(ShardingStrategy::ShardGradOp),
-        batch: 1,
-        accumulation: 1,
-        precision: MixedPrecision::No,
-        clip: None,
-        custom: false,
-        checkpointing: false,
-    };
-    let mut acc = accelerator(setup, Duration::from_secs(120));
-    // Drawing weights here would move the generator under a reference run.
-    let _one_at_a_time = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
-    let model = Gpt::new(bench_gpt(), Device::Cpu);
-    let params: Vec<Tensor> = model
-        .named_parameters()
-        .into_iter()
-        .map(|(_, p)| p)
-        .collect();
-    let _opt = acc
-        .prepare(Adam::new(params, AdamHyper::adamw(1e-3)))
-        .unwrap();
-    let err = acc.prepare(model).err().expect("refused");
-    let chain = format!("{err}: {}", std::error::Error::source(&err).unwrap());
-    assert!(chain.contains("prepare the model first"), "{chain}");
-}
-
-#[test]
-fn full_shard_and_activation_checkpointing_refuse_a_model_whose_forward_is_the_users() {
-    for (strategy, checkpointing, says) in [
-        (ShardingStrategy::FullShard, false, "use SHARD_GRAD_OP"),
-        (
-            ShardingStrategy::ShardGradOp,
-            true,
-            "activation checkpointing runs",
-        ),
-    ] {
-        let setup = Setup {
-            strategy: Some(strategy),
-            batch: 1,
-            accumulation: 1,
-            precision: MixedPrecision::No,
-            clip: None,
-            custom: true,
-            checkpointing,
-        };
-        let mut acc = accelerator(setup, Duration::from_secs(120));
-        let vs = tch::nn::VarStore::new(Device::Cpu);
-        let _one_at_a_time = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
-        let _layer = tch::nn::linear(vs.root() / "layer", 3, 3, Default::default());
-        let err = acc.prepare(vs).expect_err("refused");
-        let chain = format!("{err}: {}", std::error::Error::source(&err).unwrap());
-        assert!(
-            chain.contains(says) && chain.contains("VarStore"),
-            "{chain}"
-        );
-    }
-}
-
-#[test]
-fn shard_grad_op_on_two_ranks_trains_what_ddp_and_one_process_do_on_half_the_memory() {
-    let (ddp, sharded) = shard_grad_op_matches_ddp_and_one_process(2, 2, 1, MixedPrecision::No);
-    for r in 0..2 {
-        let (full, shard) = (&ddp[r]["memory"], &sharded[r]["memory"]);
-        assert_eq!(
-            full["param_bytes"], shard["param_bytes"],
-            "parameters stay whole"
-        );
-        for key in ["grad_bytes", "optimizer_bytes"] {
-            let (f, s) = (full[key].as_f64().unwrap(), shard[key].as_f64().unwrap());
-            let ratio = s / f;
-            // Half, within the padding of odd row counts.
-            assert!(
-                (ratio - 0.5).abs() < 0.01,
-                "rank {r} {key}: {s} of {f} ({ratio})"
-            );
-        }
-    }
-}
-
-#[test]
-fn shard_grad_op_on_four_ranks_with_accumulation_trains_what_ddp_and_one_process_do() {
-    shard_grad_op_matches_ddp_and_one_process(4, 1, 2, MixedPrecision::No);
-}
-
-#[test]
-fn shard_grad_op_with_bf16_trains_what_ddp_and_one_process_with_bf16_do() {
-    shard_grad_op_matches_ddp_and_one_process(2, 2, 1, MixedPrecision::Bf16);
 }
