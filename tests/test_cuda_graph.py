@@ -1,7 +1,7 @@
 """`run.cuda-graph`: where the training step cannot be captured, `hearth
 run` refuses before training, exit status 2, with a message that names the
 config and the key and says what to change. (That a captured step trains as
-the eager one does is host/hearth/tests/cuda.rs's, on a GPU.)"""
+the eager one does is in host/hearth/tests/cuda/graphs.rs, on a GPU.)"""
 import pytest
 
 from conftest import SHORT_JOB, write_config

@@ -90,7 +90,7 @@ fn open() -> Result<Library, GraphError> {
 }
 
 /// Opens the embedded library and resolves its functions, without asking
-/// for a GPU: what `tests/cuda.rs` checks on a machine without one (after
+/// for a GPU: what `host/hearth/tests/cuda/graphs.rs` checks on a machine without one (after
 /// loading libtorch_cuda itself, which the library needs).
 #[doc(hidden)]
 pub fn check_embedded_library() -> Result<(), GraphError> {

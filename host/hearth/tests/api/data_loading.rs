@@ -209,7 +209,7 @@ fn split_batches_that_do_not_divide_are_refused() {
 /// `device_placement(false)` (Accelerate's `device_placement=False`): a
 /// prepared loader puts its batches nowhere (`device()` is `None`) and they
 /// come as the loader made them; by default it puts them on the
-/// accelerator's device. On a GPU, `tests/cuda.rs` checks where models and
+/// accelerator's device. On a GPU, `host/hearth/tests/cuda/` checks where models and
 /// batches end up, with `non_blocking` too.
 #[test]
 fn device_placement_off_leaves_batches_where_the_loader_made_them() {
