@@ -147,7 +147,9 @@ pub trait ProcessGroup: Send {
     /// Starts combining `tensor` across processes with `op` and returns at
     /// once; [`Pending::wait`] gives the result (a new tensor of the same
     /// shape and kind). Started collectives finish in the order they were
-    /// started, and every process must start them in the same order. Work
+    /// started, and every process must start them in the same order.
+    /// `tensor` must not change until then: a backend may read it in place
+    /// (MPI's does). Work
     /// done between start and wait overlaps the communication where the
     /// backend allows (MPI and NCCL do); the default is a world of one's.
     fn all_reduce_start(&self, tensor: &Tensor, op: ReduceOp) -> Result<Pending<'_>, DistError> {

@@ -52,24 +52,24 @@ impl ProcessGroup for MpiGroup {
 
     fn all_gather_into_start(&self, tensor: &Tensor) -> Result<Pending<'_>, DistError> {
         let cpu = on_cpu("all_gather", tensor)?;
-        let bytes = hearth_ops::tensor::tensor_bytes(&cpu).to_vec();
-        let len = bytes.len();
-        let send = Leaked::new(bytes);
-        let recv = Leaked::new(vec![0u8; len * self.size]);
         let deadline = Instant::now() + self.timeout;
-        // SAFETY: as in start_reduce: the buffers are taken back only after
+        let mut shape = vec![self.size as i64];
+        shape.extend(cpu.size());
+        let recv = HeldTensor::new(Tensor::empty(
+            shape.as_slice(),
+            (cpu.kind(), tch::Device::Cpu),
+        ));
+        let send = HeldTensor::new(cpu);
+        // SAFETY: as in start_reduce: the tensors are taken back only after
         // the collective completed, when the result is waited for, and
         // leaked with the request if it never is.
         let request = unsafe {
             std::mem::ManuallyDrop::new(self.world.immediate_all_gather_into(
                 StaticScope,
-                &*send.get(),
-                recv.get(),
+                &*send.get::<u8>(),
+                recv.get::<u8>(),
             ))
         };
-        let mut shape = vec![self.size as i64];
-        shape.extend(cpu.size());
-        let kind = cpu.kind();
         Ok(Pending::new(move || {
             self.finish_by(
                 "all_gather",
@@ -77,11 +77,10 @@ impl ProcessGroup for MpiGroup {
                 deadline,
             )?;
             // SAFETY: the collective completed.
-            let joined = unsafe {
+            unsafe {
                 drop(send.take());
-                recv.take()
-            };
-            Ok(Tensor::from_data_size(&joined, &shape, kind))
+                Ok(recv.take())
+            }
         }))
     }
 

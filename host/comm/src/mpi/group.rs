@@ -137,6 +137,45 @@ impl<T> Leaked<T> {
     }
 }
 
+/// A CPU tensor whose memory a non-blocking collective reads or writes in
+/// place (no copy in or out). It is given back only by
+/// [`take`](Self::take) once the collective completed; dropped without it
+/// (after a timeout) the tensor leaks, so MPI can never write into freed
+/// memory.
+pub(super) struct HeldTensor(*mut Tensor);
+
+impl HeldTensor {
+    /// Holds `tensor` (contiguous, on the CPU).
+    pub(super) fn new(tensor: Tensor) -> Self {
+        debug_assert!(tensor.is_contiguous() && tensor.device() == Device::Cpu);
+        Self(Box::into_raw(Box::new(tensor)))
+    }
+
+    /// The tensor's memory as elements of `T` (its own kind's size, or a
+    /// kind of the same width read as bits), for the collective.
+    ///
+    /// # Safety
+    /// As [`Leaked::get`]; `T` is a plain type its bytes may be read as.
+    #[allow(clippy::mut_from_ref)]
+    pub(super) unsafe fn get<T>(&self) -> &'static mut [T] {
+        let tensor = &*self.0;
+        let bytes = tensor.numel() * tensor.kind().elt_size_in_bytes();
+        let n = bytes / std::mem::size_of::<T>();
+        if n == 0 {
+            return &mut [];
+        }
+        std::slice::from_raw_parts_mut(tensor.data_ptr() as *mut T, n)
+    }
+
+    /// The tensor back.
+    ///
+    /// # Safety
+    /// The collective that used it completed.
+    pub(super) unsafe fn take(self) -> Tensor {
+        *Box::from_raw(self.0)
+    }
+}
+
 impl MpiGroup {
     /// Initialises MPI (once per process) and joins its world; collectives
     /// give up after `timeout`.
@@ -241,13 +280,13 @@ impl MpiGroup {
     /// share); waiting gives `finish` of the reduced values.
     fn start_reduce<T, O>(
         &self,
-        values: Vec<T>,
+        values: Tensor,
         operation: O,
         scatter: bool,
-        finish: impl FnOnce(Vec<T>) -> Tensor + 'static,
+        finish: impl FnOnce(Tensor) -> Tensor + 'static,
     ) -> Pending<'_>
     where
-        T: Equivalence + Clone + 'static,
+        T: Equivalence + 'static,
         O: Operation + 'static,
     {
         let deadline = Instant::now() + self.timeout;
@@ -256,29 +295,27 @@ impl MpiGroup {
         } else {
             "all_reduce"
         };
-        let share = if scatter {
-            values[..values.len() / self.size].to_vec()
-        } else {
-            values.clone()
-        };
-        let send = Leaked::new(values);
-        let recv = Leaked::new(share);
-        // SAFETY: one collective uses the buffers; they are taken back only
-        // after it completed, and leaked if it never does (the request too:
-        // dropped unfinished, MPI's request would abort the process).
+        let n = values.numel() as i64;
+        let share = if scatter { n / self.size as i64 } else { n };
+        let recv = HeldTensor::new(Tensor::empty([share], (values.kind(), Device::Cpu)));
+        let send = HeldTensor::new(values);
+        // SAFETY: one collective uses the tensors' memory; they are taken
+        // back only after it completed, and leaked if it never does (the
+        // request too: dropped unfinished, MPI's request would abort the
+        // process).
         let request = unsafe {
             std::mem::ManuallyDrop::new(if scatter {
                 self.world.immediate_reduce_scatter_block_into(
                     StaticScope,
-                    &*send.get(),
-                    recv.get(),
+                    &*send.get::<T>(),
+                    recv.get::<T>(),
                     operation,
                 )
             } else {
                 self.world.immediate_all_reduce_into(
                     StaticScope,
-                    &*send.get(),
-                    recv.get(),
+                    &*send.get::<T>(),
+                    recv.get::<T>(),
                     operation,
                 )
             })
@@ -313,20 +350,27 @@ impl MpiGroup {
             shape[0] /= self.size as i64;
         }
         let flat = cpu.view([-1]);
+        let shape_of_share = shape.clone();
         let world = self.size as f64;
-        // Each kind comes back as itself, the mean divided after the sum:
+        // Each kind comes back as itself, the mean divided after the sum
+        // (in place where the sum is already in the kind's own width):
         // float64 in float64, the others in float32.
-        let wide = if kind == Kind::Double {
-            Kind::Double
-        } else {
-            Kind::Float
-        };
         let back = move |reduced: Tensor| {
-            let reduced = reduced.view(shape.as_slice());
-            if op == ReduceOp::Mean {
-                (reduced.to_kind(wide) / world).to_kind(kind)
-            } else {
-                reduced.to_kind(kind)
+            let mut reduced = reduced.view(shape.as_slice());
+            match (op, reduced.kind()) {
+                (ReduceOp::Mean, Kind::Double | Kind::Float) if reduced.kind() == kind => {
+                    let _ = reduced.g_div_scalar_(world);
+                    reduced
+                }
+                (ReduceOp::Mean, _) => {
+                    let wide = if kind == Kind::Double {
+                        Kind::Double
+                    } else {
+                        Kind::Float
+                    };
+                    (reduced.to_kind(wide) / world).to_kind(kind)
+                }
+                _ => reduced.to_kind(kind),
             }
         };
         let system = match op {
@@ -337,44 +381,30 @@ impl MpiGroup {
         Ok(match kind {
             Kind::Half | Kind::BFloat16 if matches!(op, ReduceOp::Sum | ReduceOp::Mean) => {
                 // 16 bits on the wire, summed by the user operation.
-                let bits = Vec::<i16>::try_from(flat.view_dtype(Kind::Int16))
-                    .expect("a contiguous 16-bit tensor converts");
-                let bits: Vec<u16> = bits.into_iter().map(|b| b as u16).collect();
                 let sum = if kind == Kind::Half {
                     self.sum_f16
                 } else {
                     self.sum_bf16
                 };
-                self.start_reduce(bits, sum, scatter, move |bits: Vec<u16>| {
-                    let bits: Vec<i16> = bits.into_iter().map(|b| b as i16).collect();
-                    back(Tensor::from_slice(&bits).view_dtype(kind))
-                })
+                self.start_reduce::<u16, _>(
+                    flat.view_dtype(Kind::Int16),
+                    sum,
+                    scatter,
+                    move |bits: Tensor| back(bits.view_dtype(kind)),
+                )
+            }
+            Kind::Float if scatter && matches!(op, ReduceOp::Sum | ReduceOp::Mean) => {
+                self.ring_reduce_scatter(flat, op, shape_of_share)
             }
             Kind::Float | Kind::Half | Kind::BFloat16 => {
-                let values = Vec::<f32>::try_from(flat.to_kind(Kind::Float))
-                    .expect("a contiguous float tensor converts");
-                self.start_reduce(values, system, scatter, move |v: Vec<f32>| {
-                    back(Tensor::from_slice(&v))
-                })
+                self.start_reduce::<f32, _>(flat.to_kind(Kind::Float), system, scatter, back)
             }
-            Kind::Double => {
-                let values =
-                    Vec::<f64>::try_from(&flat).expect("a contiguous double tensor converts");
-                self.start_reduce(values, system, scatter, move |v: Vec<f64>| {
-                    back(Tensor::from_slice(&v))
-                })
-            }
+            Kind::Double => self.start_reduce::<f64, _>(flat, system, scatter, back),
             Kind::Int64 if op != ReduceOp::Mean => {
-                let values = Vec::<i64>::try_from(&flat).expect("an int64 tensor converts");
-                self.start_reduce(values, system, scatter, move |v: Vec<i64>| {
-                    back(Tensor::from_slice(&v))
-                })
+                self.start_reduce::<i64, _>(flat, system, scatter, back)
             }
             Kind::Int if op != ReduceOp::Mean => {
-                let values = Vec::<i32>::try_from(&flat).expect("an int32 tensor converts");
-                self.start_reduce(values, system, scatter, move |v: Vec<i32>| {
-                    back(Tensor::from_slice(&v))
-                })
+                self.start_reduce::<i32, _>(flat, system, scatter, back)
             }
             kind => {
                 return Err(unsupported(
