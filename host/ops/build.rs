@@ -43,6 +43,8 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/guarded.h");
     println!("cargo:rerun-if-changed=csrc/profiler.cpp");
     println!("cargo:rerun-if-changed=csrc/jit_fuse.cpp");
+    println!("cargo:rerun-if-changed=csrc/jit_units.cpp");
+    println!("cargo:rerun-if-changed=csrc/storage.cpp");
     println!("cargo:rerun-if-changed=csrc/gelu.cpp");
     println!("cargo:rerun-if-changed=csrc/gelu_avx2.cpp");
     println!("cargo:rerun-if-changed=csrc/attention.cpp");
@@ -63,6 +65,8 @@ fn main() {
         .file(unity_source(&[
             "shim.cpp",
             "jit_fuse.cpp",
+            "jit_units.cpp",
+            "storage.cpp",
             "profiler.cpp",
             "gelu.cpp",
             "attention.cpp",

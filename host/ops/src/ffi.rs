@@ -129,6 +129,38 @@ extern "C" {
         n: std::ffi::c_int,
         out: *mut *mut C_tensor,
     ) -> *mut c_char;
+    pub fn hearth_storage_bytes(t: *mut C_tensor) -> i64;
+    pub fn hearth_storage_free(t: *mut C_tensor) -> *mut c_char;
+    pub fn hearth_storage_take(t: *mut C_tensor, values: *mut C_tensor) -> *mut c_char;
+    pub fn hearth_autograd_backward(
+        tensors: *const *mut C_tensor,
+        grads: *const *mut C_tensor,
+        n: c_int,
+    ) -> *mut c_char;
+    pub fn hearth_jit_cut(
+        module: *mut std::ffi::c_void,
+        units: *const *const c_char,
+        n: c_int,
+        out: *mut *mut std::ffi::c_void,
+    ) -> *mut c_char;
+    pub fn hearth_jit_cut_free(program: *mut std::ffi::c_void);
+    pub fn hearth_jit_cut_pieces(program: *mut std::ffi::c_void) -> c_int;
+    pub fn hearth_jit_cut_piece(
+        program: *mut std::ffi::c_void,
+        k: c_int,
+        inputs: *mut i64,
+        outputs: *mut i64,
+        name: extern "C" fn(*mut std::ffi::c_void, c_int, *const c_char),
+        ctx: *mut std::ffi::c_void,
+    ) -> *mut c_char;
+    pub fn hearth_jit_cut_run(
+        program: *mut std::ffi::c_void,
+        k: c_int,
+        inputs: *const *mut C_tensor,
+        n: c_int,
+        give: extern "C" fn(*mut std::ffi::c_void, *mut C_tensor),
+        ctx: *mut std::ffi::c_void,
+    ) -> *mut c_char;
 }
 
 // host/ops/csrc/gelu.cpp: the exact GELU that keeps its derivative for backward.

@@ -149,6 +149,11 @@ impl Drop for ScriptModule {
 }
 
 impl ScriptModule {
+    /// The torch::jit::Module behind this handle.
+    pub(crate) fn as_ptr(&self) -> *mut c_void {
+        self.0.as_ptr()
+    }
+
     /// Loads the TorchScript file at `path` onto `device` (the CPU or a
     /// CUDA device).
     pub fn load(path: &std::path::Path, device: Device) -> Result<Self, TchError> {

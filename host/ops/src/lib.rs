@@ -18,9 +18,11 @@ mod ffi;
 mod foreach;
 mod fused;
 mod jit;
+mod jit_units;
 pub mod profiler;
 mod rng;
 pub mod spelling;
+mod storage;
 pub mod tensor;
 
 pub use amp::{amp_unscale_, amp_update_scale_, autocast_cache_enabled, AutocastGuard};
@@ -31,10 +33,12 @@ pub use foreach::{
 };
 pub use fused::{gelu, self_attention, self_attention_is_fused};
 pub use jit::{masked_attention_calls, Fused, JitStructure, MaskedAttentionCalls, ScriptModule};
+pub use jit_units::{CutForward, Piece};
 pub use rng::{
     copy_non_blocking, deterministic_algorithms, empty_device_cache, randn_seeded, randperm,
     rng_state, set_rng_state, to_pinned_host, use_deterministic_algorithms,
 };
+pub use storage::{backward, free_storage, storage_bytes, take_storage};
 
 /// What hearth sets up before `main` (an ELF constructor, in every program
 /// linking hearth): libtorch_cuda is loaded where a driver is
