@@ -174,6 +174,9 @@ impl<M: Model + 'static> Model for PreparedModel<M> {
     fn units(&self) -> Vec<&dyn Unit> {
         self.inner.units()
     }
+    fn cut_at(&self, units: &[String]) -> Result<(), String> {
+        self.inner.cut_at(units)
+    }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         self.inner.named_parameters()
     }

@@ -153,6 +153,12 @@ pub(super) fn prepare_model_as<M: Model + 'static>(
         let registered = register(acc, prepared.inner())?;
         (prepared, registered)
     };
+    if let Some(units) = &sharding.cut_at {
+        prepared
+            .inner()
+            .cut_at(units)
+            .map_err(|why| PrepareError::Sharding(super::ShardingError::Unitwise(why)))?;
+    }
     if let Some(unitwise) = sharding.unitwise {
         prepared.set_unitwise(unitwise);
     }

@@ -1,17 +1,32 @@
 //! The `Model` and `Unit` traits.
 
 use super::ModuleTree;
-use tch::{nn, Tensor};
+use tch::{nn, TchError, Tensor};
 
-/// One step of a model's forward pass that the host may run on its own (and,
-/// later, shard): it maps the previous unit's output to its own.
+/// One step of a model's forward pass that the host may run on its own (and
+/// shard): it maps the previous unit's output to its own.
 pub trait Unit {
     /// The paths of the modules whose parameters this unit runs with
-    /// (`["blocks.2"]`; `[""]` for every parameter): unit-wise execution
-    /// gathers exactly their shards before running the unit.
+    /// (`["blocks.2"]`; `[""]` for every parameter; a parameter's full name
+    /// names that parameter alone): unit-wise execution gathers exactly
+    /// their shards before running the unit.
     fn modules(&self) -> Vec<&str>;
     /// Runs the unit.
     fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor;
+    /// Runs the unit on everything the unit before it gave, for models
+    /// whose units pass on more than one tensor (a TorchScript model cut at
+    /// its units passes hidden states, rotary tables and masks); the first
+    /// unit gets the model's input alone, the last gives its output alone.
+    /// By default, [`forward_t`](Self::forward_t) on the one tensor.
+    fn forward_all(&self, xs: &[Tensor], train: bool) -> Result<Vec<Tensor>, TchError> {
+        match xs {
+            [x] => Ok(vec![self.forward_t(x, train)]),
+            _ => Err(TchError::Torch(format!(
+                "a unit of one tensor was given {}",
+                xs.len()
+            ))),
+        }
+    }
 }
 
 /// A model hearth can run unit by unit, and so shard under FULL_SHARD: any
@@ -31,6 +46,16 @@ pub trait Model {
     fn module_tree(&self) -> &ModuleTree;
     /// The units in forward order.
     fn units(&self) -> Vec<&dyn Unit>;
+
+    /// Makes the units of the model those `units` (module paths, a wrap
+    /// policy's) mark, for a model whose units are not fixed by its type:
+    /// a TorchScript model is cut at their calls. An error says why the
+    /// model cannot be run so. Called when the model is prepared to run
+    /// unit by unit; hearth's own models keep their units (the default).
+    fn cut_at(&self, units: &[String]) -> Result<(), String> {
+        let _ = units;
+        Ok(())
+    }
 
     /// Runs every unit in order, each on the previous one's output.
     fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
@@ -155,6 +180,9 @@ impl<M: Model + ?Sized> Model for Box<M> {
     }
     fn units(&self) -> Vec<&dyn Unit> {
         (**self).units()
+    }
+    fn cut_at(&self, units: &[String]) -> Result<(), String> {
+        (**self).cut_at(units)
     }
     fn forward_t(&self, tokens: &Tensor, train: bool) -> Tensor {
         (**self).forward_t(tokens, train)

@@ -2,25 +2,106 @@
 //! trained by hearth with no Python at run time.
 
 use super::{Model, ModuleTree, Unit};
-use hearth_ops::{Fused, ScriptModule};
+use hearth_ops::{CutForward, Fused, ScriptModule};
+use std::cell::OnceCell;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, MutexGuard};
 use tch::{Device, TchError, Tensor};
 
 /// A TorchScript module that maps `[batch, time]` int64 tokens to
 /// `[batch, time, vocab]` logits. Its parameters keep PyTorch's names
 /// (`blocks.0.weight`), so saved weights load back with
 /// `model.load_state_dict`. Its buffers (BatchNorm's running statistics)
-/// are the module's own. It is one opaque unit: a wrap policy sees its
-/// module tree but the host cannot step inside it.
+/// are the module's own. Until [`cut_at`](Model::cut_at) it is one unit;
+/// cut at a wrap policy's units, its forward pass runs as pieces, one per
+/// unit call and one per stretch of code between them
+/// ([`hearth_ops::CutForward`]), each passing its tensors to the next.
 pub struct TorchScriptModel {
-    module: Mutex<(ScriptModule, bool)>,
+    loaded: Arc<Mutex<Loaded>>,
     fused: Fused,
     output: ModelOutput,
     params: Vec<(String, Tensor)>,
     buffers: Vec<(String, Tensor)>,
     tree: ModuleTree,
     path: PathBuf,
+    /// The unit paths it was cut at, and its pieces.
+    pieces: OnceCell<(Vec<String>, Vec<Piece>)>,
+}
+
+/// What the model's lock guards: the module, whether it is in training
+/// mode, and its forward pass cut at units (once cut).
+struct Loaded {
+    module: ScriptModule,
+    train: bool,
+    cut: Option<CutForward>,
+}
+
+impl Loaded {
+    /// Switches the module to training or evaluation mode when it is not.
+    fn mode(&mut self, train: bool) -> Result<(), TchError> {
+        if self.train != train {
+            self.module.set_train(train)?;
+            self.train = train;
+        }
+        Ok(())
+    }
+}
+
+fn lock(loaded: &Mutex<Loaded>) -> MutexGuard<'_, Loaded> {
+    loaded.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One piece of a cut TorchScript model: a unit's call, or the code
+/// between two.
+struct Piece {
+    loaded: Arc<Mutex<Loaded>>,
+    index: usize,
+    /// The first piece of a loss model: its one input is the ids stacked
+    /// on the labels ([`pack_labels`]), the module takes them apart.
+    unpack_labels: bool,
+    /// The parameters it computes with (their names in the module tree).
+    params: Vec<String>,
+    path: PathBuf,
+}
+
+impl Unit for Piece {
+    fn modules(&self) -> Vec<&str> {
+        self.params.iter().map(String::as_str).collect()
+    }
+    fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
+        let mut out = self
+            .forward_all(std::slice::from_ref(xs), train)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "TorchScript model {}: piece {} failed: {e}",
+                    self.path.display(),
+                    self.index
+                )
+            });
+        match out.len() {
+            1 => out.remove(0),
+            n => panic!(
+                "TorchScript model {}: piece {} gives {n} tensors, not one",
+                self.path.display(),
+                self.index
+            ),
+        }
+    }
+    fn forward_all(&self, xs: &[Tensor], train: bool) -> Result<Vec<Tensor>, TchError> {
+        let mut loaded = lock(&self.loaded);
+        loaded.mode(train)?;
+        let inputs: Vec<Tensor> = match (self.unpack_labels, xs) {
+            (true, [packed]) => vec![packed.get(0), packed.get(1)],
+            (true, _) => {
+                return Err(TchError::Torch(
+                    "a loss model's first piece takes the stacked ids and labels".into(),
+                ))
+            }
+            (false, _) => xs.iter().map(Tensor::shallow_clone).collect(),
+        };
+        let cut = loaded.cut.as_ref().expect("pieces exist once cut");
+        cut.run(self.index, &inputs)
+    }
 }
 
 /// What a TorchScript model's `forward` returns (`[model] output`).
@@ -116,13 +197,18 @@ impl TorchScriptModel {
             let _ = p.set_requires_grad(true);
         }
         Ok(Self {
-            module: Mutex::new((module, true)),
+            loaded: Arc::new(Mutex::new(Loaded {
+                module,
+                train: true,
+                cut: None,
+            })),
             fused,
             output: ModelOutput::Logits,
             params,
             buffers,
             tree,
             path: path.into(),
+            pieces: OnceCell::new(),
         })
     }
 
@@ -151,16 +237,48 @@ impl TorchScriptModel {
     /// mode first when needed: on `tokens`, or for a loss model on the
     /// input ids and labels [`pack_labels`] stacked.
     pub fn try_forward(&self, tokens: &Tensor, train: bool) -> Result<Tensor, TchError> {
-        let mut guard = self.module.lock().unwrap_or_else(|p| p.into_inner());
-        let (module, mode) = &mut *guard;
-        if *mode != train {
-            module.set_train(train)?;
-            *mode = train;
-        }
+        let mut loaded = lock(&self.loaded);
+        loaded.mode(train)?;
         match self.output {
-            ModelOutput::Logits => module.forward(&[tokens]),
-            ModelOutput::Loss => module.forward(&[&tokens.get(0), &tokens.get(1)]),
+            ModelOutput::Logits => loaded.module.forward(&[tokens]),
+            ModelOutput::Loss => loaded.module.forward(&[&tokens.get(0), &tokens.get(1)]),
         }
+    }
+
+    /// How many pieces its forward pass runs as (1 until it is cut).
+    pub fn piece_count(&self) -> usize {
+        self.pieces.get().map_or(1, |(_, p)| p.len())
+    }
+
+    /// The names, in the module tree, of the parameters read by a piece
+    /// that uses `uses` (module paths and tensor names): a tied parameter
+    /// read under its second name counts under its first.
+    fn parameters_used(&self, uses: &[String]) -> Vec<String> {
+        let own = |name: &str| {
+            self.tree
+                .ties()
+                .iter()
+                .find(|group| group.iter().any(|n| n == name))
+                .and_then(|group| {
+                    group
+                        .iter()
+                        .find(|n| self.params.iter().any(|(p, _)| p == *n))
+                })
+                .cloned()
+                .unwrap_or_else(|| name.to_string())
+        };
+        let names = self
+            .params
+            .iter()
+            .map(|(n, _)| n.clone())
+            .chain(self.tree.ties().iter().flatten().cloned());
+        let mut used: Vec<String> = names
+            .filter(|n| uses.iter().any(|u| super::under(n, u)))
+            .map(|n| own(&n))
+            .collect();
+        used.sort();
+        used.dedup();
+        used
     }
 }
 
@@ -224,7 +342,11 @@ fn last_line(e: &TchError) -> String {
 }
 
 fn first_line(e: &TchError) -> String {
-    e.to_string().lines().next().unwrap_or_default().to_string()
+    let text = e.to_string();
+    let line = text.lines().next().unwrap_or_default();
+    line.strip_prefix("Internal torch error: ")
+        .unwrap_or(line)
+        .to_string()
 }
 
 impl Unit for TorchScriptModel {
@@ -246,7 +368,63 @@ impl Model for TorchScriptModel {
         &self.tree
     }
     fn units(&self) -> Vec<&dyn Unit> {
-        vec![self]
+        match self.pieces.get() {
+            Some((_, pieces)) => pieces.iter().map(|p| p as &dyn Unit).collect(),
+            None => vec![self],
+        }
+    }
+    /// The whole module's forward pass, cut or not.
+    fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
+        Unit::forward_t(self, xs, train)
+    }
+    fn cut_at(&self, units: &[String]) -> Result<(), String> {
+        let units: Vec<String> = units.iter().filter(|u| !u.is_empty()).cloned().collect();
+        let why = |message: String| {
+            format!(
+                "TorchScript model {}: hearth cannot run it unit by unit: {message}",
+                self.path.display()
+            )
+        };
+        if let Some((done, _)) = self.pieces.get() {
+            return match *done == units {
+                true => Ok(()),
+                false => Err(why(format!(
+                    "it was already cut at other units ({})",
+                    done.join(", ")
+                ))),
+            };
+        }
+        let mut loaded = lock(&self.loaded);
+        let cut = loaded.module.cut(&units).map_err(|e| why(first_line(&e)))?;
+        let inputs = match self.output {
+            ModelOutput::Logits => 1,
+            ModelOutput::Loss => 2,
+        };
+        let found = cut.pieces();
+        if found.first().map(|p| p.inputs) != Some(inputs)
+            || found.last().map(|p| p.outputs) != Some(1)
+        {
+            return Err(why(format!(
+                "its forward pass takes {} tensors and gives {}; hearth gives it {inputs} and takes one",
+                found.first().map_or(0, |p| p.inputs),
+                found.last().map_or(0, |p| p.outputs)
+            )));
+        }
+        let pieces = found
+            .iter()
+            .enumerate()
+            .map(|(index, p)| Piece {
+                loaded: self.loaded.clone(),
+                index,
+                unpack_labels: index == 0 && self.output == ModelOutput::Loss,
+                params: self.parameters_used(&p.uses),
+                path: self.path.clone(),
+            })
+            .collect();
+        loaded.cut = Some(cut);
+        drop(loaded);
+        let _ = self.pieces.set((units, pieces));
+        Ok(())
     }
     fn named_buffers(&self) -> Vec<(String, Tensor)> {
         self.buffers

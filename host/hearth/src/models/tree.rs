@@ -72,6 +72,15 @@ pub struct ModuleTree {
     ties: Vec<Vec<String>>,
 }
 
+/// Whether the tensor or module `name` is `path` or below it (`""` holds
+/// everything; `blocks.1` holds `blocks.1.fc.weight`, not `blocks.10.fc`).
+pub(crate) fn under(name: &str, path: &str) -> bool {
+    path.is_empty()
+        || name
+            .strip_prefix(path)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+}
+
 /// Where a tensor's data is: two names with the same key are one tensor.
 fn identity(t: &Tensor) -> Option<(usize, Kind, Vec<i64>, Vec<i64>)> {
     let ptr = t.data_ptr() as usize;

@@ -24,6 +24,9 @@ pub(crate) struct ModelSharding {
     /// Its sharded units (handles; empty when it is not sharded), for
     /// sharded checkpoints.
     pub units: Vec<UnitShard>,
+    /// The wrap policy's unit paths, when the model runs unit by unit: a
+    /// model whose units are not fixed is cut at them ([`crate::models::Model::cut_at`]).
+    pub cut_at: Option<Vec<String>>,
 }
 
 /// The HYBRID strategies' groups: the shards spread over each machine's
@@ -80,13 +83,15 @@ impl DataParallel {
             )));
         }
         let plan = agreed(group, plan_units(tree, settings, &self.plugin_path))?;
+        let cut_at: Vec<String> = plan.iter().map(|(path, _)| path.clone()).collect();
         let checkpointing = |units: Vec<UnitShard>| ModelSharding {
             unitwise: settings.activation_checkpointing.then(|| {
-                let unitwise = Rc::new(Unitwise::new(None));
+                let unitwise = Rc::new(Unitwise::new(None, true));
                 self.unitwise.borrow_mut().push(unitwise.clone());
                 unitwise
             }),
             units,
+            cut_at: settings.activation_checkpointing.then(|| cut_at.clone()),
         };
         if settings.sync_module_states && world > 1 {
             // Parameters no unit holds (ignored modules') take rank 0's
@@ -169,11 +174,12 @@ impl DataParallel {
                 },
             )?;
             let units = full.units();
-            let unitwise = Rc::new(Unitwise::new(Some(full)));
+            let unitwise = Rc::new(Unitwise::new(Some(full), settings.activation_checkpointing));
             self.unitwise.borrow_mut().push(unitwise.clone());
             return Ok(ModelSharding {
                 unitwise: Some(unitwise),
                 units,
+                cut_at: Some(cut_at),
             });
         }
         let mut units = units;

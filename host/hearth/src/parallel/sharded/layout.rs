@@ -297,9 +297,31 @@ impl UnitShard {
 
     /// True while the whole parameters hold their values.
     pub fn is_gathered(&self) -> bool {
-        self.params
-            .iter()
-            .all(|p| p.full.numel() as i64 == p.shape.iter().product::<i64>())
+        self.params.iter().all(|p| {
+            let whole = p.shape.iter().product::<i64>();
+            p.full.numel() as i64 == whole && (whole == 0 || hearth_ops::storage_bytes(&p.full) > 0)
+        })
+    }
+
+    /// True while [`free`](Self::free) left the whole parameters without
+    /// memory (between a unit's forward and its backward).
+    pub fn is_freed(&self) -> bool {
+        self.params.iter().any(|p| {
+            let whole = p.shape.iter().product::<i64>();
+            whole > 0 && p.full.numel() as i64 == whole && hearth_ops::storage_bytes(&p.full) == 0
+        })
+    }
+
+    /// Frees the memory of the whole parameters but keeps their storage,
+    /// which autograd's views of them share (FSDP's `_free_storage`): the
+    /// graph of the unit's forward pass outlives it, and the next
+    /// [`gather`](Self::gather) gives that storage its values back.
+    pub fn free(&self) {
+        for p in &self.params {
+            if p.full.numel() > 0 {
+                hearth_ops::free_storage(&p.full).expect("a whole parameter has storage");
+            }
+        }
     }
 
     /// Frees the whole parameters and their gradients: each becomes an
@@ -362,14 +384,30 @@ impl UnitShard {
     }
 
     /// Makes the whole parameters the all-gathered shards `gathered`
-    /// (`[world, shard_numel]`).
+    /// (`[world, shard_numel]`), each in a storage of its own (so that
+    /// [`free`](Self::free) frees one parameter's memory, and views of it
+    /// keep to it); a parameter `free` left without memory gets it back in
+    /// the storage it had.
     pub fn gather_finish(&self, gathered: Tensor) {
         let _span = crate::profiling::span("hearth::fsdp_unshard");
         tch::no_grad(|| {
             for p in &self.params {
                 let chunks = gathered.narrow(1, p.offset, p.chunk_numel());
-                let mut full = p.full.shallow_clone();
-                full.set_data(&p.unchunked(&chunks).contiguous());
+                let mut value = p.unchunked(&chunks).contiguous();
+                let bytes = value.numel() * value.kind().elt_size_in_bytes();
+                if hearth_ops::storage_bytes(&value) != bytes {
+                    // A view of the gathered buffer (one process, or one
+                    // parameter without padding): a storage of its own.
+                    value = value.copy();
+                }
+                let freed = p.full.numel() > 0
+                    && p.full.kind() == value.kind()
+                    && hearth_ops::storage_bytes(&p.full) == 0;
+                match freed {
+                    true => hearth_ops::take_storage(&p.full, value)
+                        .expect("a freed parameter takes values of its own size and kind"),
+                    false => p.full.shallow_clone().set_data(&value),
+                }
             }
         });
     }

@@ -76,8 +76,22 @@ fn child_collectives() {
         gathered_ids.push(values(&acc.gather(&batch).unwrap()));
         metric_ids.push(values(&acc.gather_for_metrics(&batch).unwrap()));
     }
+    // The float32 reduce-scatter (a ring of point-to-point messages)
+    // against MPI's all-reduce of the same random values: rank r's chunk.
+    let n = acc.num_processes() as i64;
+    let group = acc.process_group();
+    let big = Tensor::randn([n * 1003], (Kind::Float, Device::Cpu)) * (r as f64 + 1.0);
+    let ring = group.reduce_scatter(&big, ReduceOp::Sum).unwrap();
+    let ring_mean = group.reduce_scatter(&big, ReduceOp::Mean).unwrap();
+    let mut whole = big.copy();
+    group.all_reduce(&mut whole, ReduceOp::Sum).unwrap();
+    let own = whole.narrow(0, r as i64 * 1003, 1003);
+    let gap = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]);
+    let ring_gap = gap(&ring, &own);
+    let ring_mean_gap = gap(&(&ring_mean * n as f64), &own);
     acc.wait_for_everyone().unwrap();
     let result = serde_json::json!({
+        "ring_gap": ring_gap, "ring_mean_gap": ring_mean_gap, "ring_shape": ring.size(),
         "batches": batches, "gathered_ids": gathered_ids, "metric_ids": metric_ids,
         "rank": r,
         "world": acc.num_processes(),
@@ -133,6 +147,10 @@ fn collectives_across_two_ranks_give_the_worked_out_values() {
             serde_json::json!([0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
         );
         assert_eq!(got["word"], "from rank 1");
+        // Two ranks: a + b is b + a, whatever order the ring sums in.
+        assert_eq!(got["ring_gap"], 0.0, "{got}");
+        assert!(got["ring_mean_gap"].as_f64().unwrap() < 1e-5, "{got}");
+        assert_eq!(got["ring_shape"], serde_json::json!([1003]));
         // Accelerate's even batches: rank 1 completes its batch from the start.
         let mine = [vec![0.0, 1.0, 2.0, 3.0, 4.0], vec![5.0, 6.0, 7.0, 8.0, 0.0]];
         assert_eq!(got["batches"], serde_json::json!([mine[r]]));
@@ -154,6 +172,9 @@ fn three_ranks_gather_unequal_rows_in_rank_order() {
     );
     let ranks = results(&dir, 3);
     for got in &ranks {
+        // Three ranks: the ring sums in another order than MPI's reduction.
+        assert!(got["ring_gap"].as_f64().unwrap() < 1e-5, "{got}");
+        assert!(got["ring_mean_gap"].as_f64().unwrap() < 1e-5, "{got}");
         assert_eq!(got["unequal_shape"], serde_json::json!([6, 3]));
         assert_eq!(got["sum"], serde_json::json!([9.0, 12.0]));
         assert_eq!(got["objects"], serde_json::json!([0, 1, 2]));
