@@ -45,6 +45,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/jit_fuse.cpp");
     println!("cargo:rerun-if-changed=csrc/jit_units.cpp");
     println!("cargo:rerun-if-changed=csrc/storage.cpp");
+    println!("cargo:rerun-if-changed=csrc/jit_lazy.cpp");
     println!("cargo:rerun-if-changed=csrc/gelu.cpp");
     println!("cargo:rerun-if-changed=csrc/gelu_avx2.cpp");
     println!("cargo:rerun-if-changed=csrc/attention.cpp");
@@ -67,6 +68,7 @@ fn main() {
             "jit_fuse.cpp",
             "jit_units.cpp",
             "storage.cpp",
+            "jit_lazy.cpp",
             "profiler.cpp",
             "gelu.cpp",
             "attention.cpp",

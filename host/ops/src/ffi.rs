@@ -129,6 +129,21 @@ extern "C" {
         n: std::ffi::c_int,
         out: *mut *mut C_tensor,
     ) -> *mut c_char;
+    pub fn hearth_jit_load_lazy(
+        path: *const c_char,
+        out: *mut *mut std::ffi::c_void,
+        lazy: *mut *mut std::ffi::c_void,
+    ) -> *mut c_char;
+    pub fn hearth_jit_lazy_free(lazy: *mut std::ffi::c_void);
+    pub fn hearth_storage_of(t: *mut C_tensor, memory: *mut u64, bytes: *mut u64);
+    pub fn hearth_jit_lazy_find(
+        lazy: *mut std::ffi::c_void,
+        memory: u64,
+        offset: *mut u64,
+        size: *mut u64,
+    ) -> bool;
+    pub fn hearth_jit_lazy_done(lazy: *mut std::ffi::c_void, memory: u64);
+    pub fn hearth_jit_lazy_pending(lazy: *mut std::ffi::c_void) -> i64;
     pub fn hearth_storage_bytes(t: *mut C_tensor) -> i64;
     pub fn hearth_storage_free(t: *mut C_tensor) -> *mut c_char;
     pub fn hearth_storage_take(t: *mut C_tensor, values: *mut C_tensor) -> *mut c_char;

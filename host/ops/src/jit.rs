@@ -149,6 +149,11 @@ impl Drop for ScriptModule {
 }
 
 impl ScriptModule {
+    /// A handle to the torch::jit::Module at `module` (a new one, owned).
+    pub(crate) fn from_handle(module: NonNull<c_void>) -> Self {
+        Self(module)
+    }
+
     /// The torch::jit::Module behind this handle.
     pub(crate) fn as_ptr(&self) -> *mut c_void {
         self.0.as_ptr()

@@ -18,6 +18,7 @@ mod ffi;
 mod foreach;
 mod fused;
 mod jit;
+mod jit_lazy;
 mod jit_units;
 pub mod profiler;
 mod rng;
@@ -33,6 +34,7 @@ pub use foreach::{
 };
 pub use fused::{gelu, self_attention, self_attention_is_fused};
 pub use jit::{masked_attention_calls, Fused, JitStructure, MaskedAttentionCalls, ScriptModule};
+pub use jit_lazy::LazyWeights;
 pub use jit_units::{CutForward, Piece};
 pub use rng::{
     copy_non_blocking, deterministic_algorithms, empty_device_cache, randn_seeded, randperm,

@@ -72,13 +72,14 @@ impl Accelerator {
     }
 
     /// Registers a prepared model's parameters for averaging, or shards
-    /// them when FSDP shards; returns how (see
-    /// [`DataParallel::register_model`]).
+    /// them when FSDP shards, `read` giving each unit its values first;
+    /// returns how (see [`DataParallel::register_model`]).
     pub(super) fn register_for_sync(
         &self,
         tree: &ModuleTree,
         parameters: Vec<(String, Tensor)>,
         runs_units: bool,
+        read: crate::parallel::ReadWeights<'_>,
     ) -> Result<ModelSharding, super::PrepareError> {
         let parameters_seen: Vec<(String, Tensor)> = parameters
             .iter()
@@ -96,6 +97,7 @@ impl Accelerator {
                 parameters,
                 runs_units,
                 self.device(),
+                read,
             )
         });
         let sharding = result.map_err(|e| match e {

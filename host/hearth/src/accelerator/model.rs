@@ -177,6 +177,9 @@ impl<M: Model + 'static> Model for PreparedModel<M> {
     fn cut_at(&self, units: &[String]) -> Result<(), String> {
         self.inner.cut_at(units)
     }
+    fn materialize(&self, names: Option<&[String]>) -> Result<(), String> {
+        self.inner.materialize(names)
+    }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         self.inner.named_parameters()
     }

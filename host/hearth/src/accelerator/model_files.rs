@@ -62,9 +62,13 @@ impl Accelerator {
         name: impl Fn(&str) -> String,
     ) -> Result<Option<SavedModel>, CheckpointError> {
         let main = self.is_main_process();
+        let state = model.state_dict();
+        if !self.ddp.full_shards().is_empty() {
+            return self.save_model_streamed(&state, dir, max_shard_size, name);
+        }
         let tensors = self
             .ddp
-            .whole_copies(&model.state_dict(), main, None)
+            .whole_copies(&state, main, None)
             .map_err(|e| super::checkpointing::gather_failed(dir, &e))?;
         if !main {
             return Ok(None);
@@ -72,6 +76,48 @@ impl Accelerator {
         let tensors: Vec<(String, Tensor)> =
             tensors.into_iter().map(|(n, t)| (name(&n), t)).collect();
         crate::checkpoint::save_model(dir, &tensors, max_shard_size).map(Some)
+    }
+
+    /// [`save_model_named`](Self::save_model_named) of a FULL_SHARD model:
+    /// the files are written tensor by tensor, each unit gathered when the
+    /// writer gets to its first tensor and released after its last, so no
+    /// process holds the whole model (every process takes part in the same
+    /// gathers, in the order the writer fetches them).
+    fn save_model_streamed(
+        &self,
+        state: &[(String, Tensor)],
+        dir: &Path,
+        max_shard_size: u64,
+        name: impl Fn(&str) -> String,
+    ) -> Result<Option<SavedModel>, CheckpointError> {
+        use crate::checkpoint::TensorMeta;
+        let gather_failed = |e| super::checkpointing::gather_failed(dir, &e);
+        let shapes = self.ddp.whole_shapes();
+        let metas: Vec<TensorMeta> = state
+            .iter()
+            .map(|(n, t)| match shapes.get(n) {
+                Some((kind, shape)) => TensorMeta {
+                    name: name(n),
+                    kind: *kind,
+                    shape: shape.clone(),
+                },
+                None => TensorMeta::of(&name(n), t),
+            })
+            .collect();
+        let order = crate::checkpoint::write_order(&metas, max_shard_size)?;
+        let mut stream = self.ddp.whole_stream(state);
+        let saved = match self.is_main_process() {
+            true => Some(crate::checkpoint::save_model_from(
+                dir,
+                &metas,
+                max_shard_size,
+                &mut |j| stream.get(j).map_err(gather_failed),
+            )),
+            false => None,
+        };
+        // Whatever the writer got to, every process ends the same gathers.
+        stream.finish(&order).map_err(gather_failed)?;
+        saved.transpose()
     }
 
     /// Writes `tensors` to `path` (safetensors with `{"format": "pt"}`,

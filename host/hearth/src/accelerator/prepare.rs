@@ -31,6 +31,9 @@ pub enum PrepareError {
     /// optimizer).
     #[error("preparing the model for sharding failed")]
     Sharding(#[source] super::ShardingError),
+    /// The model's weights could not be read (a model loaded lazily).
+    #[error("reading the model's weights failed: {0}")]
+    Weights(String),
     /// A dispatching loader could not open its channel between processes.
     #[error("dispatch_batches: the processes could not open the loader's channel")]
     Dispatch(#[source] hearth_comm::DistError),
@@ -123,6 +126,12 @@ pub(super) fn prepare_model_as<M: Model + 'static>(
         acc.mixed_precision(),
     );
     let wrap = move |model: M| PreparedModel::new(model, count, device, place, precision);
+    let shard_first = acc.shards_before_placing() && !evaluation;
+    if !shard_first {
+        // Read whole before it is placed and registered; a model sharded
+        // first is read one unit at a time, as it is sharded.
+        model.materialize(None).map_err(PrepareError::Weights)?;
+    }
     if evaluation {
         let prepared = wrap(model);
         let buffers = prepared.inner().named_buffers();
@@ -135,15 +144,17 @@ pub(super) fn prepare_model_as<M: Model + 'static>(
         acc.remember_model(state.collect(), buffer_names, Vec::new());
         return Ok(prepared);
     }
-    let shard_first = acc.shards_before_placing();
     let register = |acc: &mut Accelerator, model: &M| {
         let parameters = model.named_parameters();
         let handles = parameters
             .iter()
             .map(|(n, p)| (n.clone(), p.shallow_clone()))
             .collect();
-        acc.register_for_sync(model.module_tree(), handles, true)
-            .map(|sharding| (parameters, sharding))
+        let read = |names: &[String]| model.materialize(Some(names));
+        let sharding = acc.register_for_sync(model.module_tree(), handles, true, &read)?;
+        // What no unit read (buffers, a model that was not sharded).
+        model.materialize(None).map_err(PrepareError::Weights)?;
+        Ok((parameters, sharding))
     };
     let (mut prepared, (parameters, sharding)) = if shard_first {
         let registered = register(acc, &model)?;
@@ -201,7 +212,7 @@ impl Prepare for crate::models::VarStoreModel {
             .iter()
             .map(|(n, p)| (n.clone(), p.shallow_clone()))
             .collect();
-        let sharding = acc.register_for_sync(&self.module_tree(), handles, false)?;
+        let sharding = acc.register_for_sync(&self.module_tree(), handles, false, &|_| Ok(()))?;
         acc.remember_model(variables, Default::default(), sharding.units);
         Ok(self.vs)
     }

@@ -18,12 +18,15 @@ pub use describe::{
     describe_checkpoint, is_checkpoint_dir, tensor_infos, verify_checkpoint, FileReport, TensorInfo,
 };
 pub use model_files::{
-    load_checkpoint_in_model, parse_size, plan_shards, save_model, stage_checkpoint_in_model,
-    LoadReport, SavedModel, ShardIndex, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,
+    load_checkpoint_in_model, parse_size, plan_shards, save_model, save_model_from,
+    stage_checkpoint_in_model, write_order, LoadReport, SavedModel, ShardIndex,
+    SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,
 };
 pub(crate) use model_files::{weight_files, WeightFile};
 pub(crate) use safetensors_io::{dtype_of, kind_of, open_mapped, tensor_bytes, tensor_from_view};
-pub use safetensors_io::{load_safetensors, read_safetensor, save_safetensors, CheckpointError};
+pub use safetensors_io::{
+    load_safetensors, read_safetensor, save_safetensors, CheckpointError, TensorMeta,
+};
 pub use sharded::{
     merge_fsdp_weights, model_shards_dir, optimizer_shards_dir, save_pieces, shard_file_name,
     HeldRows, Piece, ShardedTensors,

@@ -4,8 +4,8 @@
 //! what Accelerate's `save_model` and `load_checkpoint_in_model` read and
 //! write, and what `transformers` and `safetensors` load.
 
-use super::safetensors_io::{kind_of, open_mapped};
-use super::safetensors_io::{save_safetensors, CheckpointError};
+use super::safetensors_io::{kind_of, layout_order, open_mapped, TensorMeta};
+use super::safetensors_io::{save_safetensors_fetched, CheckpointError};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -75,10 +75,15 @@ fn bytes_of(t: &Tensor) -> u64 {
 /// shard until the next tensor would tip it over; a tensor larger than the
 /// limit gets a shard of its own.
 pub fn plan_shards(tensors: &[(String, Tensor)], max_shard_size: u64) -> Vec<Vec<usize>> {
+    let sizes: Vec<u64> = tensors.iter().map(|(_, t)| bytes_of(t)).collect();
+    plan_shards_of(&sizes, max_shard_size)
+}
+
+/// [`plan_shards`] of tensors of `sizes` bytes.
+fn plan_shards_of(sizes: &[u64], max_shard_size: u64) -> Vec<Vec<usize>> {
     let mut shards = Vec::new();
     let (mut current, mut current_size) = (Vec::new(), 0u64);
-    for (i, (_, t)) in tensors.iter().enumerate() {
-        let size = bytes_of(t);
+    for (i, &size) in sizes.iter().enumerate() {
         if size > max_shard_size {
             shards.push(vec![i]);
             continue;
@@ -94,6 +99,23 @@ pub fn plan_shards(tensors: &[(String, Tensor)], max_shard_size: u64) -> Vec<Vec
         shards.push(current);
     }
     shards
+}
+
+/// The order [`save_model_from`] fetches the tensors `metas` describes
+/// in, as indices into `metas`: file by file, each file's tensors in
+/// their layout order. A streamed save's other processes follow it to
+/// take part in the same gathers.
+pub fn write_order(
+    metas: &[TensorMeta],
+    max_shard_size: u64,
+) -> Result<Vec<usize>, CheckpointError> {
+    let sizes: Vec<u64> = metas.iter().map(TensorMeta::bytes).collect();
+    let mut order = Vec::with_capacity(metas.len());
+    for shard in plan_shards_of(&sizes, max_shard_size.max(1)) {
+        let part: Vec<TensorMeta> = shard.iter().map(|&i| metas[i].clone()).collect();
+        order.extend(layout_order(&part)?.into_iter().map(|k| shard[k]));
+    }
+    Ok(order)
 }
 
 fn is_shard_name(name: &str) -> bool {
@@ -121,9 +143,26 @@ pub fn save_model(
     tensors: &[(String, Tensor)],
     max_shard_size: u64,
 ) -> Result<SavedModel, CheckpointError> {
+    let metas: Vec<TensorMeta> = tensors.iter().map(|(n, t)| TensorMeta::of(n, t)).collect();
+    save_model_from(dir, &metas, max_shard_size, &mut |i| {
+        Ok(tensors[i].1.shallow_clone())
+    })
+}
+
+/// [`save_model`] of the tensors `metas` describes, each fetched by
+/// `fetch` (its index into `metas`) just before it is written, in
+/// [`write_order`]: the files byte for byte what `save_model` writes, with
+/// no more than one tensor in memory beyond what `fetch` holds.
+pub fn save_model_from(
+    dir: &Path,
+    metas: &[TensorMeta],
+    max_shard_size: u64,
+    fetch: &mut dyn FnMut(usize) -> Result<Tensor, CheckpointError>,
+) -> Result<SavedModel, CheckpointError> {
     std::fs::create_dir_all(dir).map_err(CheckpointError::io(dir))?;
-    let plan = plan_shards(tensors, max_shard_size.max(1));
-    let total_size: u64 = tensors.iter().map(|(_, t)| bytes_of(t)).sum();
+    let sizes: Vec<u64> = metas.iter().map(TensorMeta::bytes).collect();
+    let plan = plan_shards_of(&sizes, max_shard_size.max(1));
+    let total_size: u64 = sizes.iter().sum();
     let n = plan.len();
     let names: Vec<String> = if n <= 1 {
         vec![SAFE_WEIGHTS_NAME.to_string()]
@@ -135,20 +174,22 @@ pub fn save_model(
     let mut files = Vec::new();
     let mut weight_map = BTreeMap::new();
     for (shard, name) in plan.iter().zip(&names) {
-        let part: Vec<(String, Tensor)> = shard
-            .iter()
-            .map(|&i| (tensors[i].0.clone(), tensors[i].1.shallow_clone()))
-            .collect();
+        let part: Vec<TensorMeta> = shard.iter().map(|&i| metas[i].clone()).collect();
         let path = dir.join(name);
-        save_safetensors(&path, &part)?;
-        for (key, _) in &part {
-            weight_map.insert(key.clone(), name.clone());
+        save_safetensors_fetched(&path, &part, &mut |k| fetch(shard[k]), HashMap::new())?;
+        for meta in &part {
+            weight_map.insert(meta.name.clone(), name.clone());
         }
         files.push(path);
     }
     if plan.is_empty() {
         let path = dir.join(SAFE_WEIGHTS_NAME);
-        save_safetensors(&path, &[])?;
+        save_safetensors_fetched(
+            &path,
+            &[],
+            &mut |_| unreachable!("no tensors"),
+            HashMap::new(),
+        )?;
         files.push(path);
     }
     let index = if n > 1 {

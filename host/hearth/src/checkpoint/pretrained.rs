@@ -293,11 +293,24 @@ impl InitPlan {
     /// Copies every planned tensor into `model`'s own (the list [`plan`]
     /// was given), cast to its dtype, one file mapped at a time.
     pub fn load(&self, model: &[(String, Tensor)]) -> Result<(), InitError> {
+        self.load_where(model, |_| true)
+    }
+
+    /// [`load`](Self::load) of the model tensors whose names `wanted`
+    /// picks (one unit's, when a model is sharded as it is loaded).
+    pub fn load_where(
+        &self,
+        model: &[(String, Tensor)],
+        wanted: impl Fn(&str) -> bool,
+    ) -> Result<(), InitError> {
         let _no_grad = tch::no_grad_guard();
         for (file, tensors) in &self.files {
+            if !tensors.iter().any(|(_, i)| wanted(&model[*i].0)) {
+                continue;
+            }
             let map = open_mapped(file)?;
             let st = map.tensors(file)?;
-            for (name, i) in tensors {
+            for (name, i) in tensors.iter().filter(|(_, i)| wanted(&model[*i].0)) {
                 let view = st.tensor(name).map_err(|e| CheckpointError::Format {
                     path: file.clone(),
                     message: e.to_string(),

@@ -126,40 +126,6 @@ impl CheckpointError {
     }
 }
 
-/// A contiguous CPU copy of a tensor, viewed as bytes.
-struct CpuTensor {
-    tensor: Tensor,
-    dtype: Dtype,
-}
-
-struct ShapedView<'a> {
-    inner: &'a CpuTensor,
-    shape: Vec<usize>,
-    len: usize,
-    /// The file being written, whose writeback moves on before each tensor.
-    writeback: &'a RefCell<Option<Writeback>>,
-}
-
-impl View for &ShapedView<'_> {
-    fn dtype(&self) -> Dtype {
-        self.inner.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        // The library asks for each tensor's bytes just before writing
-        // them: what it wrote so far goes to disk meanwhile.
-        if let Some(writeback) = self.writeback.borrow_mut().as_mut() {
-            writeback.advance();
-        }
-        Cow::Borrowed(tensor_bytes(&self.inner.tensor))
-    }
-    fn data_len(&self) -> usize {
-        self.len
-    }
-}
-
 /// Writes `tensors` to `path` atomically, with `{"format": "pt"}` metadata.
 /// Returns the file's content hash ([`super::digest`]; none when hashes
 /// are off).
@@ -170,50 +136,173 @@ pub fn save_safetensors(
     save_safetensors_with(path, tensors, HashMap::new())
 }
 
+/// A tensor to write, known by its name, kind and shape before its values
+/// are: what a streamed save lays out first ([`write_order`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorMeta {
+    /// Its name in the file.
+    pub name: String,
+    /// Its kind.
+    pub kind: Kind,
+    /// Its shape.
+    pub shape: Vec<i64>,
+}
+
+impl TensorMeta {
+    /// `t`'s name, kind and shape.
+    pub fn of(name: &str, t: &Tensor) -> Self {
+        Self {
+            name: name.to_string(),
+            kind: t.kind(),
+            shape: t.size(),
+        }
+    }
+
+    /// Bytes of its values.
+    pub fn bytes(&self) -> u64 {
+        self.shape.iter().product::<i64>().max(0) as u64 * self.kind.elt_size_in_bytes() as u64
+    }
+}
+
 /// [`save_safetensors`] with more `metadata` beside `{"format": "pt"}`.
 pub(super) fn save_safetensors_with(
     path: &Path,
     tensors: &[(String, Tensor)],
+    metadata: HashMap<String, String>,
+) -> Result<Option<String>, CheckpointError> {
+    let metas: Vec<TensorMeta> = tensors.iter().map(|(n, t)| TensorMeta::of(n, t)).collect();
+    save_safetensors_fetched(
+        path,
+        &metas,
+        &mut |i| Ok(tensors[i].1.shallow_clone()),
+        metadata,
+    )
+}
+
+/// The order a safetensors file lays its tensors out in, as indices into
+/// `tensors`: by descending dtype, then by name (the safetensors crate's
+/// `prepare`), which is the order [`save_safetensors_fetched`] fetches them in.
+pub(crate) fn layout_order(tensors: &[TensorMeta]) -> Result<Vec<usize>, CheckpointError> {
+    let dtypes = tensors
+        .iter()
+        .map(|t| {
+            dtype_of(t.kind).ok_or_else(|| CheckpointError::Dtype {
+                name: t.name.clone(),
+                kind: t.kind,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut order: Vec<usize> = (0..tensors.len()).collect();
+    order.sort_by(|&l, &r| {
+        dtypes[r]
+            .cmp(&dtypes[l])
+            .then(tensors[l].name.cmp(&tensors[r].name))
+    });
+    Ok(order)
+}
+
+/// A tensor of a streamed save: its values fetched when the writer gets to
+/// it, and dropped once written.
+struct Fetched<'a> {
+    meta: &'a TensorMeta,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    value: std::cell::OnceCell<Tensor>,
+    fetch: &'a dyn Fn(usize) -> Result<Tensor, CheckpointError>,
+    index: usize,
+    /// The first fetch that failed (the file is then not committed).
+    failed: &'a RefCell<Option<CheckpointError>>,
+    /// The file being written, whose writeback moves on before each tensor.
+    writeback: &'a RefCell<Option<Writeback>>,
+}
+
+impl View for Fetched<'_> {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        // Asked for just before its bytes are written: what was written so
+        // far goes to disk meanwhile.
+        if let Some(writeback) = self.writeback.borrow_mut().as_mut() {
+            writeback.advance();
+        }
+        let value = self.value.get_or_init(|| {
+            let fetched = (self.fetch)(self.index).and_then(|t| {
+                let t = t.detach().to_device(Device::Cpu).contiguous();
+                match t.size() == self.meta.shape && t.kind() == self.meta.kind {
+                    true => Ok(t),
+                    false => Err(CheckpointError::Format {
+                        path: PathBuf::from(&self.meta.name),
+                        message: format!(
+                            "{} came as {:?} {:?}, not the {:?} {:?} the header says",
+                            self.meta.name,
+                            t.kind(),
+                            t.size(),
+                            self.meta.kind,
+                            self.meta.shape
+                        ),
+                    }),
+                }
+            });
+            fetched.unwrap_or_else(|e| {
+                self.failed.borrow_mut().get_or_insert(e);
+                Tensor::zeros(self.meta.shape.as_slice(), (self.meta.kind, Device::Cpu))
+            })
+        });
+        Cow::Borrowed(tensor_bytes(value))
+    }
+    fn data_len(&self) -> usize {
+        self.meta.bytes() as usize
+    }
+}
+
+/// Writes the tensors `metas` describes to `path` atomically, with
+/// `{"format": "pt"}` and `metadata`, each fetched by `fetch` (given its
+/// index into `metas`) just before it is written and dropped after: the
+/// file never has to be in memory whole. Fetches come in [`layout_order`].
+/// A failed fetch fails the save, the file not committed.
+pub(super) fn save_safetensors_fetched(
+    path: &Path,
+    metas: &[TensorMeta],
+    fetch: &mut dyn FnMut(usize) -> Result<Tensor, CheckpointError>,
     mut metadata: HashMap<String, String>,
 ) -> Result<Option<String>, CheckpointError> {
-    let mut cpu = Vec::with_capacity(tensors.len());
-    for (name, t) in tensors {
-        let kind = t.kind();
-        let dtype = dtype_of(kind).ok_or_else(|| CheckpointError::Dtype {
-            name: name.clone(),
-            kind,
-        })?;
-        let tensor = t.detach().to_device(Device::Cpu).contiguous();
-        cpu.push((name.clone(), CpuTensor { tensor, dtype }));
-    }
-    let writeback = RefCell::new(None);
-    let views: Vec<(String, ShapedView)> = cpu
-        .iter()
-        .map(|(name, c)| {
-            let shape: Vec<usize> = c.tensor.size().iter().map(|&d| d as usize).collect();
-            let len = c.tensor.numel() * c.tensor.kind().elt_size_in_bytes();
-            (
-                name.clone(),
-                ShapedView {
-                    inner: c,
-                    shape,
-                    len,
+    let order = layout_order(metas)?;
+    let cell = RefCell::new(fetch);
+    let fetch = |i: usize| (cell.borrow_mut())(i);
+    let (writeback, failed) = (RefCell::new(None), RefCell::new(None));
+    let views = || -> Vec<(&str, Fetched<'_>)> {
+        order
+            .iter()
+            .map(|&i| {
+                let meta = &metas[i];
+                let view = Fetched {
+                    meta,
+                    dtype: dtype_of(meta.kind).expect("checked by layout_order"),
+                    shape: meta.shape.iter().map(|&d| d as usize).collect(),
+                    value: Default::default(),
+                    fetch: &fetch,
+                    index: i,
+                    failed: &failed,
                     writeback: &writeback,
-                },
-            )
-        })
-        .collect();
+                };
+                (meta.name.as_str(), view)
+            })
+            .collect()
+    };
     metadata.insert("format".to_string(), "pt".to_string());
-    let refs: Vec<(&str, &ShapedView)> = views.iter().map(|(n, v)| (n.as_str(), v)).collect();
-    // Streamed to the file tensor by tensor (no copy of the whole file in
-    // memory) and hashed on the way, then fsynced and renamed into place.
+    // Streamed to the file tensor by tensor and hashed on the way, then
+    // fsynced and renamed into place.
     let mut format_error = None;
     let mut digest = None;
     let written = replace_atomically(path, |tmp| {
         *writeback.borrow_mut() = Some(Writeback::new(tmp));
         let file = std::fs::File::create(tmp)?;
         let mut out = Hashing::new(BufWriter::with_capacity(1 << 20, file));
-        write_safetensors(&mut out, refs, metadata).map_err(|e| match e {
+        write_safetensors(&mut out, views(), metadata).map_err(|e| match e {
             safetensors::SafeTensorError::IoError(io) => io,
             other => {
                 let message = other.to_string();
@@ -221,11 +310,17 @@ pub(super) fn save_safetensors_with(
                 std::io::Error::other(message)
             }
         })?;
+        if failed.borrow().is_some() {
+            return Err(std::io::Error::other("a tensor could not be fetched"));
+        }
         let (buffered, hash) = out.finish();
         buffered.into_inner().map_err(|e| e.into_error())?;
         digest = hash;
         Ok(())
     });
+    if let Some(e) = failed.into_inner() {
+        return Err(e);
+    }
     match (written, format_error) {
         (Ok(()), _) => Ok(digest),
         (Err(_), Some(message)) => Err(CheckpointError::Format {
@@ -237,17 +332,16 @@ pub(super) fn save_safetensors_with(
 }
 
 /// Writes a safetensors file to `out`, byte for byte as the safetensors
-/// crate's `serialize` lays it out (its `prepare`): tensors by descending
-/// dtype, then by name; an 8-byte little-endian header length; the header
+/// crate's `serialize` lays it out (its `prepare`), `data` already in
+/// [`layout_order`]: an 8-byte little-endian header length; the header
 /// JSON padded with spaces to a multiple of 8; the data. Written here,
 /// rather than by `serialize_to_file`, so that the bytes pass through a
-/// hasher on their way.
+/// hasher on their way, and each tensor is dropped once written.
 fn write_safetensors<V: View>(
     out: &mut Hashing<impl Write>,
-    mut data: Vec<(&str, V)>,
+    data: Vec<(&str, V)>,
     metadata: HashMap<String, String>,
 ) -> Result<(), safetensors::SafeTensorError> {
-    data.sort_by(|(ln, l), (rn, r)| r.dtype().cmp(&l.dtype()).then(ln.cmp(rn)));
     let mut offset = 0;
     let infos = data
         .iter()

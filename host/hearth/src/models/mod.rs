@@ -16,7 +16,9 @@ pub(crate) use gpt::tiny_gpt;
 pub use gpt::{Gpt, GptConfig};
 pub use mlp::{Mlp, MlpConfig};
 pub use model::{sorted_variables, Model, StateDict, Unit, VarStoreModel};
-pub use torchscript::{pack_labels, ModelOutput, TorchScriptError, TorchScriptModel};
+pub use torchscript::{
+    pack_labels, probe_forward, ModelOutput, TorchScriptError, TorchScriptModel,
+};
 pub(crate) use tree::under;
 pub use tree::{declaration_order, ModuleInfo, ModuleTree, TensorEntry};
 pub use weights::Weights;

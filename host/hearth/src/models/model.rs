@@ -57,6 +57,28 @@ pub trait Model {
         Ok(())
     }
 
+    /// Gives the tensors named `names` (all, for `None`) their values
+    /// where the model left them unread (a TorchScript file loaded without
+    /// its weights, [`TorchScriptModel::load_lazily`](super::TorchScriptModel::load_lazily)):
+    /// `prepare` reads a sharded model one unit at a time, so that no
+    /// process holds it whole. hearth's own models hold their values from
+    /// the start (the default does nothing).
+    fn materialize(&self, names: Option<&[String]>) -> Result<(), String> {
+        let _ = names;
+        Ok(())
+    }
+
+    /// Makes `init` (an `init-from` plan over [`named_state`](Self::named_state))
+    /// where [`materialize`](Self::materialize) reads the tensors it
+    /// covers, for a model whose weights are read lazily; otherwise gives
+    /// it back, to be loaded now (the default).
+    fn defer_init(
+        &self,
+        init: crate::checkpoint::pretrained::InitPlan,
+    ) -> Option<crate::checkpoint::pretrained::InitPlan> {
+        Some(init)
+    }
+
     /// Runs every unit in order, each on the previous one's output.
     fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
         let mut units = self.units().into_iter();
@@ -183,6 +205,15 @@ impl<M: Model + ?Sized> Model for Box<M> {
     }
     fn cut_at(&self, units: &[String]) -> Result<(), String> {
         (**self).cut_at(units)
+    }
+    fn materialize(&self, names: Option<&[String]>) -> Result<(), String> {
+        (**self).materialize(names)
+    }
+    fn defer_init(
+        &self,
+        init: crate::checkpoint::pretrained::InitPlan,
+    ) -> Option<crate::checkpoint::pretrained::InitPlan> {
+        (**self).defer_init(init)
     }
     fn forward_t(&self, tokens: &Tensor, train: bool) -> Tensor {
         (**self).forward_t(tokens, train)

@@ -28,4 +28,4 @@ pub use fsdp::{
 };
 pub(crate) use grad_sync::Round;
 pub use grad_sync::{GradientSync, SyncStats};
-pub use unitwise::{FullShard, FullShardOptions, Prefetch, Unitwise, UnitwiseError};
+pub use unitwise::{FullShard, FullShardOptions, Prefetch, ReadWeights, Unitwise, UnitwiseError};

@@ -171,6 +171,7 @@ impl Job {
         let opt = setup::optimizer(config, model.as_ref());
         let schedule = setup::scheduler(config, registry, &opt.lrs(), steps)?;
         let (model, opt) = acc.prepare((model, opt))?;
+        setup::probe_prepared(config, data.as_ref(), &model, acc.model_init_device())?;
         let schedule = schedule.map(|s| acc.prepare(s)).transpose()?;
         let sequential = (config.data.sampling() == super::config::Sampling::Sequential)
             .then(|| config.data.shuffle.unwrap_or(false));

@@ -225,7 +225,8 @@ fn token_cache(
 }
 
 /// The configured model on `device`, its weights starting as `weights`
-/// says (a TorchScript model's are the file's, on every process).
+/// says (a TorchScript model's are the file's, on every process: on the
+/// CPU read when the model is prepared, then [`probe`]d).
 pub(super) fn model(
     config: &TrainConfig,
     data: &dyn TokenDataset,
@@ -240,12 +241,22 @@ pub(super) fn model(
                     .as_deref()
                     .expect("validated: torchscript has a path"),
             );
-            let model = TorchScriptModel::load_with(&path, device, m.fuse_graph.unwrap_or(true))?
-                .with_output(m.output());
+            let fuse = m.fuse_graph.unwrap_or(true);
+            // On the CPU its weights are read when it is prepared (one
+            // unit at a time where FULL_SHARD shards it), and it is
+            // probed then (`probe`).
+            let model = match device {
+                tch::Device::Cpu => TorchScriptModel::load_lazily(&path, fuse, weights)?,
+                _ => {
+                    let model = TorchScriptModel::load_with(&path, device, fuse)?;
+                    model.probe(2, data.seq_len(), data.vocab_size())?;
+                    model
+                }
+            }
+            .with_output(m.output());
             if model.fused().any() {
                 tracing::info!("{}: {}", path.display(), model.fused());
             }
-            model.probe(2, data.seq_len(), data.vocab_size())?;
             Box::new(model)
         }
         ModelKind::Gpt => Box::new(Gpt::with_weights(
@@ -270,6 +281,39 @@ pub(super) fn model(
             weights,
         )),
     })
+}
+
+/// Probes a TorchScript model that was loaded lazily (on the CPU) now that
+/// it is prepared and its weights are read ([`TorchScriptModel::probe`]):
+/// its forward pass on a batch as the data gives them.
+pub(super) fn probe_prepared(
+    config: &TrainConfig,
+    data: &dyn TokenDataset,
+    model: &crate::accelerator::PreparedModel<Box<dyn Model>>,
+    built_on: tch::Device,
+) -> Result<(), TrainError> {
+    let m = &config.model;
+    if m.kind != ModelKind::Torchscript || built_on != tch::Device::Cpu {
+        return Ok(());
+    }
+    let path = config.resolve(
+        m.path
+            .as_deref()
+            .expect("validated: torchscript has a path"),
+    );
+    let device = model
+        .named_parameters()
+        .first()
+        .map_or(built_on, |(_, p)| p.device());
+    let shape = [2, data.seq_len(), data.vocab_size()];
+    crate::models::probe_forward(&path, m.output(), device, shape, |x| {
+        tch::no_grad(|| model.try_forward_t(x, false)).map_err(|e| {
+            let chain = hearth_ops::error_chain(&e);
+            let line = chain.lines().rev().find(|l| !l.trim().is_empty());
+            line.unwrap_or_default().trim().to_string()
+        })
+    })?;
+    Ok(())
 }
 
 /// Loads `[model] init-from` into `model`: every process checks the
@@ -328,8 +372,14 @@ pub(super) fn pretrained(
             report.tied_copies.join(", ")
         );
     }
+    let file_names = plan.file_names(&tensors);
+    let loaded = report.loaded;
     let mine = match weights {
-        crate::models::Weights::Initialised => plan.load(&tensors),
+        // A model read lazily reads them when it is prepared.
+        crate::models::Weights::Initialised => match model.defer_init(plan) {
+            None => Ok(()),
+            Some(plan) => plan.load(&tensors),
+        },
         crate::models::Weights::Unmaterialised => Ok(()),
     };
     if acc.num_processes() > 1 {
@@ -351,11 +401,10 @@ pub(super) fn pretrained(
     }
     mine.map_err(err)?;
     acc.print(format!(
-        "initialised {} tensors from {}",
-        report.loaded,
+        "initialised {loaded} tensors from {}",
         source.display()
     ));
-    Ok(plan.file_names(&tensors))
+    Ok(file_names)
 }
 
 pub(super) fn optimizer(config: &TrainConfig, model: &dyn Model) -> Box<dyn Optimizer> {

@@ -10,7 +10,7 @@ use crate::models::ModuleTree;
 use crate::optim::Optimizer;
 use crate::parallel::fsdp::{plan_units, ShardingError};
 use crate::parallel::sharded::{ShardedOptimizer, UnitShard};
-use crate::parallel::{FullShard, FullShardOptions, GradientSync, Prefetch, Unitwise};
+use crate::parallel::{FullShard, FullShardOptions, GradientSync, Prefetch, ReadWeights, Unitwise};
 use hearth_comm::{HybridGroup, ProcessGroup};
 use std::rc::Rc;
 use tch::Tensor;
@@ -56,6 +56,7 @@ impl DataParallel {
         parameters: Vec<(String, Tensor)>,
         runs_units: bool,
         device: tch::Device,
+        read: ReadWeights<'_>,
     ) -> Result<ModelSharding, ShardingError> {
         let Some(settings) = &self.fsdp else {
             self.register(group, parameters)?;
@@ -93,14 +94,20 @@ impl DataParallel {
             units,
             cut_at: settings.activation_checkpointing.then(|| cut_at.clone()),
         };
+        let in_units: std::collections::HashSet<&str> = plan
+            .iter()
+            .flat_map(|(_, names)| names.iter().map(String::as_str))
+            .collect();
+        let outside: Vec<String> = parameters
+            .iter()
+            .map(|(n, _)| n.clone())
+            .filter(|n| !in_units.contains(n.as_str()))
+            .collect();
+        read(&outside).map_err(ShardingError::Weights)?;
         if settings.sync_module_states && world > 1 {
             // Parameters no unit holds (ignored modules') take rank 0's
             // values too: under cpu-ram-efficient-loading the other
             // processes never built them.
-            let in_units: std::collections::HashSet<&str> = plan
-                .iter()
-                .flat_map(|(_, names)| names.iter().map(String::as_str))
-                .collect();
             for (_, p) in parameters
                 .iter()
                 .filter(|(n, _)| !in_units.contains(n.as_str()))
@@ -135,6 +142,8 @@ impl DataParallel {
         let policy = settings.mixed_precision_policy;
         if (world == 1 && !offload && policy.is_none()) || parameters.iter().all(|(_, p)| known(p))
         {
+            read(&in_units.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .map_err(ShardingError::Weights)?;
             return Ok(checkpointing(Vec::new()));
         }
         // The processes the shards are spread over: all, or (HYBRID) this
@@ -161,6 +170,7 @@ impl DataParallel {
             let full = FullShard::new(
                 group.duplicate()?,
                 units,
+                read,
                 FullShardOptions {
                     reshard_after_forward: settings.reshard_after_forward,
                     sync_module_states: settings.sync_module_states,
@@ -183,6 +193,10 @@ impl DataParallel {
             });
         }
         let mut units = units;
+        for unit in &units {
+            let names: Vec<String> = unit.params.iter().map(|p| p.name.clone()).collect();
+            read(&names).map_err(ShardingError::Weights)?;
+        }
         if offload {
             units.iter_mut().for_each(|u| u.own_shards(device, true));
         }
@@ -221,6 +235,53 @@ impl DataParallel {
             .filter(|u| u.full_shard().is_some())
             .cloned()
             .collect()
+    }
+
+    /// Each FULL_SHARD parameter's kind and shape when whole (its shards'
+    /// own kind: what a save writes), by name.
+    pub(crate) fn whole_shapes(&self) -> std::collections::HashMap<String, (tch::Kind, Vec<i64>)> {
+        self.full_shards()
+            .iter()
+            .filter_map(|u| u.full_shard().map(FullShard::units))
+            .flatten()
+            .flat_map(|unit| {
+                let kind = unit.shard_kind();
+                unit.params
+                    .iter()
+                    .map(|p| (p.name.clone(), (kind, p.shape.clone())))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// A stream of `params` whole (see [`WholeStream`]).
+    pub(crate) fn whole_stream<'p>(&self, params: &'p [(String, Tensor)]) -> WholeStream<'p> {
+        let units: Vec<(Rc<Unitwise>, Vec<UnitShard>)> = self
+            .full_shards()
+            .into_iter()
+            .map(|u| {
+                let units = u.full_shard().map(FullShard::units).unwrap_or_default();
+                (u, units)
+            })
+            .collect();
+        let owners = params
+            .iter()
+            .map(|(name, _)| {
+                units.iter().enumerate().find_map(|(w, (_, shards))| {
+                    shards.iter().enumerate().find_map(|(u, unit)| {
+                        let k = unit.params.iter().position(|p| &p.name == name)?;
+                        Some((w, u, k))
+                    })
+                })
+            })
+            .collect();
+        WholeStream {
+            params,
+            units,
+            owners,
+            current: None,
+            asked: 0,
+        }
     }
 
     /// Runs `f` with every FULL_SHARD model's parameters whole (FSDP's
@@ -450,4 +511,57 @@ fn agreed(
         }
     }
     plan
+}
+
+/// `params` whole, one at a time, in an order every process follows (each
+/// must ask for the same tensors in the same order: FULL_SHARD's gathers
+/// are collectives): the FULL_SHARD unit of the tensor asked for is
+/// gathered when it is not the one held, and the one before released
+/// (unless training held it), so at most one unit more than training holds
+/// is whole. A streamed save fetches the tensors it writes through it.
+pub(crate) struct WholeStream<'p> {
+    params: &'p [(String, Tensor)],
+    units: Vec<(Rc<Unitwise>, Vec<UnitShard>)>,
+    /// Each tensor's (unit-wise execution, shard unit, parameter in it).
+    owners: Vec<Option<(usize, usize, usize)>>,
+    /// The unit whole now, and whether training held it before.
+    current: Option<(usize, usize, bool)>,
+    /// How many tensors were asked for.
+    asked: usize,
+}
+
+impl WholeStream<'_> {
+    /// Tensor `j` whole (a handle to the model's own, valid until the next
+    /// call): gathered with its unit when it is sharded.
+    pub(crate) fn get(&mut self, j: usize) -> Result<Tensor, crate::parallel::UnitwiseError> {
+        self.asked += 1;
+        let Some((w, u, k)) = self.owners[j] else {
+            return Ok(self.params[j].1.shallow_clone());
+        };
+        if self.current.map(|(cw, cu, _)| (cw, cu)) != Some((w, u)) {
+            self.release_current();
+            let held = self.units[w].0.gather_unit(u)?;
+            self.current = Some((w, u, held));
+        }
+        Ok(self.units[w].1[u].params[k].full.shallow_clone())
+    }
+
+    /// Takes part in the gathers of the tensors of `order` not asked for
+    /// yet (those after `asked` of them), then releases what it gathered:
+    /// what a process that writes nothing, or whose write stopped, does.
+    pub(crate) fn finish(mut self, order: &[usize]) -> Result<(), crate::parallel::UnitwiseError> {
+        for &j in order.iter().skip(self.asked) {
+            let _ = self.get(j)?;
+        }
+        self.release_current();
+        Ok(())
+    }
+
+    fn release_current(&mut self) {
+        if let Some((w, u, held)) = self.current.take() {
+            if !held {
+                self.units[w].1[u].release();
+            }
+        }
+    }
 }

@@ -26,6 +26,10 @@ pub enum ShardingError {
     /// The model cannot run unit by unit, or gathering its units failed.
     #[error("{0}")]
     Unitwise(String),
+    /// The model's weights could not be read (a lazily loaded model read
+    /// unit by unit as it is sharded).
+    #[error("{0}")]
+    Weights(String),
     /// Another process could not plan the units, or planned others.
     #[error("the processes do not agree on the units {0}")]
     Disagree(String),

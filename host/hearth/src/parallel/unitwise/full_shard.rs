@@ -1,9 +1,10 @@
 //! What FULL_SHARD adds to unit-wise execution: the shards, and when each
 //! is gathered, prefetched and released.
 
+use crate::parallel::fsdp::ShardingError;
 use crate::parallel::fsdp::{BackwardPrefetch, MixedPrecisionPolicy};
 use crate::parallel::sharded::UnitShard;
-use hearth_comm::{DistError, ProcessGroup};
+use hearth_comm::ProcessGroup;
 use tch::{Device, Tensor};
 
 /// What FULL_SHARD adds to unit-wise execution: the shards, and when each
@@ -46,6 +47,12 @@ impl Default for Prefetch {
     }
 }
 
+/// Reads the named parameters' values where the model left them unread
+/// ([`crate::models::Model::materialize`]): called for each unit just
+/// before it is sharded, so a lazily loaded model is read one unit at a
+/// time.
+pub type ReadWeights<'a> = &'a dyn Fn(&[String]) -> Result<(), String>;
+
 /// All-gathers started ahead of use, by shard unit.
 pub(super) type Ahead<'g> = Vec<(usize, hearth_comm::Pending<'g>)>;
 
@@ -68,14 +75,16 @@ pub struct FullShardOptions {
 }
 
 impl FullShard {
-    /// Takes `units` (laid out for this process, parameters whole), gives
-    /// their shards storage of their own and releases their whole
-    /// parameters, as `options` say.
+    /// Takes `units` (laid out for this process), gives their shards
+    /// storage of their own and releases their whole parameters, as
+    /// `options` say, one unit at a time: `read` first gives the unit its
+    /// values.
     pub fn new(
         group: Box<dyn ProcessGroup>,
         mut units: Vec<UnitShard>,
+        read: ReadWeights<'_>,
         options: FullShardOptions,
-    ) -> Result<Self, DistError> {
+    ) -> Result<Self, ShardingError> {
         // Blocks this large go back to the system once freed, so that a
         // unit released below no longer counts (see free_large_blocks_at_once).
         hearth_ops::free_large_blocks_at_once(4 << 20);
@@ -83,6 +92,8 @@ impl FullShard {
         // whole parameters freed, so that a process that never built its
         // weights (cpu-ram-efficient-loading) holds one unit whole at most.
         for unit in &mut units {
+            let names: Vec<String> = unit.params.iter().map(|p| p.name.clone()).collect();
+            read(&names).map_err(ShardingError::Weights)?;
             if options.sync_module_states {
                 for p in &unit.params {
                     let mut t = p.full.detach();

@@ -34,4 +34,4 @@ mod shards;
 mod tests;
 
 pub use execution::{Unitwise, UnitwiseError};
-pub use full_shard::{FullShard, FullShardOptions, Prefetch};
+pub use full_shard::{FullShard, FullShardOptions, Prefetch, ReadWeights};

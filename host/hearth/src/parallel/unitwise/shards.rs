@@ -146,14 +146,25 @@ impl Unitwise {
             return Ok(());
         };
         for (i, unit) in fs.units.iter().enumerate() {
-            let held = unit.is_gathered_in(unit.shard_kind());
-            self.gather_as(&[i], true, &mut Vec::new())?;
+            let held = self.gather_unit(i)?;
             f(unit);
             if !held {
                 unit.release();
             }
         }
         Ok(())
+    }
+
+    /// Gathers shard unit `i` whole, in its shards' own kind (for saving
+    /// and loading), unless it is whole already: whether it was.
+    pub fn gather_unit(&self, i: usize) -> Result<bool, UnitwiseError> {
+        let Some(fs) = &self.full_shard else {
+            return Ok(true);
+        };
+        let unit = &fs.units[i];
+        let held = unit.is_gathered_in(unit.shard_kind());
+        self.gather_as(&[i], true, &mut Vec::new())?;
+        Ok(held)
     }
 
     /// Forgets the most units held whole so far (summoning them all at
