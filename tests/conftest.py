@@ -348,3 +348,20 @@ def make_plugin(parent: pathlib.Path, name: str, wasm: pathlib.Path, kind="track
         f'world = "hearth:plugin/{kind}-plugin@{WIT_VERSION}"\ncomponent = "{name}.wasm"\n{limits}'
     )
     return folder
+
+
+@pytest.fixture(scope="session")
+def traced(tmp_path_factory):
+    """`traced(family)`: a tiny transformers model of `family` (hf_causal:
+    llama, qwen2, mistral, gpt2) saved with `save_pretrained` and traced,
+    built once per test session: {"pretrained": folder, "traced": .pt}."""
+    import hf_causal
+
+    built = {}
+
+    def get(family: str) -> dict:
+        if family not in built:
+            built[family] = hf_causal.build(family, tmp_path_factory.mktemp(f"traced-{family}"))
+        return built[family]
+
+    return get

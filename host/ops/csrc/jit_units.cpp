@@ -118,22 +118,11 @@ void inline_unit_holders(Graph &graph, const std::set<std::string> &units) {
   }
 }
 
-// The unit calls of the top-level block; a unit called elsewhere (inside a
-// branch or a loop), or never, is an error.
-std::vector<Node *> unit_calls(Graph &graph, const std::set<std::string> &units) {
-  Value *self = graph.inputs()[0];
-  std::vector<Node *> calls;
-  std::set<std::string> called;
-  for (Node *n : graph.nodes()) {
-    if (n->kind() != c10::prim::CallMethod) continue;
-    auto path = path_of(n->input(0), self);
-    if (path && units.count(*path)) {
-      calls.push_back(n);
-      called.insert(*path);
-    }
-    for (auto *block : n->blocks()) {
-      for (Node *inner : block->nodes()) {
-        if (inner->kind() != c10::prim::CallMethod) continue;
+// Throws when a unit is called inside a block of `n` (a branch or a loop).
+void refuse_calls_inside(Node *n, Value *self, const std::set<std::string> &units) {
+  for (auto *block : n->blocks()) {
+    for (Node *inner : block->nodes()) {
+      if (inner->kind() == c10::prim::CallMethod) {
         auto p = path_of(inner->input(0), self);
         if (p && units.count(*p)) {
           throw std::runtime_error("unit `" + *p +
@@ -142,6 +131,24 @@ std::vector<Node *> unit_calls(Graph &graph, const std::set<std::string> &units)
                                    "that is called once per forward pass");
         }
       }
+      refuse_calls_inside(inner, self, units);
+    }
+  }
+}
+
+// The unit calls of the top-level block; a unit called elsewhere (inside a
+// branch or a loop), or never, is an error.
+std::vector<Node *> unit_calls(Graph &graph, const std::set<std::string> &units) {
+  Value *self = graph.inputs()[0];
+  std::vector<Node *> calls;
+  std::set<std::string> called;
+  for (Node *n : graph.nodes()) {
+    refuse_calls_inside(n, self, units);
+    if (n->kind() != c10::prim::CallMethod) continue;
+    auto path = path_of(n->input(0), self);
+    if (path && units.count(*path)) {
+      calls.push_back(n);
+      called.insert(*path);
     }
   }
   for (const auto &u : units) {

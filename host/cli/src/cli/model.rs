@@ -316,5 +316,12 @@ fn sharding_plan(args: PlanArgs) -> Result<(), Failure> {
         mib(p.grad_bytes),
         mib(p.optimizer_bytes)
     );
+    if plan.whole_bytes > 0 {
+        println!(
+            "whole at once during a step: {:.2} MiB of parameters (the root unit, kept from forward \
+             to backward, and the largest other unit; with prefetch the next one's gather is in flight)",
+            mib(plan.whole_bytes)
+        );
+    }
     Ok(())
 }

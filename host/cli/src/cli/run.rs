@@ -56,6 +56,9 @@ pub(super) fn execute(args: RunArgs) -> Result<(), Failure> {
         | TrainError::CudaGraphRefused { .. }
         | TrainError::Plugin { .. }
         | TrainError::TorchScript(_)
+        | TrainError::Prepare(hearth::accelerator::PrepareError::Sharding(
+            hearth::accelerator::ShardingError::Cut(_),
+        ))
         | TrainError::Profile(
             hearth::profiling::ProfileError::Activity(_)
             | hearth::profiling::ProfileError::Schedule(_),

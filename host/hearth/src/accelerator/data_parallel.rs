@@ -37,6 +37,7 @@ impl Accelerator {
                 prefetched: a.prefetched + s.prefetched,
                 recomputed: a.recomputed + s.recomputed,
                 most_gathered: a.most_gathered.max(s.most_gathered),
+                most_gathered_bytes: a.most_gathered_bytes.max(s.most_gathered_bytes),
             })
     }
 

@@ -22,6 +22,10 @@ pub enum ForwardError {
     /// Unit-wise execution (FULL_SHARD's gathers) failed.
     #[error(transparent)]
     Unitwise(#[from] UnitwiseError),
+    /// The model's forward pass failed where it returns its error (a
+    /// TorchScript model's).
+    #[error("the model's forward pass failed: {0}")]
+    Torch(tch::TchError),
 }
 
 /// A model prepared by the accelerator. Its forward pass runs under
@@ -115,7 +119,10 @@ impl<M: Model + 'static> PreparedModel<M> {
             broadcast.run().map_err(ForwardError::BroadcastBuffers)?;
         }
         let Some(unitwise) = &self.unitwise else {
-            return Ok(self.inner.forward_t(tokens, train));
+            return self
+                .inner
+                .try_forward_t(tokens, train)
+                .map_err(ForwardError::Torch);
         };
         let handle: Weak<dyn Model> = Rc::downgrade(&self.inner) as Weak<dyn Model>;
         let autocast = self

@@ -168,7 +168,7 @@ pub(super) fn prepare_model_as<M: Model + 'static>(
         prepared
             .inner()
             .cut_at(units)
-            .map_err(|why| PrepareError::Sharding(super::ShardingError::Unitwise(why)))?;
+            .map_err(|why| PrepareError::Sharding(super::ShardingError::Cut(why)))?;
     }
     if let Some(unitwise) = sharding.unitwise {
         prepared.set_unitwise(unitwise);

@@ -25,11 +25,13 @@ impl super::Accelerator {
     /// state, in bytes (gradients and state as of the last optimizer step).
     pub fn memory_stats(&self) -> MemoryStats {
         let mut seen = std::collections::HashSet::new();
+        // Parameters only: a model's buffers are remembered beside them.
         let param_bytes = self
             .registered
             .models
             .iter()
-            .flatten()
+            .zip(&self.registered.buffers)
+            .flat_map(|(state, buffers)| state.iter().filter(|(n, _)| !buffers.contains(n)))
             .filter(|(_, t)| seen.insert(t.data_ptr() as usize))
             .map(|(_, t)| (t.numel() * t.kind().elt_size_in_bytes()) as u64)
             .sum::<u64>()

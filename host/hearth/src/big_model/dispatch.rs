@@ -246,6 +246,7 @@ pub fn dispatch_model(
         });
     }
     let loader = OffloadedWeightsLoader::new(in_memory, folder, Some(index))?;
+    cut_at_the_map(model.as_ref(), device_map, &mut notes);
     let units = plan_units(model.as_ref(), &tensors, main_torch);
     Ok(DispatchedModel {
         model,
@@ -255,6 +256,24 @@ pub fn dispatch_model(
         notes,
         device_map: device_map.clone(),
     })
+}
+
+/// Cuts a model whose units are not fixed (a TorchScript model) at the
+/// modules the device map places, so that each runs on its own with only
+/// its tensors on its device; where it cannot be cut, it runs whole (its
+/// offloaded tensors all brought in for the run) and a note says why.
+fn cut_at_the_map(model: &dyn Model, device_map: &DeviceMap, notes: &mut Notes) {
+    let tree = model.module_tree();
+    let modules: Vec<String> = device_map
+        .keys()
+        .filter(|k| !k.is_empty() && tree.get(k).is_some())
+        .cloned()
+        .collect();
+    if let Err(why) = model.cut_at(&modules) {
+        notes.warn(format!(
+            "{why}; it runs whole, every tensor brought onto its device for each run"
+        ));
+    }
 }
 
 /// Which tensors each unit uses (a tied name counts for its group), and
@@ -276,12 +295,14 @@ fn plan_units(model: &dyn Model, tensors: &[Placed], main: Device) -> Vec<UnitPl
         .units()
         .iter()
         .map(|unit| {
+            // Module paths (hearth's own models) or tensor names (the
+            // pieces of a cut TorchScript model).
             let paths = unit.modules();
             let mut used: Vec<usize> = tree
                 .modules()
                 .iter()
-                .filter(|m| paths.iter().any(|p| is_under(&m.path, p)))
                 .flat_map(|m| m.params.iter().chain(&m.buffers))
+                .filter(|n| paths.iter().any(|p| is_under(n, p)))
                 .filter_map(|n| canonical(n))
                 .collect();
             used.sort_unstable();
@@ -316,32 +337,47 @@ impl DispatchedModel {
     /// a graph; the logits come back on the tokens' device.
     pub fn forward(&self, tokens: &Tensor) -> Result<Tensor, BigModelError> {
         let _no_grad = tch::no_grad_guard();
-        let mut x = tokens.shallow_clone();
+        let mut x = vec![tokens.shallow_clone()];
         for (i, (unit, plan)) in self.model.units().into_iter().zip(&self.units).enumerate() {
             let _onloaded = self.onload(plan)?;
-            let input = x.f_to_device(plan.device).map_err(torch_err(format!(
-                "moving activations to {:?}",
-                plan.device
-            )))?;
+            let inputs = x
+                .iter()
+                .map(|t| t.f_to_device(plan.device))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(torch_err(format!(
+                    "moving activations to {:?}",
+                    plan.device
+                )))?;
+            let failed = |message: &str| BigModelError::Forward {
+                unit: format!("{i} ({})", unit.modules().join(", ")),
+                message: message.lines().next().unwrap_or_default().to_string(),
+            };
             // A unit's ops report errors by panicking (tch): caught here and
             // returned, with the offloaded tensors put back by the guard.
             let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                unit.forward_t(&input, false)
+                unit.forward_all(&inputs, false)
             }));
-            x = ran.map_err(|panic| BigModelError::Forward {
-                unit: format!("{i} ({})", unit.modules().join(", ")),
-                message: panic
-                    .downcast_ref::<String>()
-                    .map(String::as_str)
-                    .or_else(|| panic.downcast_ref::<&str>().copied())
-                    .unwrap_or("it panicked")
-                    .lines()
-                    .next()
-                    .unwrap_or_default()
-                    .to_string(),
-            })?;
+            x = match ran {
+                Ok(Ok(out)) => out,
+                Ok(Err(e)) => return Err(failed(&e.to_string())),
+                Err(panic) => {
+                    return Err(failed(
+                        panic
+                            .downcast_ref::<String>()
+                            .map(String::as_str)
+                            .or_else(|| panic.downcast_ref::<&str>().copied())
+                            .unwrap_or("it panicked"),
+                    ))
+                }
+            };
         }
-        Ok(x.to_device(tokens.device()))
+        match <[Tensor; 1]>::try_from(x) {
+            Ok([out]) => Ok(out.to_device(tokens.device())),
+            Err(x) => Err(BigModelError::Forward {
+                unit: "the last".into(),
+                message: format!("it gave {} tensors, not the model's one output", x.len()),
+            }),
+        }
     }
 
     /// Brings what `plan` needs and is not on its device there.

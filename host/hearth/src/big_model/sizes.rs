@@ -89,9 +89,7 @@ pub fn compute_module_total_buffer_size(tree: &ModuleTree, path: &str, dtype: Op
 
 /// True when `name` is `path` or below it (`""` holds everything).
 pub(crate) fn is_under(name: &str, path: &str) -> bool {
-    path.is_empty()
-        || name == path
-        || (name.starts_with(path) && name.as_bytes().get(path.len()) == Some(&b'.'))
+    crate::models::under(name, path)
 }
 
 /// What an entry of Accelerate's lists of `(name, module)` pairs is: a

@@ -79,6 +79,13 @@ pub trait Model {
         Some(init)
     }
 
+    /// [`forward_t`](Self::forward_t), with libtorch's error returned where
+    /// the model can return it (a TorchScript model's forward pass);
+    /// hearth's own models panic, as tch's layers do (the default).
+    fn try_forward_t(&self, xs: &Tensor, train: bool) -> Result<Tensor, TchError> {
+        Ok(self.forward_t(xs, train))
+    }
+
     /// Runs every unit in order, each on the previous one's output.
     fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
         let mut units = self.units().into_iter();
@@ -217,6 +224,9 @@ impl<M: Model + ?Sized> Model for Box<M> {
     }
     fn forward_t(&self, tokens: &Tensor, train: bool) -> Tensor {
         (**self).forward_t(tokens, train)
+    }
+    fn try_forward_t(&self, tokens: &Tensor, train: bool) -> Result<Tensor, TchError> {
+        (**self).try_forward_t(tokens, train)
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         (**self).named_parameters()

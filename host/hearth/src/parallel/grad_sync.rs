@@ -53,6 +53,9 @@ pub struct SyncStats {
     /// was prepared (FULL_SHARD): saves and `get_state_dict` gather one at
     /// a time, so training's own peak bounds it.
     pub most_gathered: u64,
+    /// The bytes of those units' whole parameters at that moment (what
+    /// `hearth model plan` calls `whole_bytes`).
+    pub most_gathered_bytes: u64,
 }
 
 /// A fresh id for a model's hooks.

@@ -42,6 +42,13 @@ pub struct Plan {
     pub units: Vec<String>,
     /// What the process holding the most (rank 0) holds.
     pub per_process: PerProcess,
+    /// FULL_SHARD: the most parameter bytes held whole at once during a
+    /// step — the root unit (kept whole from forward to backward) and the
+    /// largest other unit (the one at work), or every unit with
+    /// `reshard-after-forward = false`; what a run's
+    /// `gradient_sync.most_gathered_bytes` measures. 0 for the strategies
+    /// that keep every parameter whole.
+    pub whole_bytes: u64,
     /// The strategy (`DDP` without `[fsdp]`).
     pub strategy: String,
     /// The wrap policy (`none` without `[fsdp]`).
@@ -58,6 +65,35 @@ fn optimizer_bytes(config: &TrainConfig, bytes: u64) -> u64 {
         OptimizerKind::Adamw | OptimizerKind::Adam => 2 * bytes + 4,
         OptimizerKind::Sgd if config.optimizer.momentum.unwrap_or(0.0) != 0.0 => bytes,
         OptimizerKind::Sgd => 0,
+    }
+}
+
+/// [`Plan::whole_bytes`] of `units` (the root first) over `params`.
+fn whole_bytes(
+    units: &[(String, Vec<String>)],
+    params: &[(String, Tensor)],
+    settings: &FsdpSettings,
+) -> u64 {
+    let by_name: std::collections::HashMap<&str, &Tensor> =
+        params.iter().map(|(n, p)| (n.as_str(), p)).collect();
+    let bytes = |names: &Vec<String>| -> u64 {
+        names
+            .iter()
+            .filter_map(|n| by_name.get(n.as_str()))
+            .map(|p| {
+                let kind = settings
+                    .mixed_precision_policy
+                    .map_or(p.kind(), |policy| policy.param_dtype.kind());
+                p.numel() as u64 * kind.elt_size_in_bytes() as u64
+            })
+            .sum()
+    };
+    let sizes: Vec<u64> = units.iter().map(|(_, names)| bytes(names)).collect();
+    match settings.reshard_after_forward {
+        false => sizes.iter().sum(),
+        true => {
+            sizes.first().copied().unwrap_or(0) + sizes.iter().skip(1).max().copied().unwrap_or(0)
+        }
     }
 }
 
@@ -138,7 +174,12 @@ pub fn plan(
             per.optimizer_bytes += optimizer_bytes(config, held);
         }
     }
+    let whole_bytes = match (&settings, shards_params) {
+        (Some(s), true) => whole_bytes(&units, &params, s),
+        _ => 0,
+    };
     Ok(Plan {
+        whole_bytes,
         modules: tree
             .modules()
             .iter()

@@ -367,6 +367,21 @@ fn a_torchscript_model_with_ties_and_buffers_on_the_disk_gives_the_checkpoints_l
             },
         )
         .unwrap();
+        // Cut at the map's modules: each runs with only its tensors brought
+        // in (the scripted forward's calls of tok, the blocks, norm, head).
+        assert!(
+            dispatched.model().units().len() >= 6,
+            "cut at the map's modules"
+        );
+        assert!(
+            dispatched
+                .notes()
+                .warnings
+                .iter()
+                .all(|w| !w.contains("runs whole")),
+            "{:?}",
+            dispatched.notes()
+        );
         let logits = dispatched.forward(&x).unwrap();
         let theirs: std::collections::HashMap<String, Tensor> = load_safetensors(&out, Device::Cpu)
             .unwrap()

@@ -19,6 +19,9 @@ pub(super) struct Unread {
     /// The parameters are never read here: rank 0's arrive when the model
     /// is prepared (cpu-ram-efficient-loading's other processes).
     pub(super) receives: bool,
+    /// The tensors read already (each is read once: a sharded one is
+    /// released once it is sharded).
+    pub(super) read: std::cell::RefCell<std::collections::HashSet<String>>,
 }
 
 impl TorchScriptModel {
@@ -40,6 +43,7 @@ impl TorchScriptModel {
             file,
             init: Default::default(),
             receives: weights == Weights::Unmaterialised,
+            read: Default::default(),
         };
         let model = Self::from_module(module, path, Device::Cpu, fuse, Some(unread))?;
         for (_, b) in &model.buffers {
@@ -65,7 +69,9 @@ impl TorchScriptModel {
         let Some(unread) = &self.unread else {
             return Ok(());
         };
-        let wanted = |n: &str| names.is_none_or(|names| names.iter().any(|w| w == n));
+        let done = unread.read.borrow().clone();
+        let wanted =
+            |n: &str| !done.contains(n) && names.is_none_or(|names| names.iter().any(|w| w == n));
         let state = self.named_state();
         let init = unread.init.borrow();
         if let (Some((plan, _)), false) = (&*init, unread.receives) {
@@ -87,6 +93,8 @@ impl TorchScriptModel {
                     .map_err(|e| format!("{}: reading {name}: {e}", self.path.display()))?;
             }
         }
+        let mut read = unread.read.borrow_mut();
+        read.extend(state.iter().map(|(n, _)| n).filter(|n| wanted(n)).cloned());
         Ok(())
     }
     /// [`Model::defer_init`]: a lazily loaded model reads `init` later.

@@ -259,6 +259,9 @@ impl Model for TorchScriptModel {
     fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
         Unit::forward_t(self, xs, train)
     }
+    fn try_forward_t(&self, xs: &Tensor, train: bool) -> Result<Tensor, TchError> {
+        self.try_forward(xs, train)
+    }
     fn materialize(&self, names: Option<&[String]>) -> Result<(), String> {
         self.read_weights(names)
     }

@@ -16,14 +16,15 @@ pub(super) struct Piece {
     /// The first piece of a loss model: its one input is the ids stacked
     /// on the labels ([`pack_labels`]), the module takes them apart.
     pub(super) unpack_labels: bool,
-    /// The parameters it computes with (their names in the module tree).
-    pub(super) params: Vec<String>,
+    /// The parameters and buffers it computes with (their names in the
+    /// module tree).
+    pub(super) tensors: Vec<String>,
     pub(super) path: PathBuf,
 }
 
 impl Unit for Piece {
     fn modules(&self) -> Vec<&str> {
-        self.params.iter().map(String::as_str).collect()
+        self.tensors.iter().map(String::as_str).collect()
     }
     fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
         let mut out = self
@@ -67,10 +68,10 @@ impl TorchScriptModel {
         self.pieces.get().map_or(1, |(_, p)| p.len())
     }
 
-    /// The names, in the module tree, of the parameters read by a piece
-    /// that uses `uses` (module paths and tensor names): a tied parameter
-    /// read under its second name counts under its first.
-    fn parameters_used(&self, uses: &[String]) -> Vec<String> {
+    /// The names, in the module tree, of the parameters and buffers read
+    /// by a piece that uses `uses` (module paths and tensor names): a tied
+    /// parameter read under its second name counts under its first.
+    fn tensors_used(&self, uses: &[String]) -> Vec<String> {
         let own = |name: &str| {
             self.tree
                 .ties()
@@ -87,6 +88,7 @@ impl TorchScriptModel {
         let names = self
             .params
             .iter()
+            .chain(&self.buffers)
             .map(|(n, _)| n.clone())
             .chain(self.tree.ties().iter().flatten().cloned());
         let mut used: Vec<String> = names
@@ -97,6 +99,7 @@ impl TorchScriptModel {
         used.dedup();
         used
     }
+
     /// [`Model::cut_at`]: the forward pass cut at the calls of `units`.
     pub(super) fn cut_into_pieces(&self, units: &[String]) -> Result<(), String> {
         let units: Vec<String> = units.iter().filter(|u| !u.is_empty()).cloned().collect();
@@ -138,7 +141,7 @@ impl TorchScriptModel {
                 loaded: self.loaded.clone(),
                 index,
                 unpack_labels: index == 0 && self.output == ModelOutput::Loss,
-                params: self.parameters_used(&p.uses),
+                tensors: self.tensors_used(&p.uses),
                 path: self.path.clone(),
             })
             .collect();

@@ -92,7 +92,9 @@ impl DataParallel {
                 unitwise
             }),
             units,
-            cut_at: settings.activation_checkpointing.then(|| cut_at.clone()),
+            // Checked in a world of one too: a model that cannot run unit
+            // by unit must not train on one process and fail on two.
+            cut_at: (settings.activation_checkpointing || full_shard).then(|| cut_at.clone()),
         };
         let in_units: std::collections::HashSet<&str> = plan
             .iter()

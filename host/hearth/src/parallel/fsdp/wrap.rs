@@ -26,6 +26,10 @@ pub enum ShardingError {
     /// The model cannot run unit by unit, or gathering its units failed.
     #[error("{0}")]
     Unitwise(String),
+    /// The model cannot be cut at its units (a TorchScript model whose
+    /// forward pass does not split there): the message names the unit.
+    #[error("{0}")]
+    Cut(String),
     /// The model's weights could not be read (a lazily loaded model read
     /// unit by unit as it is sharded).
     #[error("{0}")]

@@ -303,6 +303,15 @@ impl UnitShard {
         })
     }
 
+    /// Bytes of the whole parameters as they are now (gathered for use:
+    /// in a mixed-precision policy's kind).
+    pub fn whole_bytes(&self) -> u64 {
+        self.params
+            .iter()
+            .map(|p| (p.full.numel() * p.full.kind().elt_size_in_bytes()) as u64)
+            .sum()
+    }
+
     /// True while [`free`](Self::free) left the whole parameters without
     /// memory (between a unit's forward and its backward).
     pub fn is_freed(&self) -> bool {

@@ -81,11 +81,15 @@ impl Unitwise {
                     .gather(fs.group.as_ref(), Self::gather_kind(fs, unit, exact))
                     .map_err(dist)?,
             };
-            let held = fs.units.iter().filter(|u| u.is_gathered()).count() as u64;
+            let whole: Vec<&UnitShard> = fs.units.iter().filter(|u| u.is_gathered()).collect();
+            let held_bytes = whole.iter().map(|u| u.whole_bytes()).sum::<u64>();
             self.count(|s| {
                 s.gathers += 1;
                 s.gather_bytes += bytes;
-                s.most_gathered = s.most_gathered.max(held);
+                if whole.len() as u64 >= s.most_gathered {
+                    s.most_gathered = whole.len() as u64;
+                    s.most_gathered_bytes = s.most_gathered_bytes.max(held_bytes);
+                }
             });
         }
         Ok(())
@@ -170,7 +174,10 @@ impl Unitwise {
     /// Forgets the most units held whole so far (summoning them all at
     /// `prepare` is not training's peak).
     pub fn reset_most_gathered(&self) {
-        self.count(|s| s.most_gathered = 0);
+        self.count(|s| {
+            s.most_gathered = 0;
+            s.most_gathered_bytes = 0;
+        });
     }
 
     /// Releases every shard unit, after copying this process's rows of
