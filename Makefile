@@ -167,9 +167,12 @@ gpu-bundle: python-test-env
 	tests/gpu/bundle.sh
 
 # Sharded data parallel: SHARD_GRAD_OP vs NO_SHARD vs PyTorch FSDP (gloo) on
-# 2 processes, and peak RSS of a ~100M-parameter GPT on 4, DDP vs sharded.
+# 2 processes, and peak RSS of a ~100M-parameter GPT on 4, DDP vs sharded;
+# then a user's 103M traced Llama under FULL_SHARD against DDP (memory on 2
+# and 4 processes, tokens/s on 2), written to BENCHMARKS.md.
 bench-fsdp: build
 	$(PY) examples/bench/fsdp_vs_torch.py 3 2
+	$(PY) examples/bench/traced_llama_fsdp.py 3
 
 # What a scheduler + tracker plugins cost per step, end to end and per call.
 bench-plugins: build

@@ -11,7 +11,7 @@ from conftest import ROOT, run_command, run_hearth
 
 def test_the_finetune_example_runs_as_its_readme_says(hearth_bin, tmp_path):
     example = tmp_path / "finetune-hf"
-    shutil.copytree(ROOT / "examples" / "finetune-hf", example, ignore=shutil.ignore_patterns("data", "pretrained", "gpt2.pt"))
+    shutil.copytree(ROOT / "examples" / "finetune-hf", example, ignore=shutil.ignore_patterns("data", "pretrained", "llama.pt"))
     prepared = run_command([sys.executable, example / "prepare.py"], cwd=tmp_path)
     assert prepared.returncode == 0, prepared.stderr
     tuned = run_hearth(hearth_bin, "launch", "-n", 2, "--cpu", example / "finetune.toml", cwd=tmp_path, timeout=600)

@@ -182,7 +182,12 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip() or "unknown"
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    (ROOT / "BENCHMARKS.md").write_text(
+    # Sections other benchmarks write (`<!-- begin NAME -->` … `<!-- end NAME -->`,
+    # make bench-fsdp's) are kept.
+    path = ROOT / "BENCHMARKS.md"
+    previous = path.read_text() if path.exists() else ""
+    kept = previous[previous.index("<!-- begin "):] if "<!-- begin " in previous else ""
+    path.write_text(
         "# Benchmarks\n\n"
         "The last figures of `make bench` (examples/bench/table.py): hearth against its peer, "
         "both measured in the same run, medians; a ratio in bold is hearth's. Rewritten by every "
@@ -192,7 +197,7 @@ def main() -> None:
         f"- rounds: {rounds} (plugin row {PLUGIN_ROUNDS}, checkpoint rows {CHECKPOINT_ROUNDS}, data rows {DATA_ROUNDS}, "
         "each round in another order); the debug `hearth` of `make build` "
         "(dependencies optimised), the release `save_state` example\n\n"
-        f"{table}\n")
+        f"{table}\n" + (f"\n{kept}" if kept else ""))
     print(f"\nwritten to {ROOT / 'BENCHMARKS.md'}")
 
 

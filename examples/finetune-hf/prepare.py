@@ -1,9 +1,10 @@
 """Makes everything the fine-tuning example needs, with no download:
 
-  pretrained/   a transformers GPT-2 saved with save_pretrained, with its
-                tokenizer (tokenizer.json, tokenizer_config.json) — this
-                stands in for a checkpoint you would download
-  gpt2.pt       the same architecture traced to TorchScript, the program
+  pretrained/   a transformers Llama (grouped-query attention, rotary
+                embeddings, RMSNorm, SwiGLU) saved with save_pretrained,
+                with its tokenizer (tokenizer.json, tokenizer_config.json)
+                — this stands in for a checkpoint you would download
+  llama.pt      the same architecture traced to TorchScript, the program
                 hearth runs (its weights are replaced by init-from)
   data/train.jsonl, data/val.jsonl
                 JSON Lines documents with a "text" field
@@ -17,7 +18,7 @@ import random
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import LlamaConfig, LlamaForCausalLM
 
 HERE = pathlib.Path(__file__).resolve().parent
 SUBJECTS = ["the cat", "a dog", "my neighbour", "the old sailor", "a small robot", "the baker"]
@@ -64,18 +65,19 @@ def main():
     eos = tokenizer.token_to_id("<|endoftext|>")
 
     torch.manual_seed(0)
-    config = GPT2Config(
-        vocab_size=tokenizer.get_vocab_size(), n_positions=64, n_embd=64, n_layer=2, n_head=4,
+    config = LlamaConfig(
+        vocab_size=tokenizer.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
         bos_token_id=eos, eos_token_id=eos,
     )
-    model = GPT2LMHeadModel(config).eval()
+    model = LlamaForCausalLM(config).eval()
     model.save_pretrained(HERE / "pretrained")
     tokenizer.save(str(HERE / "pretrained" / "tokenizer.json"))
     (HERE / "pretrained" / "tokenizer_config.json").write_text(
         json.dumps({"eos_token": "<|endoftext|>", "tokenizer_class": "PreTrainedTokenizerFast"})
     )
-    torch.jit.trace(Logits(model), torch.zeros(2, 64, dtype=torch.long)).save(str(HERE / "gpt2.pt"))
-    print(f"wrote {HERE / 'pretrained'}, {HERE / 'gpt2.pt'} and {HERE / 'data'}")
+    torch.jit.trace(Logits(model), torch.zeros(2, 64, dtype=torch.long)).save(str(HERE / "llama.pt"))
+    print(f"wrote {HERE / 'pretrained'}, {HERE / 'llama.pt'} and {HERE / 'data'}")
 
 
 if __name__ == "__main__":
