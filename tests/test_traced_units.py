@@ -273,3 +273,25 @@ torch.jit.script(Net()).save(sys.argv[1])
     out = hearth("run", job)
     assert out.returncode == 2, out.stderr
     assert "`a`" in out.stderr and says in out.stderr and "model.pt" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_a_bf16_mixed_precision_policy_and_whole_units_after_forward_work_on_a_traced_model(
+        hearth_bin, tmp_path, traced, family):
+    """FSDP's keys on a traced model's units: a bf16/fp32 mixed-precision
+    policy (the units gathered in bf16; a traced graph fixes the kinds it
+    converts to, so each piece runs under bf16 autocast) trains as DDP in
+    float32 does within bf16's rounding, and saves float32 weights;
+    `reshard-after-forward = false` keeps every unit whole from forward to
+    backward and trains DDP's weights."""
+    ddp = train(hearth_bin, tmp_path, traced, family, DDP_ON[2], "ddp")
+    policy = (2, 1, 'sharding-strategy = "FULL_SHARD"\nmixed-precision-policy = "param_dtype=bf16,reduce_dtype=fp32"')
+    sixteen = train(hearth_bin, tmp_path, traced, family, policy, "bf16")
+    assert abs(sixteen["final_loss"] - ddp["final_loss"]) < 0.02, (sixteen["final_loss"], ddp["final_loss"])
+    saved = weights(tmp_path, "bf16")
+    assert {str(t.dtype) for t in saved.values()} == {"torch.float32"}
+    assert worst_difference(saved, weights(tmp_path, "ddp")) < 2e-2
+    whole = (2, 1, 'sharding-strategy = "FULL_SHARD"\nreshard-after-forward = false')
+    held = train(hearth_bin, tmp_path, traced, family, whole, "held")
+    assert held["gradient_sync"]["most_gathered"] == LAYERS + 1, held["gradient_sync"]
+    assert worst_difference(weights(tmp_path, "held"), weights(tmp_path, "ddp")) <= TOLERANCE

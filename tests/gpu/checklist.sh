@@ -6,14 +6,14 @@
 # one hang cannot eat a whole device lease; with ARCHIVE=FILE.tgz set, the
 # logs so far are packed there after every step (a lease returns few files).
 # Usage: tests/gpu/checklist.sh OUT [STEP...]   (steps: env cuda parity run
-# graph launch fsdp bench offload profile offload-profile; default all
+# graph launch fsdp traced bench offload profile offload-profile; default all
 # but the two profiles;
 # BENCH_ROUNDS, default 3; BENCH_SIZES, default the script's; PEERS, the
 # bench's peers; RUN_MPS, the run step's mixed precisions, default all three;
 # PROFILE_SIZES, default gpt2; PARITY_FILTER, a test name filter)
 set -u
 OUT=${1:?usage: checklist.sh OUT [STEP...]}; shift
-STEPS=${*:-env cuda parity run graph launch fsdp bench offload}
+STEPS=${*:-env cuda parity run graph launch fsdp traced bench offload}
 ROOT=$PWD
 # The bundle as one archive (tests/gpu/bundle.sh), unpacked on first use.
 if [ ! -x .gpu/bin/hearth ] && [ -f .gpu/carry.tar.xz ]; then tar xJf .gpu/carry.tar.xz -C .gpu; fi
@@ -73,6 +73,15 @@ fsdp)
     ls /tmp/fsdp/sort-digits/checkpoints/*/ >> "$OUT/fsdp.log"
     grep -oE "\"(prefetched|gathers|gather_bytes|reduce_scatters)\": ?[0-9]+" /tmp/fsdp/sort-digits/summary.json | tr "\n" " " >> "$OUT/fsdp.log"
     grep -iE "nccl|accuracy|shard|prefetched" "$OUT/fsdp.log" | head -6 ;;
+traced)
+    # A user's traced Llama (tests/hf_causal.py) cut at its decoder layers on
+    # the GPU: FULL_SHARD with cpu-offload and the bf16 policy over NCCL.
+    if ! python3 -c "import transformers" 2>/dev/null; then echo "SKIP traced (no transformers here)"; continue; fi
+    python3 -c "import sys, pathlib; sys.path.insert(0, 'tests'); import hf_causal, text_data; hf_causal.build('llama', pathlib.Path('/tmp/traced')); pathlib.Path('/tmp/traced/corpus.txt').write_bytes(text_data.TEXT)"
+    printf '[run]\nname = "traced"\nsteps = 20\nlog-every = 5\ndevice = "cuda"\noutput-dir = "/tmp/traced/out"\n[model]\nkind = "torchscript"\npath = "/tmp/traced/model.pt"\ninit-from = "/tmp/traced/pretrained"\ninit-key-prefix = "m."\n[data]\nkind = "text-file"\npath = "/tmp/traced/corpus.txt"\nseq-len = 64\nbatch-size = 8\n[optimizer]\nkind = "adamw"\nlr = 1e-3\n[distributed]\nbackend = "nccl"\n[fsdp]\nsharding-strategy = "FULL_SHARD"\nauto-wrap-policy = "transformer-based"\ntransformer-cls-names-to-wrap = ["LlamaDecoderLayer"]\ncpu-offload = true\nmixed-precision-policy = "param_dtype=bf16,reduce_dtype=fp32"\nforward-prefetch = true\nbackward-prefetch = "BACKWARD_PRE"\n' > /tmp/traced.toml
+    step traced "$H" launch -n 1 /tmp/traced.toml -- --quiet
+    grep -oE "\"(gathers|prefetched|recomputed|most_gathered|most_gathered_bytes)\": ?[0-9]+" /tmp/traced/out/traced/summary.json | tr "\n" " " >> "$OUT/traced.log"
+    grep -iE "loss|gathers" "$OUT/traced.log" | tail -3 ;;
 bench) STEP_TIMEOUT=${BENCH_TIMEOUT:-${STEP_TIMEOUT:-240}} step bench python3 examples/bench/gpu_gpt_vs_accelerate.py "${BENCH_ROUNDS:-3}" ${BENCH_SIZES:-}; grep -E "^[a-z0-9-]+:|hearth |accelerate |ratio" "$OUT/bench.log" ;;
 profile) step profile python3 examples/bench/gpu_gpt_vs_accelerate.py --profile /tmp/profile ${PROFILE_SIZES:-gpt2}; grep -vE "^\s*$" "$OUT/profile.log" | tail -45 ;;
 offload) step offload python3 examples/bench/gpu_offload_memory.py 6; cat "$OUT/offload.log" ;;

@@ -4,9 +4,10 @@
 
 use super::model::{first_line, lock, Loaded, ModelOutput, TorchScriptModel};
 use crate::models::Unit;
+use hearth_ops::AutocastGuard;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use tch::{TchError, Tensor};
+use tch::{Device, Kind, TchError, Tensor};
 
 /// One piece of a cut TorchScript model: a unit's call, or the code
 /// between two.
@@ -19,6 +20,9 @@ pub(super) struct Piece {
     /// The parameters and buffers it computes with (their names in the
     /// module tree).
     pub(super) tensors: Vec<String>,
+    /// Handles to those parameters (their kind tells a mixed-precision
+    /// policy's 16-bit gather).
+    pub(super) weights: Vec<Tensor>,
     pub(super) path: PathBuf,
 }
 
@@ -56,6 +60,21 @@ impl Unit for Piece {
                 ))
             }
             (false, _) => xs.iter().map(Tensor::shallow_clone).collect(),
+        };
+        // A traced graph fixes the kinds it converts to (transformers' norms
+        // compute in float32 and cast back to the kind traced with): with
+        // its weights gathered in 16 bits (a mixed-precision policy's
+        // param_dtype) the piece runs under autocast to that kind, so its
+        // matmuls take them as the policy means.
+        let sixteen = self
+            .weights
+            .iter()
+            .map(Tensor::kind)
+            .find(|k| matches!(k, Kind::BFloat16 | Kind::Half));
+        let device = self.weights.first().map_or(Device::Cpu, Tensor::device);
+        let _autocast = match (sixteen, AutocastGuard::active(device)) {
+            (Some(kind), None) => Some(AutocastGuard::new(device, kind)?),
+            _ => None,
         };
         let cut = loaded.cut.as_ref().expect("pieces exist once cut");
         cut.run(self.index, &inputs)
@@ -137,12 +156,21 @@ impl TorchScriptModel {
         let pieces = found
             .iter()
             .enumerate()
-            .map(|(index, p)| Piece {
-                loaded: self.loaded.clone(),
-                index,
-                unpack_labels: index == 0 && self.output == ModelOutput::Loss,
-                tensors: self.tensors_used(&p.uses),
-                path: self.path.clone(),
+            .map(|(index, p)| {
+                let used = self.tensors_used(&p.uses);
+                Piece {
+                    loaded: self.loaded.clone(),
+                    index,
+                    unpack_labels: index == 0 && self.output == ModelOutput::Loss,
+                    weights: self
+                        .params
+                        .iter()
+                        .filter(|(n, _)| used.contains(n))
+                        .map(|(_, t)| t.shallow_clone())
+                        .collect(),
+                    tensors: used,
+                    path: self.path.clone(),
+                }
             })
             .collect();
         loaded.cut = Some(cut);
