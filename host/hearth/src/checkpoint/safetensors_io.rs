@@ -137,7 +137,7 @@ pub fn save_safetensors(
 }
 
 /// A tensor to write, known by its name, kind and shape before its values
-/// are: what a streamed save lays out first ([`write_order`]).
+/// are: what a streamed save lays out first ([`super::write_order`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorMeta {
     /// Its name in the file.
