@@ -1,7 +1,7 @@
 // Loading a TorchScript file without reading its weights (issue 59: under
 // FULL_SHARD no process holds the whole model, the load included). The
 // archive is read through an adapter that skips the bytes of its tensor
-// records (`<archive>/data/<n>`): libtorch allocates each storage as usual
+// records (`<archive>/data/<n>` in the zip, `data/<n>` to the reader): libtorch allocates each storage as usual
 // but its memory is never written, so the kernel never gives it pages, and
 // the adapter notes where in the file each storage's bytes are. hearth
 // then reads a storage's bytes (hearth_jit_lazy_read) when the unit
@@ -67,10 +67,10 @@ class Skipping final : public caffe2::serialize::ReadAdapterInterface {
 std::vector<Records::Range> tensor_records(const std::string &path) {
   caffe2::serialize::PyTorchStreamReader reader(path);
   std::vector<Records::Range> ranges;
+  // The reader names records from the archive's root: `data/<n>` are the
+  // tensors' storages (`constants/`, `code/` and the pickles are read).
   for (const auto &name : reader.getAllRecords()) {
-    auto slash = name.find('/');
-    if (slash == std::string::npos || name.compare(slash, 6, "/data/") != 0) continue;
-    if (name.find('/', slash + 6) != std::string::npos) continue;
+    if (name.rfind("data/", 0) != 0 || name.find('/', 5) != std::string::npos) continue;
     const size_t size = reader.getRecordSize(name);
     if (size == 0) continue;
     ranges.push_back({reader.getRecordOffset(name), size});

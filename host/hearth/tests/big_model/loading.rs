@@ -7,6 +7,7 @@
 
 use hearth_testkit as common;
 
+mod lazy;
 mod tied_weights;
 
 use common::scratch;
