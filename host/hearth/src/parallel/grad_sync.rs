@@ -576,7 +576,7 @@ impl<'s, 'g> Round<'s, 'g> {
         let _span = crate::profiling::span("hearth::bucket_reduce_start");
         let (m, b) = self.next;
         let model = &mut self.models[m];
-        let (collective, kind) = match &model.reduction {
+        let started = match &model.reduction {
             Reduction::AllReduce(options) => {
                 let bucket = model.bucket(b);
                 let wire = comm_hook::Wire {
@@ -595,28 +595,35 @@ impl<'s, 'g> Round<'s, 'g> {
                 )?;
                 model.stats.all_reduces += 1;
                 model.stats.bytes += bytes;
-                (collective, kind)
+                Some((collective, kind))
             }
             Reduction::ReduceScatter(units) => {
                 assert!(!self.shadow, "sharded models do not join");
-                let (pending, kind, bytes) = super::sharded::start(self.group, &units[b], None)?;
-                model.stats.reduce_scatters += 1;
-                model.stats.bytes += bytes;
-                (Collective::One(pending), kind)
+                match super::sharded::start(self.group, &units[b], None)? {
+                    Some((pending, kind, bytes)) => {
+                        model.stats.reduce_scatters += 1;
+                        model.stats.bytes += bytes;
+                        Some((Collective::One(pending), kind))
+                    }
+                    // A unit of frozen parameters alone sends nothing.
+                    None => None,
+                }
             }
         };
-        self.started.push(Started {
-            model: m,
-            bucket: b,
-            collective,
-            kind,
-            after_gradients,
-        });
         self.next = if b + 1 < model.buckets.len() {
             (m, b + 1)
         } else {
             (m + 1, 0)
         };
+        if let Some((collective, kind)) = started {
+            self.started.push(Started {
+                model: m,
+                bucket: b,
+                collective,
+                kind,
+                after_gradients,
+            });
+        }
         Ok(())
     }
 }

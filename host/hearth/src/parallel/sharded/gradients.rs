@@ -6,12 +6,32 @@ use tch::{Kind, Tensor};
 
 /// Starts the reduce-scatter of `unit`'s gradients, in `reduce` when given
 /// (a mixed-precision policy's reduce dtype), else in the parameters'
-/// kind; returns it, the kind and the bytes this process sends.
+/// kind; returns it, the kind and the bytes this process sends. A unit
+/// whose parameters are all frozen has nothing to send: `None`.
 pub(in crate::parallel) fn start<'g>(
     group: &'g dyn ProcessGroup,
     unit: &UnitShard,
     reduce: Option<Kind>,
-) -> Result<(Pending<'g>, Kind, u64), DistError> {
+) -> Result<Option<(Pending<'g>, Kind, u64)>, DistError> {
+    if let Some(p) = unit
+        .params
+        .iter()
+        .find(|p| p.grad_offset.is_none() && p.full.grad().defined())
+    {
+        return Err(DistError::Mismatch {
+            op: "gradient reduce-scatter",
+            rank: group.process_index(),
+            message: format!(
+                "parameter `{}` required no gradient when the model was sharded, so it is \
+                 not reduce-scattered nor stepped, and it has one now: prepare the model \
+                 after unfreezing it",
+                p.name
+            ),
+        });
+    }
+    if !unit.trains() {
+        return Ok(None);
+    }
     let kind = reduce.unwrap_or(unit.params[0].full.kind());
     let world = group.num_processes();
     let flat = tch::no_grad(|| unit.pack_gradients(world, kind));
@@ -24,11 +44,11 @@ pub(in crate::parallel) fn start<'g>(
         message: e.to_string(),
     })?;
     let bytes = (flat.numel() * kind.elt_size_in_bytes()) as u64;
-    Ok((
+    Ok(Some((
         group.reduce_scatter_start(&flat, ReduceOp::Mean)?,
         kind,
         bytes,
-    ))
+    )))
 }
 
 /// Adds to each parameter shard of `unit` its rows of `reduced` (this

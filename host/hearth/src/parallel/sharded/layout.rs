@@ -28,6 +28,11 @@ pub struct ParamShard {
     pub rows: i64,
     /// Where this parameter's padded chunk starts in its unit's flat shard.
     pub offset: i64,
+    /// Where its padded gradient chunk starts in the unit's flat gradient
+    /// shard; `None` for a frozen parameter (one that required no
+    /// gradient when the unit was laid out), which is sharded and gathered
+    /// like the others but never reduce-scattered nor stepped.
+    pub grad_offset: Option<i64>,
 }
 
 impl ParamShard {
@@ -118,6 +123,9 @@ pub struct UnitShard {
     pub params: Vec<ParamShard>,
     /// Length of every process's flat shard of this unit.
     pub shard_numel: i64,
+    /// Length of every process's flat gradient shard: the trainable
+    /// parameters' padded chunks.
+    pub grad_numel: i64,
 }
 
 impl UnitShard {
@@ -137,12 +145,14 @@ impl UnitShard {
                 })
                 .collect(),
             shard_numel: self.shard_numel,
+            grad_numel: self.grad_numel,
         }
     }
 
-    /// Lays out `params` (name and tensor) for process `rank` of `world`.
+    /// Lays out `params` (name and tensor) for process `rank` of `world`;
+    /// those that require no gradient now stay out of the gradient layout.
     pub fn new(path: String, params: Vec<(String, Tensor)>, rank: usize, world: usize) -> Self {
-        let mut offset = 0;
+        let (mut offset, mut grad_offset) = (0, 0);
         let params = params
             .into_iter()
             .map(|(name, full)| {
@@ -157,6 +167,7 @@ impl UnitShard {
                         .reshape([rows, row_numel])
                         .narrow(0, start, own)
                 });
+                let trainable = full.requires_grad();
                 let mut p = ParamShard {
                     name,
                     full,
@@ -166,9 +177,13 @@ impl UnitShard {
                     row_numel,
                     rows,
                     offset,
+                    grad_offset: trainable.then_some(grad_offset),
                 };
                 p.shard = p.shard.view(p.shard_shape(rank).as_slice());
                 offset += p.chunk_numel();
+                if trainable {
+                    grad_offset += p.chunk_numel();
+                }
                 p
             })
             .collect();
@@ -176,17 +191,32 @@ impl UnitShard {
             path,
             params,
             shard_numel: offset,
+            grad_numel: grad_offset,
         }
     }
 
-    /// The gradients of the whole parameters (zeros where a parameter
-    /// has none) as the input of a reduce-scatter: `[world × (shard_numel +
-    /// params)]`, chunk `r` holding what process `r` keeps (FSDP2's
-    /// `chunk_cat`) followed by one flag per parameter, 1 where this
-    /// process has its gradient (every chunk carries them, so every process
-    /// learns which parameters some process had a gradient for).
+    /// The parameters that train (reduce-scattered and stepped), in the
+    /// order of the flat gradient shard.
+    pub fn trainable(&self) -> impl Iterator<Item = &ParamShard> + '_ {
+        self.params.iter().filter(|p| p.grad_offset.is_some())
+    }
+
+    /// True when some parameter of the unit trains: a unit of frozen
+    /// parameters alone is gathered for use but never reduce-scattered.
+    pub fn trains(&self) -> bool {
+        self.trainable().next().is_some()
+    }
+
+    /// The gradients of the trainable whole parameters (zeros where one
+    /// has none) as the input of a reduce-scatter: `[world × (grad_numel +
+    /// trainable)]`, chunk `r` holding what process `r` keeps (FSDP2's
+    /// `chunk_cat`) followed by one flag per trainable parameter, 1 where
+    /// this process has its gradient (every chunk carries them, so every
+    /// process learns which parameters some process had a gradient for).
+    /// Frozen parameters are not on the wire.
     pub fn pack_gradients(&self, world: usize, kind: Kind) -> Tensor {
-        let grads: Vec<Tensor> = self.params.iter().map(|p| p.full.grad()).collect();
+        let trainable: Vec<&ParamShard> = self.trainable().collect();
+        let grads: Vec<Tensor> = trainable.iter().map(|p| p.full.grad()).collect();
         let device = self.params[0].full.device();
         let had: Vec<f32> = grads
             .iter()
@@ -201,8 +231,7 @@ impl UnitShard {
                 .to_kind(kind)
                 .view([1, -1])
         };
-        let mut parts: Vec<Tensor> = self
-            .params
+        let mut parts: Vec<Tensor> = trainable
             .iter()
             .zip(grads)
             .map(|(p, g)| {
@@ -218,12 +247,12 @@ impl UnitShard {
         Tensor::cat(&parts, 1).reshape([-1])
     }
 
-    /// Which parameters some process had a gradient for, from this
-    /// process's part of a reduce-scatter of [`pack_gradients`](Self::pack_gradients).
+    /// Which trainable parameters some process had a gradient for, from
+    /// this process's part of a reduce-scatter of [`pack_gradients`](Self::pack_gradients).
     pub fn had_gradients(&self, reduced: &Tensor) -> Vec<bool> {
-        let n = self.params.len() as i64;
+        let n = self.trainable().count() as i64;
         let flags = reduced
-            .narrow(0, self.shard_numel, n)
+            .narrow(0, self.grad_numel, n)
             .to_kind(Kind::Float)
             .to_device(tch::Device::Cpu);
         Vec::<f32>::try_from(&flags)
@@ -432,15 +461,17 @@ impl UnitShard {
     }
 
     /// The views of this process's gradient shard (`flat`, one unit's
-    /// reduce-scatter output) shaped as each parameter's shard.
+    /// reduce-scatter output) shaped as each trainable parameter's shard.
     pub fn gradient_shards<'a>(
         &'a self,
         flat: &'a Tensor,
     ) -> impl Iterator<Item = (&'a ParamShard, Tensor)> + 'a {
-        self.params.iter().map(move |p| {
+        self.params.iter().filter_map(move |p| {
             let n = p.shard.numel() as i64;
-            let g = flat.narrow(0, p.offset, n).view(p.shard.size().as_slice());
-            (p, g)
+            let g = flat
+                .narrow(0, p.grad_offset?, n)
+                .view(p.shard.size().as_slice());
+            Some((p, g))
         })
     }
 }
@@ -528,5 +559,36 @@ mod tests {
         assert_eq!(u.had_gradients(&packed.get(1)), [true]);
         let (_, g) = u.gradient_shards(&packed.get(1)).next().unwrap();
         assert_eq!(g.size(), [1, 2]);
+    }
+
+    #[test]
+    fn a_frozen_parameter_is_sharded_but_not_on_the_gradient_wire() {
+        let world = 2;
+        let frozen = param(&[4, 2]);
+        let w = param(&[3, 2]).set_requires_grad(true);
+        (&w * 2.0 + frozen.sum(Kind::Float))
+            .sum(Kind::Float)
+            .backward();
+        let params = vec![("frozen".into(), frozen), ("w".into(), w.shallow_clone())];
+        let u = UnitShard::new("".into(), params, 0, world);
+        assert_eq!((u.shard_numel, u.grad_numel), (4 + 4, 4));
+        assert_eq!(u.params[0].grad_offset, None);
+        assert!(u.trains());
+        // Rank 0's chunk: w's rows 0 and 1, then w's flag; nothing of `frozen`.
+        let packed = u
+            .pack_gradients(world, Kind::Float)
+            .reshape([world as i64, -1]);
+        assert_eq!(
+            Vec::<f32>::try_from(packed.get(0)).unwrap(),
+            [2.0, 2.0, 2.0, 2.0, 1.0]
+        );
+        let rank0 = packed.get(0);
+        let names: Vec<&str> = u
+            .gradient_shards(&rank0)
+            .map(|(p, _)| p.name.as_str())
+            .collect();
+        assert_eq!(names, ["w"]);
+        let only_frozen = UnitShard::new("".into(), vec![("f".into(), param(&[2]))], 0, world);
+        assert!(!only_frozen.trains());
     }
 }

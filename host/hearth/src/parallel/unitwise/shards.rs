@@ -233,11 +233,16 @@ impl Unitwise {
                 source,
             };
             let reduce = fs.policy.map(|p| p.reduce_dtype.kind());
-            let (pending, _, bytes) = {
+            let started = {
                 let _span = crate::profiling::span_named(|| {
                     format!("hearth::fsdp_reduce_scatter {}", unit.path)
                 });
                 sharded::start(group, unit, reduce).map_err(dist)?
+            };
+            let Some((pending, _, bytes)) = started else {
+                // Frozen parameters alone: nothing to reduce.
+                unit.release();
+                continue;
             };
             let reduced = {
                 let _span = crate::profiling::span("hearth::fsdp_reduce_scatter_wait");
