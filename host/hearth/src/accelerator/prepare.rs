@@ -178,7 +178,7 @@ pub(super) fn prepare_model_as<M: Model + 'static>(
     prepared.set_buffer_broadcast(acc.register_buffers(handles)?);
     // Checkpoints hold the buffers too (PyTorch's state_dict).
     let buffer_names = buffers.iter().map(|(n, _)| n.clone()).collect();
-    acc.remember_model(
+    acc.remember_trained_model(
         parameters.into_iter().chain(buffers).collect(),
         buffer_names,
         sharding.units,
@@ -213,7 +213,21 @@ impl Prepare for crate::models::VarStoreModel {
             .map(|(n, p)| (n.clone(), p.shallow_clone()))
             .collect();
         let sharding = acc.register_for_sync(&self.module_tree(), handles, false, &|_| Ok(()))?;
-        acc.remember_model(variables, Default::default(), sharding.units);
+        // Variables made not to train (`zeros_no_train`: BatchNorm's
+        // running statistics) are state, checkpointed as buffers are;
+        // trainable ones a user froze are not.
+        let trainable: std::collections::HashSet<usize> = self
+            .vs
+            .trainable_variables()
+            .iter()
+            .map(|t| t.data_ptr() as usize)
+            .collect();
+        let state = variables
+            .iter()
+            .filter(|(_, t)| !trainable.contains(&(t.data_ptr() as usize)))
+            .map(|(n, _)| n.clone())
+            .collect();
+        acc.remember_trained_model(variables, state, sharding.units);
         Ok(self.vs)
     }
 }

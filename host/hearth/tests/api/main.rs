@@ -5,6 +5,7 @@
 mod accelerator;
 mod accumulation;
 mod data_loading;
+mod frozen;
 mod fused_graph;
 mod precision;
 mod profiling;

@@ -255,6 +255,21 @@ impl Accelerator {
 
     /// Remembers a prepared model's `state` (parameters and buffers; the
     /// names of the buffers in `buffers`) and its sharded units.
+    /// [`remember_model`](Self::remember_model) for a model prepared to
+    /// train: of its parameters only those that train are checkpointed. A
+    /// frozen one is what the model was built from (a LoRA run's
+    /// checkpoint is its adapter), and loading a checkpoint leaves it as it
+    /// is.
+    pub(in crate::accelerator) fn remember_trained_model(
+        &mut self,
+        mut state: Vec<(String, Tensor)>,
+        buffers: std::collections::BTreeSet<String>,
+        shards: Vec<crate::parallel::sharded::UnitShard>,
+    ) {
+        state.retain(|(name, t)| t.requires_grad() || buffers.contains(name));
+        self.remember_model(state, buffers, shards);
+    }
+
     pub(in crate::accelerator) fn remember_model(
         &mut self,
         state: Vec<(String, Tensor)>,
