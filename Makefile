@@ -173,6 +173,7 @@ gpu-bundle: python-test-env
 bench-fsdp: build
 	$(PY) examples/bench/fsdp_vs_torch.py 3 2
 	$(PY) examples/bench/traced_llama_fsdp.py 3
+	$(PY) examples/bench/traced_llama_lora.py 3
 
 # What a scheduler + tracker plugins cost per step, end to end and per call.
 bench-plugins: build

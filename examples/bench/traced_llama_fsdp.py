@@ -124,11 +124,11 @@ def speed_rows(tmp, model, corpus, rounds: int) -> list[str]:
     return rows
 
 
-def write_section(body: str) -> None:
-    """Replaces this benchmark's section of BENCHMARKS.md (or adds it)."""
+def write_section(body: str, section: str = SECTION) -> None:
+    """Replaces a benchmark's section of BENCHMARKS.md (or adds it)."""
     path = ROOT / "BENCHMARKS.md"
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    begin, end = f"<!-- begin {SECTION} -->", f"<!-- end {SECTION} -->"
+    begin, end = f"<!-- begin {section} -->", f"<!-- end {section} -->"
     block = f"{begin}\n{body}\n{end}"
     if begin in text:
         text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]

@@ -8,6 +8,10 @@
                 hearth runs (its weights are replaced by init-from)
   data/train.jsonl, data/val.jsonl
                 JSON Lines documents with a "text" field
+  adapter/      a fresh PEFT LoRA adapter on the Llama (r = 8, on q_proj,
+                v_proj and lm_head), saved with PeftModel.save_pretrained
+  llama-lora.pt the PeftModel traced: its base frozen, its adapter trainable
+                (finetune-lora.toml trains it)
 
 Run it with the Python that has torch, transformers and tokenizers
 (`make setup` makes .venv/bin/python):  .venv/bin/python prepare.py
@@ -19,6 +23,10 @@ import random
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM
+
+# The LoRA of finetune-lora.toml: PEFT's usual q_proj and v_proj, and the
+# head (this stand-in base is random: its head is what most needs adapting).
+LORA = dict(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "lm_head"], lora_dropout=0.0)
 
 HERE = pathlib.Path(__file__).resolve().parent
 SUBJECTS = ["the cat", "a dog", "my neighbour", "the old sailor", "a small robot", "the baker"]
@@ -76,8 +84,17 @@ def main():
     (HERE / "pretrained" / "tokenizer_config.json").write_text(
         json.dumps({"eos_token": "<|endoftext|>", "tokenizer_class": "PreTrainedTokenizerFast"})
     )
-    torch.jit.trace(Logits(model), torch.zeros(2, 64, dtype=torch.long)).save(str(HERE / "llama.pt"))
-    print(f"wrote {HERE / 'pretrained'}, {HERE / 'llama.pt'} and {HERE / 'data'}")
+    example = torch.zeros(2, 64, dtype=torch.long)
+    torch.jit.trace(Logits(model), example).save(str(HERE / "llama.pt"))
+    # LoRA: the PeftModel saved at export (its adapter is what hearth
+    # starts from and writes back) and traced (torch.jit.save keeps which
+    # parameters require gradients: the base stays frozen).
+    import peft
+
+    lora = peft.get_peft_model(LlamaForCausalLM.from_pretrained(HERE / "pretrained"), peft.LoraConfig(**LORA))
+    lora.save_pretrained(HERE / "adapter")
+    torch.jit.trace(Logits(lora), example).save(str(HERE / "llama-lora.pt"))
+    print(f"wrote {HERE / 'pretrained'}, {HERE / 'llama.pt'}, {HERE / 'adapter'}, {HERE / 'llama-lora.pt'} and {HERE / 'data'}")
 
 
 if __name__ == "__main__":

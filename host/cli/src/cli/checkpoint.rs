@@ -1,10 +1,10 @@
 //! `hearth checkpoint inspect|verify PATH`, `hearth checkpoint merge
-//! CHECKPOINT OUT`.
+//! CHECKPOINT OUT`, `hearth checkpoint merge-adapter RUN BASE OUT`.
 
 use super::Failure;
 use clap::{Args, Subcommand};
 use hearth::checkpoint::{
-    describe_checkpoint, is_checkpoint_dir, merge_fsdp_weights, parse_size, tensor_infos,
+    adapter, describe_checkpoint, is_checkpoint_dir, merge_fsdp_weights, parse_size, tensor_infos,
     verify_checkpoint, verify_complete, TensorInfo,
 };
 use std::path::{Path, PathBuf};
@@ -43,6 +43,19 @@ enum CheckpointCommand {
         /// The largest file to write, e.g. 5GB or 500MiB (default: one file).
         #[arg(long, value_parser = parse_size)]
         max_shard_size: Option<u64>,
+    },
+    /// Merge a run's LoRA adapter (RUN/adapter, or an adapter folder
+    /// PeftModel.save_pretrained wrote) into its base model's weights (a
+    /// Hugging Face folder or .safetensors file): OUT/model.safetensors
+    /// holds each adapted weight as W + scale · B·A, beside the base
+    /// folder's config and tokenizer, for a plain from_pretrained(OUT).
+    MergeAdapter {
+        /// The run folder (its adapter/) or an adapter folder.
+        run: PathBuf,
+        /// The base model the adapter was trained on.
+        base: PathBuf,
+        /// The folder to write the merged model into.
+        out: PathBuf,
     },
 }
 
@@ -185,6 +198,22 @@ pub(super) fn execute(args: CheckpointArgs) -> Result<(), Failure> {
                 checkpoint_directory.display(),
                 files.join(", "),
                 saved.total_size
+            );
+            Ok(())
+        }
+        CheckpointCommand::MergeAdapter { run, base, out } => {
+            let folder = run.join("adapter");
+            let adapter = match folder.join(adapter::ADAPTER_CONFIG).is_file() {
+                true => folder,
+                false => run,
+            };
+            let merged = adapter::merge(&adapter, &base, &out).map_err(Failure::bad_input)?;
+            println!(
+                "merged {} into {} weights of {}: {}",
+                adapter.display(),
+                merged.merged,
+                base.display(),
+                merged.path.display()
             );
             Ok(())
         }

@@ -52,6 +52,8 @@ pub(super) fn execute(args: RunArgs) -> Result<(), Failure> {
         | TrainError::Dataset(_)
         | TrainError::TooFewWindows { .. }
         | TrainError::Init { .. }
+        | TrainError::Trainability { .. }
+        | TrainError::Adapter { .. }
         | TrainError::NoCuda(_)
         | TrainError::CudaGraphRefused { .. }
         | TrainError::Plugin { .. }

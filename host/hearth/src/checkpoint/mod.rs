@@ -4,6 +4,7 @@
 //! back into a model with strict name, shape and dtype checks. Checkpoint
 //! folders are written whole or not at all, numbered, rotated and found.
 
+pub mod adapter;
 mod describe;
 pub mod digest;
 mod model_files;

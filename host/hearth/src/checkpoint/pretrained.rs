@@ -40,6 +40,21 @@ impl NameMap {
         format!("{}{renamed}", self.prefix)
     }
 
+    /// The model names the file's `name` may have: [`apply`](Self::apply)'s,
+    /// then those of a model traced from a PEFT `PeftModel` (its base under
+    /// `base_model.model.`, and a layer LoRA wraps holding its weights as
+    /// `….base_layer.weight`), as PEFT itself loads a base's weights.
+    pub fn candidates(&self, name: &str) -> [String; 3] {
+        let mapped = self.apply(name);
+        let inner = &mapped[self.prefix.len()..];
+        let wrapped = format!("{}base_model.model.{inner}", self.prefix);
+        let layer = match wrapped.rsplit_once('.') {
+            Some((module, leaf)) => format!("{module}.base_layer.{leaf}"),
+            None => wrapped.clone(),
+        };
+        [mapped, wrapped, layer]
+    }
+
     /// A model name the file did not give (a parameter left as initialised)
     /// without the prefix, the best guess at the file's convention.
     pub fn unprefix<'a>(&self, name: &'a str) -> &'a str {
@@ -208,7 +223,11 @@ pub fn plan(
                 path: file.clone(),
                 message: e.to_string(),
             })?;
-            let Some(&i) = index.get(names.apply(&name).as_str()) else {
+            let found = names
+                .candidates(&name)
+                .iter()
+                .find_map(|n| index.get(n.as_str()).copied());
+            let Some(i) = found else {
                 strays.push(name);
                 continue;
             };
@@ -348,5 +367,21 @@ mod tests {
         assert_eq!(names.apply("model.layers.0.w"), "m.layers.0.w");
         assert_eq!(names.apply("model.head.weight"), "m.lm_head.weight");
         assert_eq!(names.apply("other.bias"), "m.other.bias");
+    }
+
+    #[test]
+    fn a_peft_model_takes_its_base_under_the_wrapper_and_base_layer() {
+        let names = NameMap {
+            rename: Vec::new(),
+            prefix: "m.".into(),
+        };
+        assert_eq!(
+            names.candidates("model.layers.0.self_attn.q_proj.weight"),
+            [
+                "m.model.layers.0.self_attn.q_proj.weight",
+                "m.base_model.model.model.layers.0.self_attn.q_proj.weight",
+                "m.base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight",
+            ]
+        );
     }
 }

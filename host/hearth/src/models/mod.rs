@@ -8,6 +8,7 @@ mod gpt;
 mod mlp;
 mod model;
 mod torchscript;
+mod trainability;
 mod tree;
 mod weights;
 
@@ -19,6 +20,7 @@ pub use model::{sorted_variables, Model, StateDict, Unit, VarStoreModel};
 pub use torchscript::{
     pack_labels, probe_forward, ModelOutput, TorchScriptError, TorchScriptModel,
 };
+pub use trainability::{apply as set_trainable, TrainabilityError, Trainable};
 pub(crate) use tree::under;
 pub use tree::{declaration_order, ModuleInfo, ModuleTree, TensorEntry};
 pub use weights::Weights;

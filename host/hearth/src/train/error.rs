@@ -97,6 +97,24 @@ pub enum TrainError {
     /// Capturing or replaying the CUDA graph failed.
     #[error(transparent)]
     CudaGraph(#[from] hearth_ops::cuda_graph::GraphError),
+    /// `[model] trainable` / `frozen` cannot be applied, or nothing trains.
+    #[error("config {config}: {source}")]
+    Trainability {
+        /// The config file.
+        config: PathBuf,
+        /// What is wrong.
+        #[source]
+        source: crate::models::TrainabilityError,
+    },
+    /// `[model] adapter-from` cannot be read into the model.
+    #[error("config {config}: model.adapter-from")]
+    Adapter {
+        /// The config file.
+        config: PathBuf,
+        /// What does not fit.
+        #[source]
+        source: crate::checkpoint::adapter::AdapterError,
+    },
     /// `[model] init-from` cannot initialise the model.
     #[error("config {config}: model.init-from")]
     Init {

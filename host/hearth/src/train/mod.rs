@@ -1,6 +1,7 @@
 //! Training: the config file and the config-driven loop behind
 //! `hearth run`.
 
+mod adapter;
 pub mod config;
 mod data_check;
 mod error;

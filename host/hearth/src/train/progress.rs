@@ -89,6 +89,8 @@ impl Progress {
 pub(crate) struct Shape {
     /// The model's parameters.
     pub parameters: i64,
+    /// How many of them train and how many are frozen.
+    pub trainable: crate::models::Trainable,
     /// Optimizer steps to train.
     pub steps: u64,
     /// Tokens per example.
@@ -101,10 +103,14 @@ pub(crate) struct Shape {
 pub(crate) fn announce(acc: &Accelerator, config: &TrainConfig, job: Shape) {
     let accumulation = acc.gradient_accumulation_steps();
     acc.print(format!(
-        "hearth run {}: {} with {} parameters on {}{}, {} steps of {}{} × {} tokens{}{}{}",
+        "hearth run {}: {} with {} parameters{} on {}{}, {} steps of {}{} × {} tokens{}{}{}",
         config.run.name,
         config.model.kind.as_str(),
         job.parameters,
+        match job.trainable.frozen {
+            0 => String::new(),
+            _ => format!(" ({})", job.trainable),
+        },
         hearth_ops::spelling::device_name(acc.device()),
         match acc.process_group().backend() {
             "single" => String::new(),

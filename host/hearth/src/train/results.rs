@@ -76,6 +76,8 @@ pub(super) struct Finished<'a> {
     pub(super) model: &'a PreparedModel<Box<dyn Model>>,
     /// The pretrained file's name of each tensor `init-from` loaded.
     pub(super) file_names: &'a HashMap<String, String>,
+    /// The adapter `adapter-from` read: written back as `adapter/`.
+    pub(super) adapter: Option<&'a super::adapter::RunAdapter>,
     pub(super) steps: u64,
     pub(super) cuda_graph: Option<GraphStats>,
     pub(super) trained: Trained,
@@ -94,13 +96,21 @@ pub(super) fn write_results(
     // Started from pretrained weights: saved under their names, beside
     // copies of their folder's configuration and tokenizer.
     let (names, map) = (finished.file_names, config.model.init_names());
-    let saved =
-        acc.save_model_named(finished.model, run_dir, config.run.max_shard_size(), |n| {
-            names
-                .get(n)
-                .cloned()
-                .unwrap_or_else(|| map.unprefix(n).to_string())
-        })?;
+    let saved_name = |n: &str| {
+        names
+            .get(n)
+            .cloned()
+            .unwrap_or_else(|| map.unprefix(n).to_string())
+    };
+    let saved = acc.save_model_named(
+        finished.model,
+        run_dir,
+        config.run.max_shard_size(),
+        saved_name,
+    )?;
+    if let Some(adapter) = finished.adapter {
+        super::adapter::write(acc, run_dir, adapter, saved_name)?;
+    }
     if let (Some(from), true) = (&config.model.init_from, acc.is_main_process()) {
         crate::checkpoint::pretrained::copy_companions(&config.resolve(from), run_dir)
             .map_err(io_err(run_dir))?;

@@ -58,6 +58,7 @@ pub fn run(config: &TrainConfig, options: &RunOptions) -> Result<RunSummary, Tra
     let finished = Finished {
         model: &job.model,
         file_names: &job.file_names,
+        adapter: job.adapter.as_ref(),
         steps: job.steps,
         cuda_graph: job.graphed.as_ref().map(GraphedStep::stats),
         trained,
@@ -104,6 +105,8 @@ struct Job {
     /// The pretrained file's name of each tensor `init-from` loaded: the
     /// model is saved under them.
     file_names: std::collections::HashMap<String, String>,
+    /// The PEFT adapter `adapter-from` read, written back at the end.
+    adapter: Option<super::adapter::RunAdapter>,
     opt: AcceleratedOptimizer,
     schedule: Option<AcceleratedScheduler>,
     /// Process r draws its batches from stream r of the seed.
@@ -122,6 +125,8 @@ struct Job {
     not_saved: Vec<u64>,
     /// The step of the checkpoint last started.
     saving: Option<u64>,
+    /// How many parameters train and how many are frozen.
+    trainable: crate::models::Trainable,
 }
 
 /// The dataset and the model, built and checked before the run writes
@@ -131,6 +136,8 @@ struct Built {
     model: Box<dyn Model>,
     /// The pretrained file's name of each tensor `init-from` loaded.
     file_names: std::collections::HashMap<String, String>,
+    /// The PEFT adapter `adapter-from` read, written back at the end.
+    adapter: Option<super::adapter::RunAdapter>,
 }
 
 impl Built {
@@ -142,10 +149,12 @@ impl Built {
         let weights = acc.model_weights();
         let model = setup::model(config, data.as_ref(), acc.model_init_device(), weights)?;
         let file_names = setup::pretrained(config, model.as_ref(), weights, acc)?;
+        let adapter = super::adapter::load(config, model.as_ref(), acc)?;
         Ok(Self {
             data,
             model,
             file_names,
+            adapter,
         })
     }
 }
@@ -167,7 +176,9 @@ impl Job {
             data,
             model,
             file_names,
+            adapter,
         } = built;
+        let trainable = crate::models::Trainable::of(&model.named_parameters());
         let opt = setup::optimizer(config, model.as_ref());
         let schedule = setup::scheduler(config, registry, &opt.lrs(), steps)?;
         let (model, opt) = acc.prepare((model, opt))?;
@@ -207,9 +218,11 @@ impl Job {
             grad_norm: None,
             graphed: None,
             file_names,
+            adapter,
             preemption: super::preempt::from_config(&config.run)?,
             not_saved: Vec::new(),
             saving: None,
+            trainable,
         })
     }
 
@@ -251,6 +264,7 @@ impl Job {
             config,
             super::progress::Shape {
                 parameters: self.model.num_parameters(),
+                trainable: self.trainable,
                 steps: self.steps,
                 seq_len: self.data.seq_len(),
                 graphed: self.graphed.is_some(),

@@ -234,7 +234,7 @@ pub(super) fn model(
     weights: crate::models::Weights,
 ) -> Result<Box<dyn Model>, TrainError> {
     let m = &config.model;
-    Ok(match m.kind {
+    let model: Box<dyn Model> = match m.kind {
         ModelKind::Torchscript => {
             let path = config.resolve(
                 m.path
@@ -280,7 +280,17 @@ pub(super) fn model(
             device,
             weights,
         )),
-    })
+    };
+    crate::models::set_trainable(
+        &model.named_parameters(),
+        m.trainable_globs(),
+        m.frozen_globs(),
+    )
+    .map_err(|source| TrainError::Trainability {
+        config: config.source.clone(),
+        source,
+    })?;
+    Ok(model)
 }
 
 /// Probes a TorchScript model that was loaded lazily (on the CPU) now that
@@ -334,7 +344,14 @@ pub(super) fn pretrained(
     };
     let source = config.resolve(from);
     let tensors = model.named_state();
-    let buffers = model.named_buffers().into_iter().map(|(n, _)| n).collect();
+    let mut buffers: std::collections::HashSet<String> =
+        model.named_buffers().into_iter().map(|(n, _)| n).collect();
+    // A base's weights hold no LoRA tensor: those keep their values (a new
+    // adapter's) or come from adapter-from.
+    let lora = super::adapter::lora_names(config, &tensors);
+    let lora_names: std::collections::HashSet<String> =
+        lora.model_names(&tensors).into_iter().collect();
+    buffers.extend(lora_names.iter().cloned());
     let err = |source| TrainError::Init {
         config: config.source.clone(),
         source,
@@ -348,11 +365,20 @@ pub(super) fn pretrained(
     )
     .map_err(err)?;
     let report = &plan.report;
-    if !report.absent_buffers.is_empty() {
+    let absent_buffers: Vec<&String> = report
+        .absent_buffers
+        .iter()
+        .filter(|n| !lora_names.contains(*n))
+        .collect();
+    if !absent_buffers.is_empty() {
         tracing::warn!(
             "{}: holds no {}; these buffers keep their values",
             source.display(),
-            report.absent_buffers.join(", ")
+            absent_buffers
+                .iter()
+                .map(|n| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     if !report.missing.is_empty() || !report.unexpected.is_empty() {
@@ -409,7 +435,10 @@ pub(super) fn pretrained(
 
 pub(super) fn optimizer(config: &TrainConfig, model: &dyn Model) -> Box<dyn Optimizer> {
     let o = &config.optimizer;
-    let groups = o.param_groups(model.named_parameters());
+    // Only what trains: a frozen parameter gets no state and no slot.
+    let mut params = model.named_parameters();
+    params.retain(|(_, p)| p.requires_grad());
+    let groups = o.param_groups(params);
     match o.kind {
         OptimizerKind::Adamw | OptimizerKind::Adam => Box::new(Adam::new(
             groups,

@@ -151,9 +151,9 @@ impl TorchScriptModel {
         buffers.retain(|(n, _)| listed.contains(n.as_str()));
         params.sort_by(|a, b| a.0.cmp(&b.0));
         buffers.sort_by(|a, b| a.0.cmp(&b.0));
-        for (_, p) in &params {
-            let _ = p.set_requires_grad(true);
-        }
+        // Each parameter trains as the file says (`requires_grad`, which
+        // torch.jit.save keeps: PEFT's frozen base stays frozen); `[model]
+        // trainable` and `frozen` override it (`models::trainability`).
         Ok(Self {
             loaded: Arc::new(Mutex::new(Loaded {
                 module,

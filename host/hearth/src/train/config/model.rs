@@ -69,10 +69,34 @@ pub struct ModelSection {
     pub init_strict: Option<bool>,
     /// TorchScript: `forward` returns logits (default) or its own loss.
     pub output: Option<crate::models::ModelOutput>,
+    /// Globs over parameter names (as `hearth model plan` prints them, a
+    /// wrapper's prefix included: `m.model.embed_tokens.weight`) of
+    /// parameters that train, whatever the model was saved with.
+    pub trainable: Option<Vec<String>>,
+    /// Globs of parameters that stay frozen; wins over `trainable`. The
+    /// others train as the model was saved (a TorchScript file keeps each
+    /// parameter's `requires_grad`: PEFT's frozen base stays frozen).
+    pub frozen: Option<Vec<String>>,
+    /// A PEFT adapter folder (`PeftModel.save_pretrained`'s
+    /// `adapter_config.json` and `adapter_model.safetensors`), relative to
+    /// the config file, loaded into the model's LoRA parameters after
+    /// `init-from`; the run writes the trained one to `adapter/`.
+    pub adapter_from: Option<std::path::PathBuf>,
     /// TorchScript: fuse the graph's recognised op chains (transformers'
     /// tanh-GELU, a traced empty cache) into fewer operators computing the
     /// same (default true); false runs the graph as exported.
     pub fuse_graph: Option<bool>,
+}
+
+/// A key that only applies with `init-from` or `adapter-from`.
+fn only_init(set: bool, key: &str, invalid: &Invalid) -> Result<(), ConfigError> {
+    match set {
+        true => Err(invalid(
+            key,
+            "only applies with model.init-from or model.adapter-from".into(),
+        )),
+        false => Ok(()),
+    }
 }
 
 fn default_d_model() -> i64 {
@@ -114,7 +138,24 @@ impl ModelSection {
         }
     }
 
+    /// The `trainable` globs (none when unset).
+    pub fn trainable_globs(&self) -> &[String] {
+        self.trainable.as_deref().unwrap_or_default()
+    }
+
+    /// The `frozen` globs (none when unset).
+    pub fn frozen_globs(&self) -> &[String] {
+        self.frozen.as_deref().unwrap_or_default()
+    }
+
     pub(super) fn validate(&self, invalid: &Invalid) -> Result<(), ConfigError> {
+        if self.init_from.is_none() && self.adapter_from.is_none() {
+            only_init(
+                self.init_key_prefix.is_some(),
+                "model.init-key-prefix",
+                invalid,
+            )?;
+        }
         if self.init_from.is_none() {
             let needs = |set: bool, key: &str| {
                 if set {
@@ -123,7 +164,6 @@ impl ModelSection {
                     Ok(())
                 }
             };
-            needs(self.init_key_prefix.is_some(), "model.init-key-prefix")?;
             needs(self.init_rename.is_some(), "model.init-rename")?;
             needs(self.init_strict.is_some(), "model.init-strict")?;
         }

@@ -61,7 +61,12 @@ fn child_lazy_load() {
     let units: Vec<String> = (0..LAYERS).map(|i| format!("m.model.layers.{i}")).collect();
     lazy.cut_at(&units).unwrap();
     let tokens = Tensor::randint(256, [2, 16], (Kind::Int64, Device::Cpu));
-    let (a, b) = tch::no_grad(|| (whole.forward_t(&tokens, false), lazy.forward_t(&tokens, false)));
+    let (a, b) = tch::no_grad(|| {
+        (
+            whole.forward_t(&tokens, false),
+            lazy.forward_t(&tokens, false),
+        )
+    });
     common::write_result(
         0,
         &json!({
@@ -83,12 +88,22 @@ fn a_traced_llama_loaded_lazily_takes_memory_only_as_its_tensors_are_read() {
     std::fs::create_dir_all(&out).unwrap();
     common::oracle("traced_causal_lm.py", &[&spec.to_string()]);
     let run = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", &common::child!("child_lazy_load"), "--nocapture", "--test-threads", "1"])
+        .args([
+            "--exact",
+            &common::child!("child_lazy_load"),
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
         .env(common::CHILD, "lazy")
         .env(common::OUT, &out)
         .output()
         .unwrap();
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
     let got = &common::results(&out, 1)[0];
     let at = |k: &str| got[k].as_u64().unwrap();
     let (weights, layer) = (at("weight_bytes"), at("layer_bytes"));
@@ -96,10 +111,23 @@ fn a_traced_llama_loaded_lazily_takes_memory_only_as_its_tensors_are_read() {
     // Loading read the graph and the buffers, not the weights.
     assert!(at("grown_loading") < weights / 8, "{got}");
     // One decoder layer read: about its own bytes more.
-    assert!(at("grown_one_layer") < at("grown_loading") + layer + weights / 8, "{got}");
-    assert!(at("grown_one_layer") + weights / 2 < at("grown_all") + layer, "{got}");
-    assert!(at("grown_all") > weights * 3 / 4, "all read: the weights are in memory: {got}");
+    assert!(
+        at("grown_one_layer") < at("grown_loading") + layer + weights / 8,
+        "{got}"
+    );
+    assert!(
+        at("grown_one_layer") + weights / 2 < at("grown_all") + layer,
+        "{got}"
+    );
+    assert!(
+        at("grown_all") > weights * 3 / 4,
+        "all read: the weights are in memory: {got}"
+    );
     assert_eq!(got["same_tensors"], true, "the file's values: {got}");
     assert_eq!(got["same_logits"], true, "{got}");
-    assert_eq!(got["pieces"], LAYERS + 2, "before the layers, each layer, after them");
+    assert_eq!(
+        got["pieces"],
+        LAYERS + 2,
+        "before the layers, each layer, after them"
+    );
 }
