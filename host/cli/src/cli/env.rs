@@ -77,6 +77,10 @@ pub(super) fn execute(args: EnvArgs) -> Result<(), Failure> {
             "avx512f": kernels.avx512f,
             "kernels": kernels.path,
             "kernels_why": kernels.why,
+            // The cores this process may run on (its affinity), and the
+            // threads libtorch uses on them.
+            "cores_usable": std::thread::available_parallelism().map_or(1, |n| n.get()),
+            "threads": tch::get_num_threads(),
         },
     });
     if args.json {

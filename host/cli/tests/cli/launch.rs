@@ -112,6 +112,45 @@ fn every_launcher_gives_the_same_ranks() {
 
 /// A rank that fails stops the job: the launcher exits with its status
 /// naming it, promptly, and no process of the job is left.
+/// A process launched alone may use every core this one may, with as
+/// many threads: mpirun does not pin it to one core (it pins each of up to
+/// 2 processes to a core, where 2 threads of one process would halve its
+/// speed); several processes share the cores, one thread each here.
+#[test]
+fn a_launched_process_keeps_the_cores_its_threads_need() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    for (n, threads) in [(1, cores), (cores, 1)] {
+        let out = hearth(&[
+            "launch",
+            "-n",
+            &n.to_string(),
+            "--cpu",
+            "--",
+            HEARTH,
+            "env",
+            "--json",
+        ])
+        .env_remove("OMP_NUM_THREADS")
+        .run()
+        .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let json: serde_json::Value =
+                serde_json::from_str(&line[line.find('{').unwrap()..]).unwrap();
+            let cpu = &json["cpu"];
+            assert_eq!(
+                cpu["threads"].as_u64(),
+                Some(threads),
+                "{n} processes: {line}"
+            );
+            assert!(
+                cpu["cores_usable"].as_u64().unwrap() >= threads,
+                "{n} processes: {line}"
+            );
+        }
+    }
+}
+
 fn failing_job(mode: &str, rank_var: &str) {
     // A sleep no other process runs: what pgrep looks for afterwards.
     let which = if mode == "spawn" { 1 } else { 2 };

@@ -200,7 +200,18 @@ pub(super) fn launch_mpirun(spec: &LaunchSpec, run: &Restart) -> Result<(), Laun
         // One machine: more processes than cores is the user's call.
         None => cmd.arg("--oversubscribe"),
     };
-    if let Some(threads) = threads_per_process(spec.processes) {
+    let threads = threads_per_process(spec.processes);
+    // Open MPI binds each of up to 2 processes to one core: a process of
+    // several threads (one process on 2 cores) would run them all there.
+    let per_process = threads
+        .clone()
+        .or_else(|| std::env::var("OMP_NUM_THREADS").ok())
+        .and_then(|t| t.parse::<usize>().ok())
+        .unwrap_or(1);
+    if per_process > 1 {
+        cmd.args(["--bind-to", "none"]);
+    }
+    if let Some(threads) = threads {
         cmd.env("OMP_NUM_THREADS", threads);
     }
     if running_as_root() {
