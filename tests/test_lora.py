@@ -210,7 +210,7 @@ def other_adapter(folder, **lora):
     return path
 
 
-@pytest.mark.parametrize("case", ["wrong-rank", "missing-target", "glob-matching-nothing", "nothing-trains"])
+@pytest.mark.parametrize("case", ["wrong-rank", "missing-target", "glob-matching-nothing", "frozen-glob-matching-nothing", "nothing-trains"])
 def test_bad_input_is_refused_naming_what(hearth, folder, case):
     model = ""
     if case == "wrong-rank":
@@ -218,7 +218,10 @@ def test_bad_input_is_refused_naming_what(hearth, folder, case):
     elif case == "missing-target":
         model, wants = f'adapter-from = "{other_adapter(folder, target_modules=["q_proj"])}"', ["v_proj.lora_A.weight", "the adapter does not"]
     elif case == "glob-matching-nothing":
-        model, wants = 'frozen = ["m.model.embed_tokens.*"]', ["model.frozen", "m.model.embed_tokens.*", "matches no parameter"]
+        # Without PEFT's wrapper in the name: the glob a user writes first.
+        model, wants = 'trainable = ["m.model.embed_tokens.*"]', ["model.trainable", "m.model.embed_tokens.*", "matches no parameter"]
+    elif case == "frozen-glob-matching-nothing":
+        model, wants = 'frozen = ["m.lm_head[.]*"]', ["model.frozen", "m.lm_head[.]*", "matches no parameter"]
     else:
         model, wants = 'frozen = ["*"]', ["no parameter trains", "model.trainable"]
     text = job(model=model)

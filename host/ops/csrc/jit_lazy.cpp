@@ -136,9 +136,3 @@ extern "C" void hearth_jit_lazy_done(void *lazy, uint64_t memory) {
   records.by_memory.erase(reinterpret_cast<const char *>(memory));
 }
 
-// How many storages still wait for their bytes.
-extern "C" int64_t hearth_jit_lazy_pending(void *lazy) {
-  auto &records = static_cast<hearth_lazy::Lazy *>(lazy)->records;
-  std::lock_guard<std::mutex> hold(records.lock);
-  return static_cast<int64_t>(records.by_memory.size());
-}

@@ -143,7 +143,6 @@ extern "C" {
         size: *mut u64,
     ) -> bool;
     pub fn hearth_jit_lazy_done(lazy: *mut std::ffi::c_void, memory: u64);
-    pub fn hearth_jit_lazy_pending(lazy: *mut std::ffi::c_void) -> i64;
     pub fn hearth_storage_bytes(t: *mut C_tensor) -> i64;
     pub fn hearth_storage_free(t: *mut C_tensor) -> *mut c_char;
     pub fn hearth_storage_take(t: *mut C_tensor, values: *mut C_tensor) -> *mut c_char;

@@ -98,10 +98,4 @@ impl LazyWeights {
         unsafe { ffi::hearth_jit_lazy_done(self.handle.as_ptr(), memory) };
         Ok(true)
     }
-
-    /// How many storages still wait for their bytes.
-    pub fn pending(&self) -> usize {
-        // SAFETY: a live table.
-        unsafe { ffi::hearth_jit_lazy_pending(self.handle.as_ptr()) as usize }
-    }
 }

@@ -45,9 +45,11 @@ impl MpiGroup {
         Pending::new(move || {
             for k in 1..size {
                 let exchange = step.take().expect("posted by the step before");
-                let received = exchange.finish(self, deadline)?;
-                // What process r-1 summed of chunk r-1-k, plus ours.
-                held = received + chunk(rank - 1 - k);
+                let mut received = exchange.finish(self, deadline)?;
+                // What process r-1 summed of chunk r-1-k, plus ours (into
+                // the buffer it arrived in: no allocation per step).
+                let _ = received.g_add_(&chunk(rank - 1 - k));
+                held = received;
                 if k + 1 < size {
                     step = Some(self.ring_exchange(held.shallow_clone(), share));
                 }

@@ -34,12 +34,8 @@ pub fn assign_except(
         return Err(UnitError::NoSuchIgnored { path: path.clone() });
     }
     let mut assigned = assign(tree, units)?;
-    let under = |name: &str, module: &str| {
-        module.is_empty()
-            || (name.starts_with(module) && name.as_bytes().get(module.len()) == Some(&b'.'))
-    };
     for (_, names) in &mut assigned {
-        names.retain(|n| !ignored.iter().any(|m| under(n, m)));
+        names.retain(|n| !ignored.iter().any(|m| crate::models::under(n, m)));
     }
     Ok(assigned)
 }
@@ -77,15 +73,10 @@ pub fn assign(
 
 /// The index in `paths` of the innermost unit containing module `module`.
 fn owner(paths: &[String], module: &str) -> usize {
-    let inside = |unit: &str| {
-        unit.is_empty()
-            || module == unit
-            || (module.starts_with(unit) && module.as_bytes().get(unit.len()) == Some(&b'.'))
-    };
     paths
         .iter()
         .enumerate()
-        .filter(|(_, p)| inside(p))
+        .filter(|(_, p)| crate::models::under(module, p))
         .max_by_key(|(_, p)| p.len())
         .map(|(i, _)| i)
         .unwrap_or(0)
