@@ -149,13 +149,14 @@ def test_lora_trains_its_adapter_as_accelerate_and_peft_do_and_peft_loads_it(hea
 
 
 def test_frozen_weights_stay_bit_identical_under_ddp_and_full_shard_at_a_fraction_of_the_cost(hearth_bin, folder):
-    """2 processes: the base is untouched under DDP and FULL_SHARD (whose
-    units hold frozen and trainable parameters together), both adapters
-    agree, and gradient sync and optimizer state cost about the trainable
+    """2 processes: the base is untouched under DDP, SHARD_GRAD_OP and
+    FULL_SHARD (whose units hold frozen and trainable parameters
+    together), the adapters agree, and gradient sync and optimizer state cost about the trainable
     fraction of a full fine-tune's, measured in the same test."""
     summaries, adapters = {}, {}
     cells = {
         "ddp": ("", ""),
+        "shard-grad-op": ("", 'sharding-strategy = "SHARD_GRAD_OP"'),
         "full-shard": ("", 'sharding-strategy = "FULL_SHARD"'),
         "full-shard-full-ft": ('trainable = ["*"]', 'sharding-strategy = "FULL_SHARD"'),
     }
@@ -169,7 +170,8 @@ def test_frozen_weights_stay_bit_identical_under_ddp_and_full_shard_at_a_fractio
         (run_dir.parent / cell).mkdir()
         run_dir.rename(run_dir.parent / cell / "lora")
     for name, value in adapters["ddp"].items():
-        assert torch.allclose(adapters["full-shard"][name], value, rtol=0, atol=1e-6), name
+        for cell in ("shard-grad-op", "full-shard"):
+            assert torch.allclose(adapters[cell][name], value, rtol=0, atol=1e-6), (cell, name)
     lora, full = summaries["full-shard"], summaries["full-shard-full-ft"]
     wire = lora["gradient_sync"]["bytes"] / full["gradient_sync"]["bytes"]
     state = lora["memory"]["optimizer_bytes"] / full["memory"]["optimizer_bytes"]
@@ -178,12 +180,22 @@ def test_frozen_weights_stay_bit_identical_under_ddp_and_full_shard_at_a_fractio
     print(f"FULL_SHARD LoRA vs full fine-tune: gradient bytes {wire:.4f}x, optimizer bytes {state:.4f}x")
 
 
-def test_a_resumed_lora_run_ends_with_the_unbroken_runs_adapter(hearth_bin, folder):
-    unbroken, _ = run(hearth_bin, folder, job())
+RESUME = {
+    "one-process": (1, ""),
+    # Each process writes its shards of the adapter and its optimizer state.
+    "full-shard-sharded": (2, 'sharding-strategy = "FULL_SHARD"\nstate-dict-type = "SHARDED_STATE_DICT"'),
+}
+
+
+@pytest.mark.parametrize("cell", RESUME)
+def test_a_resumed_lora_run_ends_with_the_unbroken_runs_adapter(hearth_bin, folder, cell):
+    n, fsdp = RESUME[cell]
+    text = job(fsdp=fsdp)
+    unbroken, _ = run(hearth_bin, folder, text, n)
     (folder / "unbroken").mkdir()
     unbroken.rename(folder / "unbroken" / "lora")
-    run(hearth_bin, folder, job(), 1, "--steps", "2")
-    resumed, done = run(hearth_bin, folder, job(), 1, "--resume")
+    run(hearth_bin, folder, text, n, "--steps", "2")
+    resumed, done = run(hearth_bin, folder, text, n, "--resume")
     assert "resumed from" in done.stdout, done.stdout
     want, got = adapter(folder / "unbroken" / "lora" / "adapter"), adapter(resumed / "adapter")
     assert sorted(want) == sorted(got)

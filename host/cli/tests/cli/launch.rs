@@ -110,8 +110,6 @@ fn every_launcher_gives_the_same_ranks() {
     }
 }
 
-/// A rank that fails stops the job: the launcher exits with its status
-/// naming it, promptly, and no process of the job is left.
 /// A process launched alone may use every core this one may, with as
 /// many threads: mpirun does not pin it to one core (it pins each of up to
 /// 2 processes to a core, where 2 threads of one process would halve its
@@ -151,6 +149,8 @@ fn a_launched_process_keeps_the_cores_its_threads_need() {
     }
 }
 
+/// A rank that fails stops the job: the launcher exits with its status
+/// naming it, promptly, and no process of the job is left.
 fn failing_job(mode: &str, rank_var: &str) {
     // A sleep no other process runs: what pgrep looks for afterwards.
     let which = if mode == "spawn" { 1 } else { 2 };

@@ -151,6 +151,21 @@ impl Adapter {
         if config.get("r").and_then(|v| v.as_i64()).is_none() {
             return Err(unsupported("has no integer `r`".into()));
         }
+        // PEFT matches these keys as regular expressions; hearth matches a
+        // module's name or a suffix of whole segments, so a key that is
+        // a pattern is refused rather than silently ignored.
+        for key in ["rank_pattern", "alpha_pattern"] {
+            let patterns = config.get(key).and_then(|v| v.as_object());
+            if let Some(k) = patterns
+                .into_iter()
+                .flat_map(|o| o.keys())
+                .find(|k| k.contains(|c: char| "^$*+?()[]{}|\\".contains(c)))
+            {
+                return Err(unsupported(format!(
+                    "{key} key `{k}` is a regular expression; name the modules (`layers.0.self_attn.q_proj`) instead"
+                )));
+            }
+        }
         Ok(Self {
             dir: dir.into(),
             config,
@@ -288,12 +303,13 @@ impl Adapter {
     }
 }
 
-/// The rank of a LoRA tensor of shape `shape`: `lora_A`'s rows, `lora_B`'s
-/// columns.
+/// The rank of a LoRA tensor of shape `shape`: the rows of `lora_A`
+/// (`[r, in]`) and `lora_embedding_A` (`[r, num_embeddings]`), the columns
+/// of `lora_B` (`[out, r]`) and `lora_embedding_B` (`[dim, r]`).
 fn lora_rank(name: &str, shape: &[i64]) -> Option<i64> {
     let parts: Vec<&str> = name.split('.').collect();
     match parts.iter().find(|p| LORA_SEGMENTS.contains(p)).copied()? {
-        "lora_A" | "lora_embedding_B" => shape.first().copied(),
+        "lora_A" | "lora_embedding_A" => shape.first().copied(),
         _ => shape.get(1).copied(),
     }
 }
@@ -417,7 +433,16 @@ pub fn merge(adapter: &Path, base: &Path, out: &Path) -> Result<Merged, AdapterE
             let value = match (lora.get(&key("lora_A")), lora.get(&key("lora_B"))) {
                 (Some(a), Some(b)) => {
                     used += 2;
-                    let r = a.size()[0];
+                    let (sa, sb) = (a.size(), b.size());
+                    if sa.len() != 2 || sb.len() != 2 || sb[1] != sa[0] {
+                        return Err(AdapterError::Unsupported {
+                            path: adapter.weights_path(),
+                            message: format!(
+                                "the LoRA of {stem} is A {sa:?}, B {sb:?}: hearth merges a Linear's 2-d A [r, in] and B [out, r]"
+                            ),
+                        });
+                    }
+                    let r = sa[0];
                     let scale = adapter.scale_of(stem, r);
                     let delta = b.to_kind(Kind::Float).matmul(&a.to_kind(Kind::Float)) * scale;
                     if delta.size() != w.size() {
@@ -453,7 +478,10 @@ pub fn merge(adapter: &Path, base: &Path, out: &Path) -> Result<Merged, AdapterE
             path: adapter.dir.clone(),
             problems: left
                 .into_iter()
-                .map(|k| format!("{k} has no base weight in {} to merge into", base.display()))
+                .map(|k| match k.contains("lora_embedding_") {
+                    true => format!("{k}: merging an Embedding's LoRA is not supported"),
+                    false => format!("{k} has no base weight in {} to merge into", base.display()),
+                })
                 .collect(),
         });
     }
@@ -518,5 +546,8 @@ mod tests {
         );
         assert_eq!(lora_rank("x.lora_A.weight", &[8, 64]), Some(8));
         assert_eq!(lora_rank("x.lora_B.weight", &[64, 8]), Some(8));
+        // PEFT's Embedding LoRA: A is [r, num_embeddings], B [dim, r].
+        assert_eq!(lora_rank("x.lora_embedding_A", &[8, 256]), Some(8));
+        assert_eq!(lora_rank("x.lora_embedding_B", &[64, 8]), Some(8));
     }
 }

@@ -43,16 +43,19 @@ impl NameMap {
     /// The model names the file's `name` may have: [`apply`](Self::apply)'s,
     /// then those of a model traced from a PEFT `PeftModel` (its base under
     /// `base_model.model.`, and a layer LoRA wraps holding its weights as
-    /// `….base_layer.weight`), as PEFT itself loads a base's weights.
-    pub fn candidates(&self, name: &str) -> [String; 3] {
+    /// `….base_layer.weight`, under `init-key-prefix` when that holds the
+    /// wrapper already), as PEFT itself loads a base's weights.
+    pub fn candidates(&self, name: &str) -> [String; 4] {
         let mapped = self.apply(name);
         let inner = &mapped[self.prefix.len()..];
         let wrapped = format!("{}base_model.model.{inner}", self.prefix);
-        let layer = match wrapped.rsplit_once('.') {
+        let layer = |name: &str| match name.rsplit_once('.') {
             Some((module, leaf)) => format!("{module}.base_layer.{leaf}"),
-            None => wrapped.clone(),
+            None => name.to_string(),
         };
-        [mapped, wrapped, layer]
+        // The last: a prefix that holds PEFT's wrapper already.
+        let (in_wrapper, in_prefix) = (layer(&wrapped), layer(&mapped));
+        [mapped, wrapped, in_wrapper, in_prefix]
     }
 
     /// A model name the file did not give (a parameter left as initialised)
@@ -381,6 +384,7 @@ mod tests {
                 "m.model.layers.0.self_attn.q_proj.weight",
                 "m.base_model.model.model.layers.0.self_attn.q_proj.weight",
                 "m.base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight",
+                "m.model.layers.0.self_attn.q_proj.base_layer.weight",
             ]
         );
     }

@@ -59,18 +59,25 @@ pub(super) fn load(
     };
     let dir = config.resolve(from);
     let err = adapter_err(config);
-    let found = Adapter::open(&dir).map_err(&err)?;
-    let loaded = found.check(&tensors, &lora, prefix(config)).map_err(&err)?;
-    // A model read lazily reads these now, so that the adapter's values
-    // are not overwritten by the file's (or init-from's) later.
-    let names: Vec<String> = loaded.iter().map(|(i, _)| tensors[*i].0.clone()).collect();
-    model.materialize(Some(&names)).map_err(|message| {
-        err(adapter::AdapterError::Unsupported {
-            path: dir.clone(),
-            message,
-        })
-    })?;
-    found.load(&tensors, &loaded).map_err(&err)?;
+    let mine = read(&dir, model, &tensors, &lora, prefix(config));
+    // Every process learns whether each read worked: one that could not
+    // (a folder missing on one machine) stops them all, named.
+    if acc.num_processes() > 1 {
+        let said = mine.as_ref().map(|_| ()).map_err(|e| e.to_string());
+        let all = acc.gather_object(&said)?;
+        if let Some((rank, message)) = all
+            .iter()
+            .enumerate()
+            .find_map(|(r, s)| s.as_ref().err().map(|m| (r, m.clone())))
+        {
+            mine.map_err(&err)?;
+            return Err(err(adapter::AdapterError::Unsupported {
+                path: dir,
+                message: format!("rank {rank} could not read it: {message}"),
+            }));
+        }
+    }
+    let (found, loaded) = mine.map_err(&err)?;
     let others = loaded.len() - lora.tensors.len();
     acc.print(format!(
         "loaded {} LoRA tensors{} from {}",
@@ -88,6 +95,31 @@ pub(super) fn load(
             .map(|(i, peft)| (tensors[i].0.clone(), peft))
             .collect(),
     }))
+}
+
+/// Opens the adapter at `dir`, checks it against `model`'s LoRA tensors
+/// (`lora` of `tensors`) and reads it into them; returns it and what it
+/// loaded.
+fn read(
+    dir: &Path,
+    model: &dyn Model,
+    tensors: &[(String, Tensor)],
+    lora: &LoraNames,
+    prefix: &str,
+) -> Result<(Adapter, Vec<(usize, String)>), adapter::AdapterError> {
+    let found = Adapter::open(dir)?;
+    let loaded = found.check(tensors, lora, prefix)?;
+    // A model read lazily reads these now, so that the adapter's values
+    // are not overwritten by the file's (or init-from's) later.
+    let names: Vec<String> = loaded.iter().map(|(i, _)| tensors[*i].0.clone()).collect();
+    model
+        .materialize(Some(&names))
+        .map_err(|message| adapter::AdapterError::Unsupported {
+            path: dir.into(),
+            message,
+        })?;
+    found.load(tensors, &loaded)?;
+    Ok((found, loaded))
 }
 
 /// Writes `run_dir/adapter/` from the model just saved in `run_dir`

@@ -253,8 +253,6 @@ impl Accelerator {
         }
     }
 
-    /// Remembers a prepared model's `state` (parameters and buffers; the
-    /// names of the buffers in `buffers`) and its sharded units.
     /// [`remember_model`](Self::remember_model) for a model prepared to
     /// train: of its parameters only those that train are checkpointed. A
     /// frozen one is what the model was built from (a LoRA run's
@@ -270,6 +268,8 @@ impl Accelerator {
         self.remember_model(state, buffers, shards);
     }
 
+    /// Remembers a prepared model's `state` (parameters and buffers; the
+    /// names of the buffers in `buffers`) and its sharded units.
     pub(in crate::accelerator) fn remember_model(
         &mut self,
         state: Vec<(String, Tensor)>,

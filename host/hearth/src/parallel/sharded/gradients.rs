@@ -32,7 +32,10 @@ pub(in crate::parallel) fn start<'g>(
     if !unit.trains() {
         return Ok(None);
     }
-    let kind = reduce.unwrap_or(unit.params[0].full.kind());
+    // The trainable parameters' kind (a frozen bf16 base beside float32
+    // LoRA tensors reduces them in float32).
+    let first = unit.trainable().next().expect("a unit that trains");
+    let kind = reduce.unwrap_or(first.full.kind());
     let world = group.num_processes();
     let flat = tch::no_grad(|| unit.pack_gradients(world, kind));
     // The whole gradients are in the packed copy: drop them now, so that

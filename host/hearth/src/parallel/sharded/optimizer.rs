@@ -86,9 +86,10 @@ impl ShardedOptimizer {
         self.place(i)
     }
 
-    /// All-gathers every unit's shards into its whole parameters.
+    /// All-gathers every unit's shards into its whole parameters (a unit of
+    /// frozen parameters alone did not change: it is left as it is).
     fn gather_parameters(&self) -> Result<(), DistError> {
-        for unit in &self.units {
+        for unit in self.units.iter().filter(|u| u.trains()) {
             let flat = tch::no_grad(|| unit.pack_shards());
             let gathered = self.group.all_gather_into(&flat)?;
             unit.unpack_gathered(&gathered);

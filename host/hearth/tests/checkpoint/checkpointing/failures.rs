@@ -137,10 +137,10 @@ fn a_failed_background_write_is_reported_by_the_next_call_and_loses_nothing() {
     acc.wait_for_checkpoint().unwrap();
     // A model with a tensor safetensors cannot store: the snapshot is
     // taken, the background write fails.
-    let model: Box<dyn Model> = Box::new(Complex(Tensor::zeros(
-        [2],
-        (Kind::ComplexFloat, Device::Cpu),
-    )));
+    // (trainable: a checkpoint holds what trains)
+    let model: Box<dyn Model> = Box::new(Complex(
+        Tensor::zeros([2], (Kind::ComplexFloat, Device::Cpu)).set_requires_grad(true),
+    ));
     let _model = acc.prepare(model).unwrap();
     let pending = acc.save_state(None).unwrap();
     let err = acc.save_state(None).unwrap_err().to_string();
