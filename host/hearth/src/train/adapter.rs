@@ -62,20 +62,12 @@ pub(super) fn load(
     let mine = read(&dir, model, &tensors, &lora, prefix(config));
     // Every process learns whether each read worked: one that could not
     // (a folder missing on one machine) stops them all, named.
-    if acc.num_processes() > 1 {
-        let said = mine.as_ref().map(|_| ()).map_err(|e| e.to_string());
-        let all = acc.gather_object(&said)?;
-        if let Some((rank, message)) = all
-            .iter()
-            .enumerate()
-            .find_map(|(r, s)| s.as_ref().err().map(|m| (r, m.clone())))
-        {
-            mine.map_err(&err)?;
-            return Err(err(adapter::AdapterError::Unsupported {
-                path: dir,
-                message: format!("rank {rank} could not read it: {message}"),
-            }));
-        }
+    if let Some((rank, message)) = super::setup::failed_rank(acc, &mine)? {
+        mine.map_err(&err)?;
+        return Err(err(adapter::AdapterError::Unsupported {
+            path: dir,
+            message: format!("rank {rank} could not read it: {message}"),
+        }));
     }
     let (found, loaded) = mine.map_err(&err)?;
     let others = loaded.len() - lora.tensors.len();

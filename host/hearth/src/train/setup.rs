@@ -207,14 +207,9 @@ fn token_cache(
         mine?;
         return Ok(cache);
     };
-    let said = mine.as_ref().map(|_| ()).map_err(|e| e.to_string());
-    let all = acc.gather_object(&said)?;
+    let failed = failed_rank(acc, &mine)?;
     mine?;
-    if let Some((rank, message)) = all
-        .iter()
-        .enumerate()
-        .find_map(|(r, s)| s.as_ref().err().map(|m| (r, m)))
-    {
+    if let Some((rank, message)) = failed {
         return Err(crate::data::DataError::Format {
             path: spec.files[0].clone(),
             message: format!("rank {rank} could not tokenize it: {message}"),
@@ -408,22 +403,14 @@ pub(super) fn pretrained(
         },
         crate::models::Weights::Unmaterialised => Ok(()),
     };
-    if acc.num_processes() > 1 {
-        let said = mine.as_ref().map(|_| ()).map_err(|e| e.to_string());
-        let all = acc.gather_object(&said)?;
-        if let Some((rank, message)) = all
-            .iter()
-            .enumerate()
-            .find_map(|(r, s)| s.as_ref().err().map(|m| (r, m)))
-        {
-            mine.map_err(err)?;
-            return Err(err(crate::checkpoint::pretrained::InitError::Read(
-                crate::checkpoint::CheckpointError::Format {
-                    path: source.clone(),
-                    message: format!("rank {rank} could not read it: {message}"),
-                },
-            )));
-        }
+    if let Some((rank, message)) = failed_rank(acc, &mine)? {
+        mine.map_err(err)?;
+        return Err(err(crate::checkpoint::pretrained::InitError::Read(
+            crate::checkpoint::CheckpointError::Format {
+                path: source.clone(),
+                message: format!("rank {rank} could not read it: {message}"),
+            },
+        )));
     }
     mine.map_err(err)?;
     acc.print(format!(
@@ -431,6 +418,24 @@ pub(super) fn pretrained(
         source.display()
     ));
     Ok(file_names)
+}
+
+/// The first process whose `mine` (each process's own outcome of the
+/// same step) failed, with its message: every process learns it, so all
+/// stop together. `None` when every one worked (or there is one process).
+pub(super) fn failed_rank<T, E: std::fmt::Display>(
+    acc: &Accelerator,
+    mine: &Result<T, E>,
+) -> Result<Option<(usize, String)>, TrainError> {
+    if acc.num_processes() == 1 {
+        return Ok(None);
+    }
+    let said = mine.as_ref().map(|_| ()).map_err(|e| e.to_string());
+    let all = acc.gather_object(&said)?;
+    Ok(all
+        .into_iter()
+        .enumerate()
+        .find_map(|(r, s)| s.err().map(|m| (r, m))))
 }
 
 pub(super) fn optimizer(config: &TrainConfig, model: &dyn Model) -> Box<dyn Optimizer> {
