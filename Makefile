@@ -22,13 +22,13 @@ NEED_NPM :=
 PY_GOAL := python-env
 test setup: APT_PACKAGES += chromium openssl
 test setup: NEED_NPM := 1
-test setup test-isa bench bench-plugins bench-checkpoint bench-fsdp gpu-bundle soak: PY_GOAL := python-test-env
+test setup test-isa bench bench-plugins bench-checkpoint bench-fsdp bench-llama gpu-bundle soak: PY_GOAL := python-test-env
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 HEARTH := target/debug/hearth
 # Plugin crates are unit-tested natively (their .wasm is built for wasm32-wasip2).
 HOST_TARGET = $(shell rustc -vV | sed -n 's/host: //p')
 
-.PHONY: run test test-isa cpu-line setup system-packages wasm-target python-env python-test-env build plugins example-plugins bench bench-plugins bench-checkpoint bench-fsdp gpu-bundle lint soak fuzz docs
+.PHONY: run test test-isa cpu-line setup system-packages wasm-target python-env python-test-env build plugins example-plugins bench bench-plugins bench-checkpoint bench-fsdp bench-llama gpu-bundle lint soak fuzz docs
 
 run: build
 	$(HEARTH) run examples/sort-digits.toml
@@ -158,7 +158,13 @@ $(EXAMPLES)/js-tracker/js-tracker.wasm: $(JS_EXAMPLE)/tracker.js $(JS_EXAMPLE)/w
 bench: build
 	cargo build --release -p hearth-bench --bin save_state
 	cargo build -p hearth-bench --bin bare_tch_gpt
-	$(PY) examples/bench/table.py $(or $(ROUNDS),7)
+	$(PY) examples/bench/table.py $(or $(ROUNDS),5)
+
+# The traced Llama and Qwen2 against Accelerate eager and compiled, float32
+# and bf16, 1 and 2 processes: BENCHMARKS.md's bench-llama section (also
+# written by `make bench`).
+bench-llama: build
+	$(PY) examples/bench/table.py --llama $(or $(ROUNDS),5)
 
 # What a GPU machine with torch but no Rust needs, in .gpu/: there run
 # tests/gpu/checklist.sh OUT (docs/src/gpu-checklist.md; the GPU benchmark is

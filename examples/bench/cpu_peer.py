@@ -7,9 +7,13 @@ differ only in what they name:
                   tests/oracles/peer_gpt.py, at examples/bench-gpt.toml's sizes)
   --model gpt2    a transformers GPT-2 at the user-model row's sizes
                   (user_model.py), the eager module a user would train
+  --model llama   a transformers Llama or Qwen2 at the Llama rows' sizes
+  --model qwen2   (llama_model.py), SDPA attention
   --peer eager    `Accelerator(cpu=True, mixed_precision=...)`
   --peer compiled the same with `dynamo_backend="inductor"` (torch.compile);
                   its first WARMUP steps (the compile) are timed apart
+  --mode          torch.compile's mode for the compiled peer (default, or
+                  max-autotune-no-cudagraphs)
   --precision     no | bf16 (Accelerate's CPU autocast)
   --bind          pins each rank to its CPUS_PER_RANK CPUs (LOCAL_RANK's
                   share, as mpirun binds hearth's ranks)
@@ -49,13 +53,21 @@ def user_gpt2():
     return user_model.LogitsOf(user_model.gpt2(seed=0)), user_model.VOCAB, user_model.SEQ, user_model.BATCH
 
 
+def user_llama(family: str):
+    """A Llama-family row's transformers model, returning its logits."""
+    import llama_model
+
+    return llama_model.logits_of(family, seed=0), llama_model.VOCAB, llama_model.SEQ, llama_model.BATCH
+
+
 def main() -> None:
     args = argparse.ArgumentParser()
-    args.add_argument("--model", choices=["gpt", "gpt2"], default="gpt")
+    args.add_argument("--model", choices=["gpt", "gpt2", "llama", "qwen2"], default="gpt")
     args.add_argument("--peer", choices=["eager", "compiled"], default="eager")
     args.add_argument("--precision", choices=["no", "bf16"], default="no")
     args.add_argument("--steps", type=int, default=60)
     args.add_argument("--bind", action="store_true")
+    args.add_argument("--mode", default=None)
     a = args.parse_args()
     if a.bind:
         # This rank's share of the CPUs it may use, as mpirun binds hearth's.
@@ -65,11 +77,14 @@ def main() -> None:
         os.sched_setaffinity(0, cpus[rank * k:(rank + 1) * k] or cpus[-k:])
 
     from accelerate import Accelerator
+    from accelerate.utils import TorchDynamoPlugin
 
-    acc = Accelerator(cpu=True, mixed_precision=a.precision,
-                      dynamo_backend="inductor" if a.peer == "compiled" else "no")
+    dynamo = TorchDynamoPlugin(backend="inductor" if a.peer == "compiled" else "no",
+                               mode=a.mode if a.peer == "compiled" else None)
+    acc = Accelerator(cpu=True, mixed_precision=a.precision, dynamo_plugin=dynamo)
     torch.manual_seed(0)
-    model, vocab, seq, batch = bench_gpt() if a.model == "gpt" else user_gpt2()
+    build = {"gpt": bench_gpt, "gpt2": user_gpt2}.get(a.model) or (lambda: user_llama(a.model))
+    model, vocab, seq, batch = build()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
     model, opt = acc.prepare(model, opt)
     data = torch.randint(0, vocab, (a.steps, batch, seq + 1))

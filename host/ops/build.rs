@@ -43,6 +43,10 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/guarded.h");
     println!("cargo:rerun-if-changed=csrc/profiler.cpp");
     println!("cargo:rerun-if-changed=csrc/jit_fuse.cpp");
+    println!("cargo:rerun-if-changed=csrc/jit_patterns.cpp");
+    println!("cargo:rerun-if-changed=csrc/jit_values.h");
+    println!("cargo:rerun-if-changed=csrc/llama_blocks.cpp");
+    println!("cargo:rerun-if-changed=csrc/llama_blocks_avx2.cpp");
     println!("cargo:rerun-if-changed=csrc/jit_units.cpp");
     println!("cargo:rerun-if-changed=csrc/storage.cpp");
     println!("cargo:rerun-if-changed=csrc/jit_lazy.cpp");
@@ -65,6 +69,8 @@ fn main() {
         .define("_GLIBCXX_USE_CXX11_ABI", abi.as_str())
         .file(unity_source(&[
             "shim.cpp",
+            "llama_blocks.cpp",
+            "jit_patterns.cpp",
             "jit_fuse.cpp",
             "jit_units.cpp",
             "storage.cpp",
@@ -126,7 +132,12 @@ fn build_avx2_kernels(torch: &std::path::Path) {
     };
     kernels(
         &["-mavx2", "-mfma"],
-        &["gelu_avx2.cpp", "attention_avx2.cpp", "exp_avx2.cpp"],
+        &[
+            "gelu_avx2.cpp",
+            "attention_avx2.cpp",
+            "exp_avx2.cpp",
+            "llama_blocks_avx2.cpp",
+        ],
         "hearth_avx2_kernels",
     );
     kernels(

@@ -9,7 +9,9 @@
 
 namespace hearth_abi {
 
-inline char *message(const char *what) { return strdup(what ? what : "unknown C++ error"); }
+inline char *message(const char *what) {
+  return strdup(what && *what ? what : "a C++ error with no message");
+}
 
 // Runs `f`, turning any C++ exception into its message.
 template <typename F> char *guarded(F &&f) {

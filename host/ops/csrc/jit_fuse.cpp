@@ -1,14 +1,14 @@
 // Rewrites of a loaded TorchScript module's graphs that run the same
 // arithmetic in fewer operators (issue 44: a user's model gets hearth's
-// speed too). The TorchScript interpreter runs a traced module op by op,
-// and autograd records every op: a chain of eight elementwise ops reads and
-// writes the activation eight times forward and again backward.
+// speed too; issue 61: today's model families too). The TorchScript
+// interpreter runs a traced module op by op, and autograd records every op:
+// a chain of eight elementwise ops reads and writes the activation eight
+// times forward and again backward.
 //
-//  - tanh-GELU: transformers' NewGELUActivation (GPT-2, GPT-Neo, ...),
-//      0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))
-//    traced as mul, pow, mul, add, mul, tanh, add, mul, becomes libtorch's
-//    aten::gelu(x, approximate="tanh"), which evaluates that formula in one
-//    vectorised pass and its derivative in one more.
+// The chains that are a fixed sequence of ops — tanh-GELU, and Llama,
+// Qwen2 and Mistral's RMSNorm, SiLU-gated MLP and rotary embedding — are
+// data in jit_patterns.cpp, read by one matcher. Here, the rewrites whose
+// match is a walk rather than a chain:
 //  - an empty cache: a traced transformers model that ran with
 //    use_cache=True concatenates an empty constant (the cache it started
 //    with) in front of every key and value; cat([empty, x]) is x.
@@ -24,10 +24,18 @@
 //    looks at the mask on each call: the causal pattern or all-true runs
 //    as above, anything else runs libtorch's masked attention as before.
 //    Only when hearth's kernels are on (HEARTH_CPU_KERNELS, `hearth env`).
+//  - attention from separate q, k and v projections (Llama, Qwen2,
+//    Mistral), under a computed mask or over key/value heads repeated by
+//    transformers' repeat_kv: hearth::attention of the heads before the
+//    repeat, the mask checked on each call the same way (CPU modules).
+//  - transformers' SiLUActivation module calls, inlined as aten::silu so
+//    that the SiLU-gated MLP's chain lies whole in one graph.
 //
 // Each rewrite is matched exactly (the ops, their constants, and no other
-// use of an intermediate value) and anything else is left as it was.
+// use of an intermediate value) and anything else is left as it was; what
+// was seen and left is reported with the reason.
 
+#include <ATen/autocast_mode.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/ir/ir.h>
@@ -37,7 +45,9 @@
 #include <torch/csrc/jit/passes/subgraph_rewrite.h>
 #include <torch/library.h>
 
+#include "avx2_kernels.h"
 #include "guarded.h"
+#include "jit_values.h"
 #include "kernel_paths.h"
 
 #include <algorithm>
@@ -50,6 +60,9 @@
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
+#include <limits>
+#include <torch/csrc/jit/api/function_impl.h>
 
 // hearth's attention (attention.cpp), as its C ABI gives it.
 extern "C" char *hearth_self_attention(at::Tensor *qkv, int64_t heads, bool causal,
@@ -64,77 +77,7 @@ using torch::jit::Graph;
 using torch::jit::Node;
 using torch::jit::Value;
 
-// What a prim::Constant holds; none for any other value.
-std::optional<c10::IValue> constant(Value *v) {
-  if (v->node()->kind() != c10::prim::Constant) return std::nullopt;
-  return torch::jit::toIValue(v);
-}
-
-// The number a constant holds: a Python float or int, or a one-element
-// tensor (a traced Python scalar); none for anything else.
-std::optional<double> constant_number(Value *v) {
-  auto iv = constant(v);
-  if (!iv) return std::nullopt;
-  if (iv->isDouble()) return iv->toDouble();
-  if (iv->isInt()) return static_cast<double>(iv->toInt());
-  if (iv->isTensor()) {
-    const auto &t = iv->toTensor();
-    if (t.defined() && t.numel() == 1 && t.is_floating_point()) return t.item<double>();
-  }
-  return std::nullopt;
-}
-
-bool is_number(Value *v, double want) {
-  auto got = constant_number(v);
-  return got && std::fabs(*got - want) <= 1e-6 * std::fabs(want);
-}
-
-// transformers' NewGELUActivation as torch.jit.trace records it; the
-// constants are inputs of the pattern, checked by `gelu_constants`.
-const char *TANH_GELU = R"IR(
-graph(%x, %half, %three, %kappa, %alpha, %beta, %one, %alpha2):
-  %a = aten::mul(%x, %half)
-  %p = aten::pow(%x, %three)
-  %b = aten::mul(%p, %kappa)
-  %c = aten::add(%x, %b, %alpha)
-  %d = aten::mul(%c, %beta)
-  %t = aten::tanh(%d)
-  %e = aten::add(%t, %one, %alpha2)
-  %r = aten::mul(%a, %e)
-  return (%r))IR";
-
-const char *FUSED_GELU = R"IR(
-graph(%x, %half, %three, %kappa, %alpha, %beta, %one, %alpha2):
-  %approximate : str = prim::Constant[value="tanh"]()
-  %r = aten::gelu(%x, %approximate)
-  return (%r))IR";
-
-// sqrt(2 / pi), the tanh approximation's scale.
-constexpr double SQRT_2_OVER_PI = 0.7978845608028654;
-
-bool gelu_constants(const torch::jit::Match &match,
-                    const std::unordered_map<std::string, Value *> &names) {
-  auto bound = [&](const char *name) { return match.values_map.at(names.at(name)); };
-  return is_number(bound("half"), 0.5) && is_number(bound("three"), 3.0) &&
-         is_number(bound("kappa"), 0.044715) && is_number(bound("alpha"), 1.0) &&
-         is_number(bound("beta"), SQRT_2_OVER_PI) && is_number(bound("one"), 1.0) &&
-         is_number(bound("alpha2"), 1.0);
-}
-
-// Nodes of kind `kind` in the graph's top-level block and their count.
-int64_t count(Graph &graph, c10::Symbol kind) {
-  int64_t n = 0;
-  for (Node *node : graph.nodes()) n += node->kind() == kind;
-  return n;
-}
-
-int64_t fuse_tanh_gelu(std::shared_ptr<Graph> &graph) {
-  const auto before = count(*graph, c10::aten::gelu);
-  torch::jit::SubgraphRewriter rewriter;
-  rewriter.RegisterRewritePattern(TANH_GELU, FUSED_GELU);
-  rewriter.runOnGraph(graph, gelu_constants);
-  return count(*graph, c10::aten::gelu) - before;
-}
+using namespace hearth_jit_values;
 
 // An empty one-dimensional tensor constant, perhaps moved (aten::to) and
 // detached on its way: what a traced empty cache is.
@@ -272,21 +215,6 @@ at::Tensor masked_self_attention_op(const at::Tensor &qkv, int64_t heads, const 
   }
 }
 
-std::optional<int64_t> constant_int(Value *v) {
-  auto iv = constant(v);
-  return iv && iv->isInt() ? std::optional<int64_t>(iv->toInt()) : std::nullopt;
-}
-
-std::optional<bool> constant_bool(Value *v) {
-  auto iv = constant(v);
-  return iv && iv->isBool() ? std::optional<bool>(iv->toBool()) : std::nullopt;
-}
-
-bool is_none(Value *v) {
-  auto iv = constant(v);
-  return iv && iv->isNone();
-}
-
 // One of q, k, v: part `index` of split(packed, width, -1), viewed as
 // [B, T, heads or -1, head_dim] and transposed to [B, heads, T, head_dim].
 struct Head {
@@ -378,29 +306,209 @@ int64_t fuse_attention(std::shared_ptr<Graph> &graph, int64_t &masked_count) {
   return fused;
 }
 
+// ---- attention from separate q, k and v projections (Llama, Qwen2, Mistral)
+
+// Attention of q [B, H, T, D] over k and v [B, KV, T, D] (H a multiple of
+// KV: grouped-query heads, each key/value head serving H / KV query heads,
+// what transformers' repeat_kv spells out as copies) under a mask the graph
+// computes, checked on each call: the causal pattern or all true runs
+// libtorch's attention without a mask (its flash kernel skips the masked
+// blocks), anything else the masked attention the graph ran, over the
+// repeated heads.
+at::Tensor attention_op(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                        const std::optional<at::Tensor> &mask, std::optional<double> scale,
+                        bool causal, int64_t kernels) {
+  const bool grouped = q.dim() == 4 && k.dim() == 4 && k.size(1) != q.size(1);
+  MaskKind kind = kFullMask;
+  if (mask && mask->defined()) {
+    kind = q.dim() == 4 && k.dim() == 4 && k.size(2) == q.size(2)
+               ? classify_mask(*mask, q.size(0), q.size(1), q.size(2))
+               : kOtherMask;
+    mask_calls[kind].fetch_add(1, std::memory_order_relaxed);
+  } else if (causal) {
+    kind = kCausalMask;
+  }
+  if (kind != kOtherMask) {
+    // Under CPU autocast q, k and v (bf16 or float16 there) run libtorch's
+    // float32 attention where hearth's kernels are on: its reduced-precision
+    // backward on a CPU is several times slower (the same choice as
+    // hearth::self_attention's, attention.cpp). The output goes back in
+    // the precision autocast gave.
+    const auto low = at::autocast::get_autocast_dtype(at::kCPU);
+    if (q.device().is_cpu() && at::autocast::is_autocast_enabled(at::kCPU) &&
+        hearth_avx2::kernels_asked(int32_t(kernels))) {
+      c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+      return at::scaled_dot_product_attention(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat),
+                                              std::nullopt, 0.0, kind == kCausalMask, scale, grouped)
+          .to(low);
+    }
+    return at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, kind == kCausalMask, scale,
+                                            grouped);
+  }
+  auto repeated = [&](const at::Tensor &x) {
+    if (!grouped) return x;
+    const int64_t b = x.size(0), kv = x.size(1), t = x.size(2), d = x.size(3), rep = q.size(1) / kv;
+    return x.unsqueeze(2).expand({b, kv, rep, t, d}).reshape({b, kv * rep, t, d});
+  };
+  return at::scaled_dot_product_attention(q, repeated(k), repeated(v), *mask, 0.0, false, scale);
+}
+
+// Whether `node` is aten::slice(x, dim, 0, INT64_MAX, 1): all of dim `dim`.
+bool whole_slice(Node *node) {
+  return node->kind() == c10::aten::slice && node->inputs().size() == 5 &&
+         constant_int(node->input(2)) == 0 &&
+         constant_int(node->input(3)) == std::numeric_limits<int64_t>::max() &&
+         constant_int(node->input(4)) == 1;
+}
+
+// The key or value heads before transformers' repeat_kv, which writes
+// x[:, :, None, :, :].expand(B, KV, rep, T, D).reshape(B, KV * rep, T, D):
+// whole slices around one unsqueeze at dimension 2, an expand and a
+// reshape. `x` itself where it is not that (no repeat: as many key/value
+// heads as query heads).
+Value *unrepeated(Value *x) {
+  Node *reshape = x->node();
+  if (reshape->kind() != c10::aten::reshape) return x;
+  Node *expand = reshape->input(0)->node();
+  if (expand->kind() != c10::aten::expand) return x;
+  Value *base = expand->input(0);
+  bool unsqueezed = false;
+  while (true) {
+    Node *n = base->node();
+    if (whole_slice(n)) {
+      base = n->input(0);
+    } else if (n->kind() == c10::aten::unsqueeze && !unsqueezed && constant_int(n->input(1)) == 2) {
+      unsqueezed = true;
+      base = n->input(0);
+    } else {
+      break;
+    }
+  }
+  return unsqueezed ? base : x;
+}
+
+// Rewrites scaled_dot_product_attention of separate q, k and v (what the
+// packed rewrite above left) where it has a computed mask or repeated
+// key/value heads: hearth::attention of the heads before repeat_kv.
+// Returns how many; `masked` gets those under a mask, `unfused` a line for
+// each attention seen and left, with the reason.
+int64_t fuse_separate_attention(std::shared_ptr<Graph> &graph, const std::string &where,
+                                int32_t code, int64_t &masked, std::vector<std::string> &unfused) {
+  int64_t fused = 0;
+  for (auto it = graph->nodes().begin(); it != graph->nodes().end();) {
+    Node *sdpa = *it++;
+    if (sdpa->kind() != c10::aten::scaled_dot_product_attention) continue;
+    auto refuse = [&](const std::string &why) {
+      unfused.push_back("attention in " + where + ": aten::scaled_dot_product_attention seen, not fused: " + why);
+    };
+    if (sdpa->inputs().size() != 8) {
+      refuse("a signature of " + std::to_string(sdpa->inputs().size()) + " arguments, not 8");
+      continue;
+    }
+    Value *k = unrepeated(sdpa->input(1)), *v = unrepeated(sdpa->input(2));
+    const bool has_mask = !is_none(sdpa->input(3));
+    const bool repeats = k != sdpa->input(1) || v != sdpa->input(2);
+    auto dropout = constant_number(sdpa->input(4));
+    auto causal = constant_bool(sdpa->input(5));
+    auto gqa = constant_bool(sdpa->input(7));
+    const bool scale_known = is_none(sdpa->input(6)) || constant_number(sdpa->input(6)).has_value();
+    if (!dropout || *dropout != 0.0) { refuse("dropout is not a constant 0"); continue; }
+    if (!causal) { refuse("is_causal is not a constant"); continue; }
+    if (!gqa || (*gqa && repeats)) { refuse("enable_gqa is not a constant false"); continue; }
+    if (!scale_known) { refuse("the scale is not a constant"); continue; }
+    if ((k != sdpa->input(1)) != (v != sdpa->input(2))) {
+      refuse("only one of key and value goes through repeat_kv");
+      continue;
+    }
+    if (!has_mask && !repeats) continue;  // already libtorch's plainest call
+    torch::jit::WithInsertPoint here(sdpa);
+    Value *out = graph->insert(c10::Symbol::fromQualString("hearth::attention"),
+                               {sdpa->input(0), k, v, sdpa->input(3), sdpa->input(6), *causal,
+                                int64_t(code)});
+    out->setType(sdpa->output()->type());
+    sdpa->output()->replaceAllUsesWith(out);
+    sdpa->destroy();
+    ++fused;
+    masked += has_mask;
+  }
+  if (fused) torch::jit::EliminateDeadCode(graph);
+  return fused;
+}
+
+// ---- activation modules
+
+// Calls of a module whose forward is one aten::silu of its input
+// (transformers' SiLUActivation) become that op, so that the SiLU-gated
+// MLP's chain lies whole in its caller's graph. The module stays, uncalled.
+// Whether `graph` is a forward of one aten::silu of its (self, x) input.
+bool is_silu_forward(const Graph &graph) {
+  auto nodes = graph.nodes();
+  if (graph.inputs().size() != 2 || graph.outputs().size() != 1 ||
+      std::distance(nodes.begin(), nodes.end()) != 1) {
+    return false;
+  }
+  const Node *only = *nodes.begin();
+  return only->kind() == c10::aten::silu && only->inputs().size() == 1 &&
+         only->input(0) == graph.inputs()[1] && only->output() == graph.outputs()[0];
+}
+
+int64_t inline_silu_modules(std::shared_ptr<Graph> &graph) {
+  int64_t inlined = 0;
+  for (auto it = graph->nodes().begin(); it != graph->nodes().end();) {
+    Node *call = *it++;
+    if (call->kind() != c10::prim::CallMethod || call->s(c10::attr::name) != "forward" ||
+        call->inputs().size() != 2) {
+      continue;
+    }
+    auto cls = call->input(0)->type()->cast<c10::ClassType>();
+    torch::jit::Function *forward = cls ? cls->findMethod("forward") : nullptr;
+    if (!forward) continue;
+    if (!is_silu_forward(*torch::jit::toGraphFunction(*forward).graph())) continue;
+    torch::jit::WithInsertPoint here(call);
+    Value *silu = graph->insert(c10::aten::silu, {call->input(1)});
+    silu->setType(call->output()->type());
+    call->output()->replaceAllUsesWith(silu);
+    call->destroy();
+    ++inlined;
+  }
+  return inlined;
+}
+
 }  // namespace
 }  // namespace hearth_fuse
 
 TORCH_LIBRARY(hearth, m) {
   m.def("self_attention(Tensor qkv, int heads, bool causal) -> Tensor");
   m.def("masked_self_attention(Tensor qkv, int heads, Tensor mask) -> Tensor");
+  m.def("attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float? scale, bool causal, "
+        "int kernels) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(hearth, CompositeImplicitAutograd, m) {
   m.impl("self_attention", hearth_fuse::self_attention_op);
   m.impl("masked_self_attention", hearth_fuse::masked_self_attention_op);
+  m.impl("attention", hearth_fuse::attention_op);
 }
 
 // Rewrites every method of every module in `handle` (a torch::jit::Module)
-// with hearth's kernel path `kernels`; counts[0] gets the tanh-GELU chains
-// fused, counts[1] the empty concatenations dropped, counts[2] the
-// attentions now hearth's, counts[3] those of them under a mask. Graphs shared between modules of one class are
-// rewritten once.
-extern "C" char *hearth_jit_fuse(void *handle, int32_t kernels, bool on_cpu, int64_t *counts) {
+// with hearth's kernel path `kernels`, into counts[HEARTH_FUSE_COUNTS]:
+//   0 tanh-GELU chains fused        1 empty concatenations dropped
+//   2 packed attentions now hearth's 3 those of them under a mask
+//   4 RMSNorms                      5 SiLU-gated MLPs
+//   6 rotary embeddings             7 attentions of separate q, k, v
+//   8 those of them under a mask
+// and into *report (malloc'd, or null when empty) one line for each chain
+// seen and not fused, with the reason. Graphs shared between modules of one
+// class are rewritten once. The Llama-family rewrites are for CPU modules
+// (their operators run libtorch's chains elsewhere, so nothing is gained).
+extern "C" char *hearth_jit_fuse(void *handle, int32_t kernels, bool on_cpu, int64_t *counts,
+                                 char **report) {
   return hearth_abi::guarded([&] {
     auto &module = *static_cast<torch::jit::Module *>(handle);
     std::unordered_set<torch::jit::Graph *> seen;
-    counts[0] = counts[1] = counts[2] = counts[3] = 0;
+    std::fill(counts, counts + 9, 0);
+    *report = nullptr;
+    std::vector<std::string> unfused;
     // hearth's attention kernels are CPU kernels: a CUDA module keeps sdpa.
     const bool attention = on_cpu && hearth_kernels::path_of(kernels) != hearth_kernels::kLibtorch;
     if (attention) hearth_fuse::attention_kernels.store(kernels);
@@ -408,10 +516,27 @@ extern "C" char *hearth_jit_fuse(void *handle, int32_t kernels, bool on_cpu, int
       for (const auto &method : sub.get_methods()) {
         auto graph = method.graph();
         if (!seen.insert(graph.get()).second) continue;
-        counts[0] += hearth_fuse::fuse_tanh_gelu(graph);
+        const std::string where = sub.type()->name()->name() + "." + method.name();
         counts[1] += hearth_fuse::drop_empty_concatenations(graph);
         if (attention) counts[2] += hearth_fuse::fuse_attention(graph, counts[3]);
+        if (!on_cpu) {
+          std::vector<std::string> ignored;
+          // tanh-GELU is libtorch's own operator on every device.
+          counts[0] +=
+              hearth_patterns::apply(hearth_patterns::patterns()[0], graph, where, kernels, ignored);
+          continue;
+        }
+        // An activation module's own graph: its callers take its op.
+        if (hearth_fuse::is_silu_forward(*graph)) continue;
+        hearth_fuse::inline_silu_modules(graph);
+        hearth_patterns::apply_all(graph, where, kernels, counts, unfused);
+        counts[7] += hearth_fuse::fuse_separate_attention(graph, where, kernels, counts[8], unfused);
       }
+    }
+    if (!unfused.empty()) {
+      std::string text;
+      for (const auto &line : unfused) text += line + "\n";
+      *report = strdup(text.c_str());
     }
   });
 }

@@ -121,6 +121,7 @@ extern "C" {
         kernels: i32,
         on_cpu: bool,
         counts: *mut i64,
+        report: *mut *mut c_char,
     ) -> *mut c_char;
     pub fn hearth_masked_attention_calls(out: *mut i64);
     pub fn hearth_jit_forward(
@@ -180,6 +181,26 @@ extern "C" {
 // host/ops/csrc/gelu.cpp: the exact GELU that keeps its derivative for backward.
 extern "C" {
     pub fn hearth_gelu(x: *mut C_tensor, kernels: i32, out: *mut *mut C_tensor) -> *mut c_char;
+    pub fn hearth_rms_norm(
+        x: *mut C_tensor,
+        weight: *mut C_tensor,
+        eps: f64,
+        kernels: i32,
+        out: *mut *mut C_tensor,
+    ) -> *mut c_char;
+    pub fn hearth_swiglu(
+        gate: *mut C_tensor,
+        up: *mut C_tensor,
+        kernels: i32,
+        out: *mut *mut C_tensor,
+    ) -> *mut c_char;
+    pub fn hearth_rotary(
+        x: *mut C_tensor,
+        cos: *mut C_tensor,
+        sin: *mut C_tensor,
+        kernels: i32,
+        out: *mut *mut C_tensor,
+    ) -> *mut c_char;
     pub fn hearth_cpu_has_avx2_fma() -> bool;
     pub fn hearth_cpu_has_avx512f() -> bool;
     pub fn hearth_cpu_capability(buf: *mut c_char, len: usize) -> usize;

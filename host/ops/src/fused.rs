@@ -91,7 +91,12 @@ pub fn self_attention_is_fused(qkv: &Tensor, heads: i64) -> bool {
     unsafe { ffi::hearth_self_attention_fused(qkv.as_ptr() as *mut C_tensor, heads, path().code()) }
 }
 
+mod llama;
+pub use llama::{rms_norm, rotary, swiglu};
+
 #[cfg(test)]
 mod bounds;
+#[cfg(test)]
+mod llama_tests;
 #[cfg(test)]
 mod tests;

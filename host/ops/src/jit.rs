@@ -68,8 +68,8 @@ extern "C" fn on_buffer(ctx: *mut c_void, name: *const c_char, tensor: *mut C_te
     structure.buffers.push((name, tensor));
 }
 
-/// What [`ScriptModule::fuse`] rewrote.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What [`ScriptModule::fuse`] rewrote, and what it saw and left.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Fused {
     /// tanh-GELU chains now one `aten::gelu(x, approximate="tanh")`.
     pub tanh_gelu: usize,
@@ -80,6 +80,22 @@ pub struct Fused {
     /// Those of them under a mask the graph computes, which runs hearth's
     /// kernels when it is causal or all true ([`masked_attention_calls`]).
     pub masked_attention: usize,
+    /// RMSNorm chains (Llama, Qwen2, Mistral) now `hearth::rms_norm`.
+    pub rms_norm: usize,
+    /// SiLU-gated MLPs, `silu(gate(x)) * up(x)`, now `hearth::swiglu`.
+    pub swiglu: usize,
+    /// Rotary embeddings, `q * cos + rotate_half(q) * sin`, now `hearth::rotary`.
+    pub rotary: usize,
+    /// Attentions of separate q, k and v projections (grouped-query heads
+    /// taken before `repeat_kv`'s copies) now `hearth::attention`.
+    pub separate_attention: usize,
+    /// Those of them under a mask the graph computes, checked on each call
+    /// ([`masked_attention_calls`]): causal or all true runs libtorch's
+    /// attention without the mask.
+    pub masked_separate_attention: usize,
+    /// Each chain the pass saw and left as it was, with the reason (a
+    /// pattern's anchor op outside any of its matches).
+    pub unfused: Vec<String>,
 }
 
 /// How often, in this process, a rewritten attention under a computed mask
@@ -110,7 +126,18 @@ pub fn masked_attention_calls() -> MaskedAttentionCalls {
 impl Fused {
     /// Whether anything was rewritten.
     pub fn any(&self) -> bool {
-        self.tanh_gelu + self.empty_concatenations + self.attention > 0
+        self.rewrites() > 0
+    }
+
+    /// How many rewrites in all (the masked counts are part of theirs).
+    pub fn rewrites(&self) -> usize {
+        self.tanh_gelu
+            + self.empty_concatenations
+            + self.attention
+            + self.rms_norm
+            + self.swiglu
+            + self.rotary
+            + self.separate_attention
     }
 }
 
@@ -129,8 +156,54 @@ impl std::fmt::Display for Fused {
                 self.masked_attention
             )?;
         }
+        let llama = [
+            (self.rms_norm, "RMSNorm(s)"),
+            (self.swiglu, "SiLU-gated MLP(s)"),
+            (self.rotary, "rotary embedding(s)"),
+        ];
+        for (n, what) in llama.iter().filter(|(n, _)| *n > 0) {
+            write!(f, ", {n} {what} fused")?;
+        }
+        if self.separate_attention > 0 {
+            write!(
+                f,
+                ", {} attention(s) of separate q, k, v now hearth's ({} under a mask, \
+                 checked on each call)",
+                self.separate_attention, self.masked_separate_attention
+            )?;
+        }
         Ok(())
     }
+}
+
+/// `text`'s lines, each once in the order first seen, those seen more than
+/// once with their count (every layer of a model reports the same).
+fn counted_lines(text: &str) -> Vec<String> {
+    let mut lines: Vec<(&str, usize)> = Vec::new();
+    for line in text.lines() {
+        match lines.iter_mut().find(|(l, _)| *l == line) {
+            Some((_, n)) => *n += 1,
+            None => lines.push((line, 1)),
+        }
+    }
+    lines
+        .into_iter()
+        .map(|(l, n)| {
+            if n > 1 {
+                format!("{l} (×{n})")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect()
+}
+
+/// This process's kernel path with the Llama-family pattern kernels'
+/// deliberate error (`csrc/kernel_paths.h`'s `kPatternOff`): what the
+/// graph tests load a model with to see that they catch it.
+#[doc(hidden)]
+pub fn pattern_kernels_mutated() -> i32 {
+    crate::cpu_kernels().map_or(0, |path| path.code()) | (3 << 8)
 }
 
 /// A loaded TorchScript module (`torch.jit.load`).
@@ -218,21 +291,49 @@ impl ScriptModule {
         // A kernel path this process cannot honour is refused when hearth
         // starts; here it only means no attention rewrite.
         let kernels = crate::cpu_kernels().map_or(0, |path| path.code());
-        let mut counts = [0i64; 4];
-        // SAFETY: a live module; `counts` holds the four numbers it writes.
+        self.fuse_with(device, kernels)
+    }
+
+    /// [`ScriptModule::fuse`] with the kernels `code` names
+    /// (`csrc/kernel_paths.h`: a path, and in tests a deliberate error).
+    #[doc(hidden)]
+    pub fn fuse_with(&mut self, device: Device, code: i32) -> Result<Fused, TchError> {
+        let mut counts = [0i64; 9];
+        let mut report: *mut c_char = std::ptr::null_mut();
+        // SAFETY: a live module; `counts` holds the nine numbers it writes,
+        // and `report` receives a malloc'd string or null.
         check(unsafe {
             ffi::hearth_jit_fuse(
                 self.0.as_ptr(),
-                kernels,
+                code,
                 device == Device::Cpu,
                 counts.as_mut_ptr(),
+                &mut report,
             )
         })?;
+        let unfused = if report.is_null() {
+            Vec::new()
+        } else {
+            // SAFETY: a NUL-terminated string from strdup, freed once here
+            // by the library's own free function.
+            let text = unsafe { CStr::from_ptr(report) }
+                .to_string_lossy()
+                .into_owned();
+            unsafe { ffi::hearth_free_error(report) };
+            counted_lines(&text)
+        };
+        let n = |i: usize| counts[i] as usize;
         Ok(Fused {
-            tanh_gelu: counts[0] as usize,
-            empty_concatenations: counts[1] as usize,
-            attention: counts[2] as usize,
-            masked_attention: counts[3] as usize,
+            tanh_gelu: n(0),
+            empty_concatenations: n(1),
+            attention: n(2),
+            masked_attention: n(3),
+            rms_norm: n(4),
+            swiglu: n(5),
+            rotary: n(6),
+            separate_attention: n(7),
+            masked_separate_attention: n(8),
+            unfused,
         })
     }
 

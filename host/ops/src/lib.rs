@@ -32,8 +32,11 @@ pub use foreach::{
     clear_grads, foreach_mul_, foreach_norm, fused_adam, fused_sgd, on_grad_accumulated, set_grad,
     AdamHyper, SgdHyper,
 };
-pub use fused::{gelu, self_attention, self_attention_is_fused};
-pub use jit::{masked_attention_calls, Fused, JitStructure, MaskedAttentionCalls, ScriptModule};
+pub use fused::{gelu, rms_norm, rotary, self_attention, self_attention_is_fused, swiglu};
+pub use jit::{
+    masked_attention_calls, pattern_kernels_mutated, Fused, JitStructure, MaskedAttentionCalls,
+    ScriptModule,
+};
 pub use jit_lazy::LazyWeights;
 pub use jit_units::{CutForward, Piece};
 pub use rng::{

@@ -252,6 +252,9 @@ pub(super) fn model(
             if model.fused().any() {
                 tracing::info!("{}: {}", path.display(), model.fused());
             }
+            for line in &model.fused().unfused {
+                tracing::info!("{}: {line}", path.display());
+            }
             Box::new(model)
         }
         ModelKind::Gpt => Box::new(Gpt::with_weights(

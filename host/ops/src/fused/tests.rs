@@ -21,7 +21,7 @@ const RESULT_OFF: i32 = 1 | (2 << 8);
 /// Uniform values in [-scale, scale) from a seeded ChaCha stream: apart
 /// from libtorch's global generator, which tests running beside these
 /// reseed and draw from.
-fn uniform(shape: &[i64], scale: f32, seed: u64) -> Tensor {
+pub(super) fn uniform(shape: &[i64], scale: f32, seed: u64) -> Tensor {
     use rand::{Rng, SeedableRng};
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let n = shape.iter().product::<i64>() as usize;

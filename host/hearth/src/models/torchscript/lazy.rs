@@ -3,7 +3,7 @@
 //! ([`crate::models::Model::materialize`]), one FSDP unit at a time for a
 //! model it shards.
 
-use super::model::{cannot_load, first_line, TorchScriptError, TorchScriptModel};
+use super::model::{cannot_load, first_line, Fusing, TorchScriptError, TorchScriptModel};
 use crate::checkpoint::pretrained::InitPlan;
 use crate::models::{Model, Weights};
 use hearth_ops::ScriptModule;
@@ -45,7 +45,8 @@ impl TorchScriptModel {
             receives: weights == Weights::Unmaterialised,
             read: Default::default(),
         };
-        let model = Self::from_module(module, path, Device::Cpu, fuse, Some(unread))?;
+        let fusing = if fuse { Fusing::On } else { Fusing::Off };
+        let model = Self::from_module(module, path, Device::Cpu, fusing, Some(unread))?;
         for (_, b) in &model.buffers {
             model.read_unread(b).map_err(|message| TorchScriptError {
                 path: path.into(),

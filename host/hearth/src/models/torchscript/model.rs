@@ -78,6 +78,17 @@ pub fn pack_labels(input_ids: &Tensor, labels: &Tensor) -> Tensor {
     Tensor::stack(&[input_ids, labels], 0)
 }
 
+/// Whether loading fuses a module's graph, and with which kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Fusing {
+    /// Run as exported (`[model] fuse-graph = false`).
+    Off,
+    /// With this process's kernel path.
+    On,
+    /// With the pattern kernels' deliberate error (tests only).
+    Mutated,
+}
+
 /// Why a TorchScript file could not be used.
 #[derive(Debug, thiserror::Error)]
 #[error("TorchScript model {path}: {message}")]
@@ -100,7 +111,19 @@ impl TorchScriptModel {
     /// fuse-graph`): false runs the graph exactly as it was exported.
     pub fn load_with(path: &Path, device: Device, fuse: bool) -> Result<Self, TorchScriptError> {
         let module = ScriptModule::load(path, device).map_err(|e| cannot_load(path, &e))?;
-        Self::from_module(module, path, device, fuse, None)
+        let fusing = if fuse { Fusing::On } else { Fusing::Off };
+        Self::from_module(module, path, device, fusing, None)
+    }
+
+    /// [`load`](Self::load) with the pattern kernels' deliberate error
+    /// (`kPatternOff`): for the tests that must see it.
+    #[doc(hidden)]
+    pub fn load_with_mutated_kernels(
+        path: &Path,
+        device: Device,
+    ) -> Result<Self, TorchScriptError> {
+        let module = ScriptModule::load(path, device).map_err(|e| cannot_load(path, &e))?;
+        Self::from_module(module, path, device, Fusing::Mutated, None)
     }
 
     /// The model around a loaded `module`.
@@ -108,22 +131,25 @@ impl TorchScriptModel {
         mut module: ScriptModule,
         path: &Path,
         device: Device,
-        fuse: bool,
+        fuse: Fusing,
         unread: Option<Unread>,
     ) -> Result<Self, TorchScriptError> {
         let err = |message: String| TorchScriptError {
             path: path.into(),
             message,
         };
-        let fused = if fuse {
-            module.fuse(device).map_err(|e| {
+        let fused = match fuse {
+            Fusing::Off => Ok(Fused::default()),
+            Fusing::On => module.fuse(device),
+            Fusing::Mutated => module.fuse_with(device, hearth_ops::pattern_kernels_mutated()),
+        };
+        let fused = {
+            fused.map_err(|e| {
                 err(format!(
                     "its graph could not be fused ({}); set `[model] fuse-graph = false` to run it as exported",
                     first_line(&e)
                 ))
             })?
-        } else {
-            Fused::default()
         };
         let structure = module.structure().map_err(|e| {
             err(format!(
@@ -178,8 +204,8 @@ impl TorchScriptModel {
     }
 
     /// What loading fused in its graph.
-    pub fn fused(&self) -> Fused {
-        self.fused
+    pub fn fused(&self) -> &Fused {
+        &self.fused
     }
 
     /// What `forward` returns.
@@ -225,7 +251,10 @@ pub(super) fn last_line(e: &TchError) -> String {
 
 pub(super) fn first_line(e: &TchError) -> String {
     let text = e.to_string();
-    let line = text.lines().next().unwrap_or_default();
+    let line = text
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default();
     line.strip_prefix("Internal torch error: ")
         .unwrap_or(line)
         .to_string()

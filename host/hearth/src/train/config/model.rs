@@ -83,8 +83,9 @@ pub struct ModelSection {
     /// `init-from`; the run writes the trained one to `adapter/`.
     pub adapter_from: Option<std::path::PathBuf>,
     /// TorchScript: fuse the graph's recognised op chains (transformers'
-    /// tanh-GELU, a traced empty cache) into fewer operators computing the
-    /// same (default true); false runs the graph as exported.
+    /// tanh-GELU, a traced empty cache, attention, and Llama-family RMSNorm,
+    /// SiLU-gated MLP and rotary embeddings) into fewer operators computing
+    /// the same (default true); false runs the graph as exported.
     pub fuse_graph: Option<bool>,
 }
 
