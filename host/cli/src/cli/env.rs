@@ -205,12 +205,12 @@ fn cpu_kernels_report() -> CpuKernelsReport {
         (Ok(CpuKernels::Avx2), _) => ("avx2", "AVX2 and FMA here".to_string()),
         (Ok(CpuKernels::Libtorch), _) if !avx2_fma => (
             "off",
-            "no AVX2 and FMA here: libtorch's GELU and attention".to_string(),
+            "no AVX2 and FMA here: libtorch's operators for the fused chains (GELU, attention, RMSNorm, SwiGLU, rotary)".to_string(),
         ),
         (Ok(CpuKernels::Libtorch), _) => (
             "off",
             format!(
-                "libtorch's level is {libtorch_level}{}: libtorch's GELU and attention",
+                "libtorch's level is {libtorch_level}{}: libtorch's operators for the fused chains (GELU, attention, RMSNorm, SwiGLU, rotary)",
                 pinned_by()
             ),
         ),
