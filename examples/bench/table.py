@@ -34,6 +34,7 @@ import data_loading  # noqa: E402
 import cpu_rows  # noqa: E402
 import plugin_overhead  # noqa: E402
 import save_state_vs_accelerate  # noqa: E402
+import traced_llama_fsdp  # noqa: E402
 import verdict  # noqa: E402
 
 med = statistics.median
@@ -272,16 +273,8 @@ def write_llama_section(rounds: int) -> None:
             f"Accelerate (fused AdamW, SDPA) eager and compiled (torch.compile's default mode and "
             f"max-autotune-no-cudagraphs tried, the faster kept, the compile left out). {VERDICT_NOTE}\n\n"
             f"- when: {when}, commit {commit()}; machine: {machine()}; rounds: at least {rounds}\n\n{table}\n")
-    path = ROOT / "BENCHMARKS.md"
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    begin, end = f"<!-- begin {LLAMA_SECTION} -->", f"<!-- end {LLAMA_SECTION} -->"
-    block = f"{begin}\n{body}{end}"
-    if begin in text:
-        text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
-    else:
-        text = text.rstrip("\n") + f"\n\n{block}\n"
-    path.write_text(text)
-    print(f"\n{LLAMA_SECTION} written to {path}")
+    traced_llama_fsdp.write_section(body.rstrip("\n"), LLAMA_SECTION)
+    print(f"\n{LLAMA_SECTION} written to {ROOT / 'BENCHMARKS.md'}")
 
 
 def commit() -> str:

@@ -74,6 +74,24 @@ def loss_and_grads(module, ids, targets):
     return logits.detach(), grads
 
 
+def write_values(traced_path, exact, ids, targets, out) -> None:
+    """out/pytorch.safetensors: `f32.*` from the traced module at
+    `traced_path` run op by op, `f64.*` from `exact` (the eager module in
+    float64) under the names the traced module gives its parameters."""
+    tensors = {}
+    traced = torch.jit.load(str(traced_path))
+    traced.train()
+    logits, grads = loss_and_grads(traced, ids, targets)
+    tensors["f32.logits"] = logits
+    tensors.update({f"f32.grad.{n}": g for n, g in grads.items()})
+    logits, grads = loss_and_grads(exact.train(), ids, targets)
+    tensors["f64.logits"] = logits
+    # The traced module names a tied weight once; take the same names.
+    tensors.update({f"f64.grad.{n}": grads[n] for n in [k[len("f32.grad."):] for k in list(tensors)
+                                                         if k.startswith("f32.grad.")]})
+    save_file({k: v.contiguous() for k, v in tensors.items()}, out / "pytorch.safetensors")
+
+
 def main() -> None:
     out = pathlib.Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
@@ -91,20 +109,7 @@ def main() -> None:
     torch.jit.trace(wrapper(model), ids[:2]).save(str(out / "gpt2.pt"))
     save_file({"ids": ids, "targets": targets}, out / "batch.safetensors")
 
-    tensors = {}
-    traced = torch.jit.load(str(out / "gpt2.pt"))
-    traced.train()
-    logits, grads = loss_and_grads(traced, ids, targets)
-    tensors["f32.logits"] = logits
-    tensors.update({f"f32.grad.{n}": g for n, g in grads.items()})
-
-    exact = wrapper(model).double().train()
-    logits, grads = loss_and_grads(exact, ids, targets)
-    tensors["f64.logits"] = logits
-    # The traced module names a tied weight once; take the same names.
-    tensors.update({f"f64.grad.{n}": grads[n] for n in [k[len("f32.grad."):] for k in list(tensors) if k.startswith("f32.grad.")]})
-    save_file({k: v.contiguous() for k, v in tensors.items()}, out / "pytorch.safetensors")
-
+    write_values(out / "gpt2.pt", wrapper(model).double(), ids, targets, out)
 
 if __name__ == "__main__":
     main()

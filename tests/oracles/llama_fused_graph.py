@@ -25,7 +25,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 import hf_causal  # noqa: E402
-from gpt2_fused_graph import loss_and_grads  # noqa: E402
+from gpt2_fused_graph import write_values  # noqa: E402
 
 SEQ = 48
 # Weights drawn wider than transformers' default (0.02), so that the gates
@@ -57,19 +57,7 @@ def main() -> None:
     torch.jit.trace(wrapper(model), ids[:2]).save(str(out / "model.pt"))
     save_file({"ids": ids, "targets": targets}, out / "batch.safetensors")
 
-    tensors = {}
-    traced = torch.jit.load(str(out / "model.pt"))
-    traced.train()
-    logits, grads = loss_and_grads(traced, ids, targets)
-    tensors["f32.logits"] = logits
-    tensors.update({f"f32.grad.{n}": g for n, g in grads.items()})
-    exact = wrapper(model).double().train()
-    logits, grads = loss_and_grads(exact, ids, targets)
-    tensors["f64.logits"] = logits
-    tensors.update({f"f64.grad.{n}": grads[n] for n in [k[len("f32.grad."):] for k in list(tensors)
-                                                         if k.startswith("f32.grad.")]})
-    save_file({k: v.contiguous() for k, v in tensors.items()}, out / "pytorch.safetensors")
-
+    write_values(out / "model.pt", wrapper(model).double(), ids, targets, out)
 
 if __name__ == "__main__":
     main()

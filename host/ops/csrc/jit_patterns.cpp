@@ -84,7 +84,7 @@ Arg keyword(const char *name, Arg arg) {
 // stay as they were computed.
 struct Pattern {
   const char *name;
-  const char *chain;
+  std::string chain;
   std::vector<Expect> expect;
   const char *op;
   std::vector<Arg> args;
@@ -99,6 +99,31 @@ constexpr double SQRT_2_OVER_PI = 0.7978845608028654;
 constexpr double FLOAT32 = 6;
 // INT64_MAX, a traced slice's open end (`x[..., h:]`).
 constexpr double OPEN_END = 9223372036854775807.0;
+
+// RMSNorm returning `outputs`: the normed value alone, or with the input
+// cast to float32 (see the file's head).
+Pattern rms_norm(const char *outputs) {
+  return {"RMSNorm",
+          std::string(R"IR(
+graph(%x, %f32, %nb, %cp, %mf, %two, %last, %keep, %mdt, %eps, %alpha, %f32b, %nb2, %cp2, %mf2, %weight):
+  %h = aten::to(%x, %f32, %nb, %cp, %mf)
+  %p = aten::pow(%h, %two)
+  %dims : int[] = prim::ListConstruct(%last)
+  %v = aten::mean(%p, %dims, %keep, %mdt)
+  %ve = aten::add(%v, %eps, %alpha)
+  %r = aten::rsqrt(%ve)
+  %n = aten::mul(%h, %r)
+  %n2 = aten::to(%n, %f32b, %nb2, %cp2, %mf2)
+  %y = aten::mul(%weight, %n2)
+  return ()IR") + outputs + ")",
+          {number("f32", FLOAT32), number("nb", 0), number("cp", 0), none("mf"), number("two", 2),
+           number("last", -1), number("keep", 1), none("mdt"), positive("eps"), number("alpha", 1),
+           number("f32b", FLOAT32), number("nb2", 0), number("cp2", 0), none("mf2")},
+          "hearth::rms_norm",
+          {value("x"), value("weight"), number_of("eps"), kernels()},
+          "aten::rsqrt",
+          kRmsNorm};
+}
 
 const std::vector<Pattern> &patterns() {
   static const std::vector<Pattern> table = {
@@ -120,46 +145,8 @@ graph(%x, %half, %three, %kappa, %alpha, %beta, %one, %alpha2):
        {value("x"), keyword("approximate", string("tanh"))},
        "aten::tanh",
        kTanhGelu},
-      {"RMSNorm",
-       R"IR(
-graph(%x, %f32, %nb, %cp, %mf, %two, %last, %keep, %mdt, %eps, %alpha, %f32b, %nb2, %cp2, %mf2, %weight):
-  %h = aten::to(%x, %f32, %nb, %cp, %mf)
-  %p = aten::pow(%h, %two)
-  %dims : int[] = prim::ListConstruct(%last)
-  %v = aten::mean(%p, %dims, %keep, %mdt)
-  %ve = aten::add(%v, %eps, %alpha)
-  %r = aten::rsqrt(%ve)
-  %n = aten::mul(%h, %r)
-  %n2 = aten::to(%n, %f32b, %nb2, %cp2, %mf2)
-  %y = aten::mul(%weight, %n2)
-  return (%y))IR",
-       {number("f32", FLOAT32), number("nb", 0), number("cp", 0), none("mf"), number("two", 2),
-        number("last", -1), number("keep", 1), none("mdt"), positive("eps"), number("alpha", 1),
-        number("f32b", FLOAT32), number("nb2", 0), number("cp2", 0), none("mf2")},
-       "hearth::rms_norm",
-       {value("x"), value("weight"), number_of("eps"), kernels()},
-       "aten::rsqrt",
-       kRmsNorm},
-      {"RMSNorm",
-       R"IR(
-graph(%x, %f32, %nb, %cp, %mf, %two, %last, %keep, %mdt, %eps, %alpha, %f32b, %nb2, %cp2, %mf2, %weight):
-  %h = aten::to(%x, %f32, %nb, %cp, %mf)
-  %p = aten::pow(%h, %two)
-  %dims : int[] = prim::ListConstruct(%last)
-  %v = aten::mean(%p, %dims, %keep, %mdt)
-  %ve = aten::add(%v, %eps, %alpha)
-  %r = aten::rsqrt(%ve)
-  %n = aten::mul(%h, %r)
-  %n2 = aten::to(%n, %f32b, %nb2, %cp2, %mf2)
-  %y = aten::mul(%weight, %n2)
-  return (%y, %h))IR",
-       {number("f32", FLOAT32), number("nb", 0), number("cp", 0), none("mf"), number("two", 2),
-        number("last", -1), number("keep", 1), none("mdt"), positive("eps"), number("alpha", 1),
-        number("f32b", FLOAT32), number("nb2", 0), number("cp2", 0), none("mf2")},
-       "hearth::rms_norm",
-       {value("x"), value("weight"), number_of("eps"), kernels()},
-       "aten::rsqrt",
-       kRmsNorm},
+      rms_norm("%y"),
+      rms_norm("%y, %h"),
       {"SwiGLU",
        R"IR(
 graph(%gate, %up):
