@@ -36,6 +36,17 @@ pub enum DistError {
         /// the timeout, when the backend could call one.
         silent: Option<Vec<usize>>,
     },
+    /// A collective asked for after an earlier one of this process timed
+    /// out: it fails at once instead of waiting out another timeout.
+    #[error("{op} on rank {rank} was not waited for: an earlier collective of this process timed out{}; the process group cannot be used any more", lost_earlier(.silent.as_deref()))]
+    Broken {
+        /// The collective.
+        op: &'static str,
+        /// This process.
+        rank: usize,
+        /// What the earlier timeout's roll call found, if it called one.
+        silent: Option<Vec<usize>>,
+    },
     /// The backend cannot do this (a dtype, a device, a world it does not serve).
     #[error("{op} on the {backend} backend: {message}")]
     Unsupported {
@@ -80,6 +91,11 @@ pub fn collectives_broken() -> bool {
 /// Marks this process's collectives broken (see [`collectives_broken`]).
 pub(crate) fn mark_collectives_broken() {
     BROKEN.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// What the earlier timeout's roll call found, after a colon.
+fn lost_earlier(silent: Option<&[usize]>) -> String {
+    silent.map_or_else(String::new, |s| format!(": {}", lost_ranks(Some(s))))
 }
 
 /// Who a timed-out collective waited for, in words.

@@ -31,9 +31,16 @@ pub(crate) trait RollCall: Send {
 /// timeouts (the group is broken by then) report them again rather than
 /// call another, whose answers the first one's may take.
 pub(crate) fn silent_once(call: impl FnOnce() -> Vec<usize>) -> Vec<usize> {
-    static SILENT: OnceLock<Vec<usize>> = OnceLock::new();
     SILENT.get_or_init(call).clone()
 }
+
+/// What the first roll call of this process found, if one was called.
+pub(crate) fn silent_so_far() -> Option<Vec<usize>> {
+    SILENT.get().cloned()
+}
+
+/// The first roll call's answer (see [`silent_once`]).
+static SILENT: OnceLock<Vec<usize>> = OnceLock::new();
 
 /// The roll call over the job's store (NCCL joined through it): each
 /// process sets `hearth/roll-call/<rank>`, then polls for its peers' keys

@@ -239,6 +239,17 @@ impl MpiGroup {
                 Ok(_) => return Ok(()),
                 Err(pending) => request = pending,
             }
+            // After a timeout (this collective's, on another group, or
+            // one that started earlier) no process waits for the rest:
+            // waiting out a second timeout would only delay the stop.
+            if crate::process_group::collectives_broken() {
+                std::mem::forget(request);
+                return Err(DistError::Broken {
+                    op,
+                    rank: self.world_rank(self.rank),
+                    silent: roll_call::silent_so_far(),
+                });
+            }
             if Instant::now() >= deadline {
                 // Cannot be cancelled: forget it (its buffers are leaked).
                 std::mem::forget(request);

@@ -73,7 +73,8 @@ impl NcclGroup {
         deadline: Instant,
         call: impl FnOnce(ncsys::cudaStream_t) -> Result<nc::NcclStatus, nc::NcclError>,
     ) -> Result<Launched, DistError> {
-        if self.aborted.get() {
+        // A timeout on another group (or backend) stops this process too.
+        if self.aborted.get() || crate::process_group::collectives_broken() {
             return Err(aborted(op));
         }
         let flags = cusys::CUevent_flags::CU_EVENT_DISABLE_TIMING;

@@ -39,6 +39,19 @@ fn child_collectives() {
                 "rank {r}: {e} after {:.1} s",
                 started.elapsed().as_secs_f64()
             );
+            // A collective after the timeout fails at once, naming the
+            // earlier one's finding, rather than waiting out its own.
+            let then = Instant::now();
+            let again = acc.gather(&x).unwrap_err();
+            let waited = then.elapsed();
+            eprintln!(
+                "rank {r}: then {again} (waited {} s)",
+                if waited < Duration::from_secs(3) {
+                    "under 3"
+                } else {
+                    "3 or more"
+                }
+            );
             std::process::exit(1);
         }
         Err(e) => panic!("{e}"),
@@ -226,6 +239,10 @@ fn a_rank_that_hangs_makes_the_others_time_out_and_the_job_stop() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("rank 0: all_reduce did not complete within 3s on rank 0 of 2: rank 1 did not answer (it hangs, or its process is gone)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("rank 0: then all_gather_bytes on rank 0 was not waited for: an earlier collective of this process timed out: rank 1 did not answer (it hangs, or its process is gone); the process group cannot be used any more (waited under 3 s)"),
         "{stderr}"
     );
     assert!(
