@@ -111,3 +111,22 @@ def test_the_config_reference_page_is_what_the_code_generates():
         "docs/src/config-reference.md differs from the config types: run "
         "`python3 tests/tools/config_reference.py --write`"
     )
+
+
+def test_the_config_reference_lists_every_key_of_every_section():
+    """The page's own drift check above compares the page with the renderer;
+    this one reads the schema apart from the renderer's logic, so a renderer
+    that skips a section (as it once skipped every optional one) fails."""
+    schema = config_reference.schema()
+    page = config_reference.PAGE.read_text()
+    missing = []
+    for name in schema["properties"]:
+        heading, body = config_reference.section_body(name, schema)
+        start = page.find(f"## `{heading}`")
+        assert start >= 0, f"the config reference has no {heading} section"
+        end = page.find("\n## ", start + 1)
+        text = page[start:] if end < 0 else page[start:end]
+        missing += [f"{heading} {key}" for key in body.get("properties", {}) if f"| `{key}` |" not in text]
+    sections_with_keys = [n for n in schema["properties"] if config_reference.section_body(n, schema)[1].get("properties")]
+    assert {"fsdp", "scheduler", "profile"} <= set(sections_with_keys), sections_with_keys
+    assert not missing, f"keys of the schema the page lacks: {missing}"

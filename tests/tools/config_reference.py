@@ -41,6 +41,31 @@ def resolve(node: dict, defs: dict) -> dict:
     return node
 
 
+def unwrap_optional(node: dict, defs: dict) -> dict:
+    """An optional section (`anyOf` of a table and null, as schemars writes
+    `Option<Section>`) as the table it holds; anything else unchanged."""
+    node = resolve(node, defs)
+    parts = [p for p in node.get("anyOf", []) if p.get("type") != "null"]
+    if len(parts) == 1 and len(parts) < len(node["anyOf"]):
+        rest = {k: v for k, v in node.items() if k != "anyOf"}
+        return {**resolve(parts[0], defs), **rest}
+    return node
+
+
+def section_body(name: str, s: dict) -> tuple[str, dict]:
+    """The heading of top-level table `name` and the schema of its keys:
+    `[name]`, `[[name]]` (an array of tables) or `[name.<name>]` (a table of
+    named tables)."""
+    defs = s.get("$defs", {})
+    target = unwrap_optional(s["properties"][name], defs)
+    if target.get("type") == "array":
+        return f"[[{name}]]", unwrap_optional(target.get("items", {}), defs)
+    extra = target.get("additionalProperties")
+    if isinstance(extra, dict) and not target.get("properties"):
+        return f"[{name}.<name>]", unwrap_optional(extra, defs)
+    return f"[{name}]", target
+
+
 def type_of(node: dict, defs: dict) -> str:
     """A short type: `integer`, `"a" \\| "b"`, `list of string`, `table`."""
     node = resolve(node, defs)
@@ -101,16 +126,7 @@ def render(s: dict) -> str:
     names = [n for n in ORDER if n in props] + sorted(n for n in props if n not in ORDER)
     for name in names:
         node = props[name]
-        target = resolve(node, defs)
-        if target.get("type") == "array":
-            heading = f"[[{name}]]"
-            body = resolve(target.get("items", {}), defs)
-        elif "additionalProperties" in target and isinstance(target["additionalProperties"], dict) and not target.get("properties"):
-            heading = f"[{name}.<name>]"
-            body = resolve(target["additionalProperties"], defs)
-        else:
-            heading = f"[{name}]"
-            body = target
+        heading, body = section_body(name, s)
         lines += [f"## `{heading}`", ""]
         lines.append(one_line(node.get("description")) + (" Required." if name in required else ""))
         lines.append("")
