@@ -20,7 +20,7 @@ impl Accelerator {
     pub fn distributed_type(&self) -> DistributedType {
         if self.num_processes() == 1 {
             DistributedType::No
-        } else if self.device.is_cuda() && self.ddp.fsdp.is_some() {
+        } else if self.device.is_cuda() && self.data_parallel.fsdp().is_some() {
             DistributedType::Fsdp
         } else if self.device.is_cuda() {
             DistributedType::MultiGpu

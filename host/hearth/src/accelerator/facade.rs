@@ -67,7 +67,7 @@ pub struct Accelerator {
     pub(super) unagreed_save: bool,
     /// The host buffers asynchronous saves copy the state into.
     pub(super) snapshot_buffers: super::checkpointing::SnapshotBuffers,
-    pub(super) ddp: crate::parallel::data_parallel::DataParallel,
+    pub(super) data_parallel: crate::parallel::data_parallel::DataParallel,
     /// Set by [`set_trigger`](Self::set_trigger), read by `check_trigger`.
     pub(super) trigger: std::sync::atomic::AtomicBool,
     /// The builder's `profile_kwargs`, for [`profile`](Self::profile).
@@ -123,7 +123,11 @@ impl Accelerator {
             provisional: None,
             unagreed_save: false,
             snapshot_buffers: Default::default(),
-            ddp: crate::parallel::data_parallel::DataParallel::new(s.ddp, s.fsdp, s.plugin_path),
+            data_parallel: crate::parallel::data_parallel::DataParallel::new(
+                s.ddp,
+                s.fsdp,
+                s.plugin_path,
+            ),
             trigger: Default::default(),
             profile_handler: s.profile,
             unprepared: super::unprepared::PreparedCheck::new(s.check_prepared),
@@ -144,7 +148,7 @@ impl Accelerator {
         inner: Box<dyn Optimizer>,
     ) -> Result<AcceleratedOptimizer, PrepareError> {
         let inner = self
-            .ddp
+            .data_parallel
             .wrap_optimizer(self.group.as_ref(), inner)
             .map_err(PrepareError::Sharding)?;
         let opt = AcceleratedOptimizer::new(inner, self.state.clone(), self.scaler.clone());
@@ -242,13 +246,13 @@ impl Accelerator {
     /// backward passes (DDP's `no_sync`): they add up locally until a
     /// backward outside it.
     pub fn no_sync<R>(&self, f: impl FnOnce() -> R) -> R {
-        self.ddp.while_set(&self.ddp.no_sync, f)
+        self.data_parallel.no_sync(f)
     }
 
     /// Runs `f` with gradient averaging on for its backward passes even
     /// inside `no_sync` (Accelerate's `trigger_sync_in_backward`).
     pub fn trigger_sync_in_backward<R>(&self, f: impl FnOnce() -> R) -> R {
-        self.ddp.while_set(&self.ddp.forced, f)
+        self.data_parallel.forced_sync(f)
     }
 
     /// Autocast for this accelerator's mixed precision while the guard
@@ -371,7 +375,7 @@ impl Accelerator {
         } else {
             loss.shallow_clone()
         };
-        self.ddp
+        self.data_parallel
             .backward(self.group.as_ref(), || match &self.scaler {
                 Some(scaler) => scaler.lock().unwrap().scale(&loss).f_backward(),
                 None => loss.f_backward(),
@@ -471,7 +475,7 @@ impl Accelerator {
         registered.shards.clear();
         registered.schedulers.clear();
         registered.loaders.clear();
-        self.ddp.forget();
+        self.data_parallel.forget();
         self.micro_steps
             .store(0, std::sync::atomic::Ordering::Relaxed);
         self.state.set_accumulation_position(0);

@@ -59,7 +59,7 @@ impl Accelerator {
             return Ok(body());
         }
         let uneven = !even_batches.unwrap_or(self.shard().even_batches);
-        if uneven && self.ddp.shards() {
+        if uneven && self.data_parallel.shards() {
             return Err(JoinError::Sharded);
         }
         let state = self.gradient_state();
@@ -71,21 +71,19 @@ impl Accelerator {
                 if let Some(before) = self.1 {
                     self.0.gradient_state().set_even_batches_override(before);
                 }
-                let joining = &self.0.ddp.joining;
-                joining.store(self.2, std::sync::atomic::Ordering::Relaxed);
+                self.0.data_parallel.set_joining(self.2);
             }
         }
-        let joining = &self.ddp.joining;
-        let was = joining.swap(uneven, std::sync::atomic::Ordering::Relaxed);
+        let was = self.data_parallel.set_joining(uneven);
         let _restore = Restore(self, before, was);
         let out = body();
         if uneven {
             // A model sharded inside `body` has the same units everywhere:
             // every process refuses here alike.
-            if self.ddp.shards() {
+            if self.data_parallel.shards() {
                 return Err(JoinError::Sharded);
             }
-            self.ddp.join(group)?;
+            self.data_parallel.join(group)?;
         }
         Ok(out)
     }

@@ -17,10 +17,7 @@ impl Accelerator {
             unitwise
                 .gather_all()
                 .unwrap_or_else(|e| panic!("unwrap_model: {}", hearth_ops::error_chain(&e)));
-            self.ddp
-                .unitwise
-                .borrow_mut()
-                .retain(|u| !std::rc::Rc::ptr_eq(u, unitwise));
+            self.data_parallel.forget_unitwise(unitwise);
         }
         model.into_inner()
     }
@@ -30,7 +27,7 @@ impl Accelerator {
     /// copied unit by unit (never more than one unit whole beyond what
     /// training holds): every process must call it.
     pub fn get_state_dict(&self, model: &(impl StateDict + ?Sized)) -> Vec<(String, Tensor)> {
-        self.ddp
+        self.data_parallel
             .whole_copies(&model.state_dict(), true, None)
             .unwrap_or_else(|e| panic!("get_state_dict: {}", hearth_ops::error_chain(&e)))
     }
@@ -63,11 +60,11 @@ impl Accelerator {
     ) -> Result<Option<SavedModel>, CheckpointError> {
         let main = self.is_main_process();
         let state = model.state_dict();
-        if !self.ddp.full_shards().is_empty() {
+        if !self.data_parallel.full_shards().is_empty() {
             return self.save_model_streamed(&state, dir, max_shard_size, name);
         }
         let tensors = self
-            .ddp
+            .data_parallel
             .whole_copies(&state, main, None)
             .map_err(|e| super::checkpointing::gather_failed(dir, &e))?;
         if !main {
@@ -92,7 +89,7 @@ impl Accelerator {
     ) -> Result<Option<SavedModel>, CheckpointError> {
         use crate::checkpoint::TensorMeta;
         let gather_failed = |e| super::checkpointing::gather_failed(dir, &e);
-        let shapes = self.ddp.whole_shapes();
+        let shapes = self.data_parallel.whole_shapes();
         let metas: Vec<TensorMeta> = state
             .iter()
             .map(|(n, t)| match shapes.get(n) {
@@ -105,7 +102,7 @@ impl Accelerator {
             })
             .collect();
         let order = crate::checkpoint::write_order(&metas, max_shard_size)?;
-        let mut stream = self.ddp.whole_stream(state);
+        let mut stream = self.data_parallel.whole_stream(state);
         let saved = match self.is_main_process() {
             true => Some(crate::checkpoint::save_model_from(
                 dir,

@@ -36,7 +36,7 @@ impl super::Accelerator {
             .map(|(_, t)| (t.numel() * t.kind().elt_size_in_bytes()) as u64)
             .sum::<u64>()
             + self
-                .ddp
+                .data_parallel
                 .full_shards()
                 .iter()
                 .filter_map(|u| u.full_shard().map(|f| f.shard_bytes()))
@@ -55,7 +55,7 @@ impl super::Accelerator {
 
     /// The FSDP settings this accelerator shards with, if any.
     pub fn fsdp_settings(&self) -> Option<&FsdpSettings> {
-        self.ddp.fsdp.as_ref()
+        self.data_parallel.fsdp()
     }
 
     /// True when `prepare` shards a model where it is before placing it on

@@ -25,7 +25,9 @@ impl Accelerator {
         &self,
         dir: &Path,
     ) -> Result<crate::parallel::data_parallel::Summoned, CheckpointError> {
-        self.ddp.summon().map_err(|e| gather_failed(dir, &e))
+        self.data_parallel
+            .summon()
+            .map_err(|e| gather_failed(dir, &e))
     }
 
     /// Restores a checkpoint written by [`save_state`](Self::save_state)

@@ -27,9 +27,8 @@ impl Accelerator {
     /// True when checkpoints are saved sharded (`state-dict-type =
     /// "SHARDED_STATE_DICT"`).
     pub(super) fn saves_sharded(&self) -> bool {
-        self.ddp
-            .fsdp
-            .as_ref()
+        self.data_parallel
+            .fsdp()
             .is_some_and(|s| s.state_dict_type == StateDictType::ShardedStateDict)
     }
 
@@ -37,7 +36,7 @@ impl Accelerator {
     /// model and optimizer (none on a machine other than the first under
     /// HYBRID: its shards are copies).
     pub(super) fn shard_file_names(&self, rank: usize) -> Vec<String> {
-        let (replica, shard_rank) = self.ddp.shard_place(rank);
+        let (replica, shard_rank) = self.data_parallel.shard_place(rank);
         if !self.saves_sharded() || replica != 0 {
             return Vec::new();
         }
@@ -56,7 +55,7 @@ impl Accelerator {
         let names = self.shard_file_names(self.process_index());
         let models = (0..self.registered.models.len()).map(|i| self.model_pieces(i));
         let optimizers = self.optimizers.iter().map(|o| {
-            let (_, rank) = self.ddp.shard_place(self.process_index());
+            let (_, rank) = self.data_parallel.shard_place(self.process_index());
             let inner = &lock(o).inner;
             inner
                 .state_dict()
@@ -85,7 +84,7 @@ impl Accelerator {
     /// This process's pieces of prepared model `i`: the rows its shards
     /// hold of each sharded parameter and, on rank 0, the others whole.
     fn model_pieces(&self, i: usize) -> Vec<Piece> {
-        let (_, rank) = self.ddp.shard_place(self.process_index());
+        let (_, rank) = self.data_parallel.shard_place(self.process_index());
         let shards = self.shards_of(i);
         let mut pieces = Vec::new();
         for (name, t) in &self.registered.models[i] {
@@ -142,7 +141,7 @@ impl Accelerator {
         i: usize,
         folder: &Path,
     ) -> Result<Vec<(Tensor, Tensor)>, CheckpointError> {
-        let (_, rank) = self.ddp.shard_place(self.process_index());
+        let (_, rank) = self.data_parallel.shard_place(self.process_index());
         let shards = ShardedTensors::open(folder)?;
         let model = &self.registered.models[i];
         let held = self.shards_of(i);

@@ -157,7 +157,7 @@ impl Accelerator {
                 .as_mut()
                 .map(|f| f as &mut dyn FnMut(&Tensor) -> Tensor);
             models.push(
-                self.ddp
+                self.data_parallel
                     .whole_copies(params, keep, copy)
                     .map_err(|e| gather_failed(dest, &e))?,
             );

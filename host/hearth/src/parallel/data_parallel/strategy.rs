@@ -63,29 +63,31 @@ pub(crate) fn names_list(names: &[String]) -> String {
 }
 
 /// The gradient averaging of every prepared model, and whether it is on.
+/// Its fields are visible inside `parallel/` only (the compiler checks
+/// it): the accelerator goes through its methods.
 pub(crate) struct DataParallel {
-    pub(crate) options: DdpOptions,
-    pub(crate) fsdp: Option<FsdpSettings>,
+    pub(in crate::parallel) options: DdpOptions,
+    pub(in crate::parallel) fsdp: Option<FsdpSettings>,
     pub(super) plugin_path: SearchPath,
-    pub(crate) models: RefCell<Vec<GradientSync>>,
+    pub(in crate::parallel) models: RefCell<Vec<GradientSync>>,
     /// The units of every model sharded SHARD_GRAD_OP (handles), for the
     /// optimizers.
     pub(super) units: RefCell<Vec<UnitShard>>,
     /// The unit-wise execution of every model that runs so.
-    pub(crate) unitwise: RefCell<Vec<Rc<Unitwise>>>,
+    pub(in crate::parallel) unitwise: RefCell<Vec<Rc<Unitwise>>>,
     /// The HYBRID strategies' groups, made with the first model.
     pub(super) hybrid: std::cell::OnceCell<Hybrid>,
     /// Inside `no_sync`.
-    pub(crate) no_sync: Cell<bool>,
+    pub(in crate::parallel) no_sync: Cell<bool>,
     /// Inside `trigger_sync_in_backward`.
-    pub(crate) forced: Cell<bool>,
+    pub(in crate::parallel) forced: Cell<bool>,
     /// Inside `join_uneven_inputs` with joining on: each synchronising
     /// backward pass first tells joined processes it is coming, and
     /// buffers are not broadcast before forward passes.
-    pub(crate) joining: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub(in crate::parallel) joining: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// The buffers broadcast before every forward pass, for the final sync
     /// of a join.
-    pub(crate) broadcast_buffers: RefCell<Vec<Tensor>>,
+    pub(in crate::parallel) broadcast_buffers: RefCell<Vec<Tensor>>,
 }
 
 impl DataParallel {
@@ -109,8 +111,91 @@ impl DataParallel {
         }
     }
 
+    /// The FSDP settings models are sharded with; `None` under DDP.
+    pub(crate) fn fsdp(&self) -> Option<&FsdpSettings> {
+        self.fsdp.as_ref()
+    }
+
+    /// Runs `f` without averaging gradients in its backward passes
+    /// (DDP's `no_sync`).
+    pub(crate) fn no_sync<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.while_set(&self.no_sync, f)
+    }
+
+    /// Runs `f` with gradient averaging on even inside `no_sync`
+    /// (Accelerate's `trigger_sync_in_backward`).
+    pub(crate) fn forced_sync<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.while_set(&self.forced, f)
+    }
+
+    /// Turns joining (`join_uneven_inputs`) on or off; returns what it was.
+    pub(crate) fn set_joining(&self, on: bool) -> bool {
+        self.joining.swap(on, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// What gradient averaging has done so far, over every prepared model.
+    pub(crate) fn stats(&self) -> crate::parallel::SyncStats {
+        let unitwise: Vec<_> = self.unitwise.borrow().iter().map(|u| u.stats()).collect();
+        let models: Vec<_> = self
+            .models
+            .borrow()
+            .iter()
+            .map(GradientSync::stats)
+            .collect();
+        models
+            .into_iter()
+            .chain(unitwise)
+            .fold(Default::default(), |a, s| crate::parallel::SyncStats {
+                syncs: a.syncs.max(s.syncs),
+                all_reduces: a.all_reduces + s.all_reduces,
+                reduce_scatters: a.reduce_scatters + s.reduce_scatters,
+                overlapped: a.overlapped + s.overlapped,
+                bytes: a.bytes + s.bytes,
+                gathers: a.gathers + s.gathers,
+                gather_bytes: a.gather_bytes + s.gather_bytes,
+                prefetched: a.prefetched + s.prefetched,
+                recomputed: a.recomputed + s.recomputed,
+                most_gathered: a.most_gathered.max(s.most_gathered),
+                most_gathered_bytes: a.most_gathered_bytes.max(s.most_gathered_bytes),
+            })
+    }
+
+    /// Makes every process hold rank 0's `buffers` of a model being
+    /// prepared (as DDP does, and FSDP with `sync_module_states`); returns
+    /// what sends them again before each training forward pass under DDP
+    /// with `broadcast_buffers`.
+    pub(crate) fn register_buffers(
+        &self,
+        group: &dyn ProcessGroup,
+        buffers: Vec<Tensor>,
+    ) -> Result<Option<crate::parallel::BufferBroadcast>, DistError> {
+        if group.num_processes() == 1 || buffers.is_empty() {
+            return Ok(None);
+        }
+        let (once, every_forward) = match &self.fsdp {
+            Some(fsdp) => (fsdp.sync_module_states, false),
+            None => (true, self.options.broadcast_buffers),
+        };
+        if !once {
+            return Ok(None);
+        }
+        if !every_forward {
+            let broadcast = |b: &Tensor| group.broadcast(&mut b.shallow_clone(), 0);
+            return tch::no_grad(|| buffers.iter().try_for_each(broadcast)).map(|()| None);
+        }
+        (self.broadcast_buffers.borrow_mut()).extend(buffers.iter().map(Tensor::shallow_clone));
+        crate::parallel::BufferBroadcast::new(group, buffers, self.joining.clone()).map(Some)
+    }
+
+    /// Forgets the unit-wise execution of a model being unwrapped.
+    pub(crate) fn forget_unitwise(&self, unitwise: &Rc<Unitwise>) {
+        self.unitwise
+            .borrow_mut()
+            .retain(|u| !Rc::ptr_eq(u, unitwise));
+    }
+
     /// Runs `f` with `flag` set, restoring it afterwards (even if `f` panics).
-    pub(crate) fn while_set<R>(&self, flag: &Cell<bool>, f: impl FnOnce() -> R) -> R {
+    fn while_set<R>(&self, flag: &Cell<bool>, f: impl FnOnce() -> R) -> R {
         struct Restore<'a>(&'a Cell<bool>, bool);
         impl Drop for Restore<'_> {
             fn drop(&mut self) {
