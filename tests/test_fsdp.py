@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import random
+import re
 import signal
 import sys
 import time
@@ -14,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import ROOT, make_plugin, mpi_env, mpirun, mpirun_command, processes_of_rank, run_command, start, write_config
+from conftest import ROOT, make_plugin, tiny_job, mpi_env, mpirun, mpirun_command, processes_of_rank, run_command, start, write_config
 
 sys.path.insert(0, str(ROOT / "tests" / "oracles"))
 import peer_gpt  # noqa: E402
@@ -211,6 +212,27 @@ def test_a_bad_fsdp_value_names_the_key(hearth, tmp_path, line, key, says):
     out = hearth("run", config)
     assert out.returncode == 2, out.stderr
     assert f"`{key}`" in out.stderr and says in out.stderr and str(config) in out.stderr, out.stderr
+
+
+def test_one_run_resolves_fsdp_once_and_reads_each_variable_once(hearth, tmp_path):
+    """The `[fsdp]` section and the HEARTH_FSDP_* variables are merged in
+    one place, once per run (issue 62): the debug log has one resolution,
+    and one read of each variable the plugin has (listed from its source)."""
+    source = (ROOT / "host" / "hearth" / "src" / "parallel" / "fsdp" / "plugin.rs").read_text()
+    fields = source[source.index("pub const FIELDS"):source.index("];", source.index("pub const FIELDS"))]
+    variables = re.findall(r'"(HEARTH_FSDP_[A-Z_]+)"', fields)
+    assert len(variables) == 18, variables
+    table = {"sharding-strategy": "SHARD_GRAD_OP", "auto-wrap-policy": "transformer-based", "transformer-cls-names-to-wrap": ["Block"]}
+    config = write_config(tmp_path, tiny_job(run={"steps": 4, "log-every": 2}, fsdp=table, eval={"samples": 4}))
+    out = hearth("run", config, "--quiet", "--output-dir", tmp_path / "out", env={"HEARTH_LOG": "hearth=debug", "HEARTH_FSDP_FORWARD_PREFETCH": "true"})
+    assert out.returncode == 0, out.stderr
+    said = out.stdout + out.stderr
+    assert said.count("resolved [fsdp]: SHARD_GRAD_OP with the wrap policy transformer-based") == 1, said
+    reads = re.findall(r"read the environment variable (HEARTH_[A-Z_]+)", said)
+    assert sorted(reads) == sorted(variables), reads
+    # The variable acted: it is in the settings the run used.
+    summary = json.loads((tmp_path / "out" / "tiny" / "summary.json").read_text())
+    assert summary["fsdp"]["forward_prefetch"] is True, summary["fsdp"]
 
 
 def test_full_shard_is_the_default_and_holds_only_its_shards_of_everything(hearth, hearth_bin, tmp_path):

@@ -145,9 +145,9 @@ pub fn run_config(data: &[u8]) {
     }
     if let Some(f) = &c.fsdp {
         let invalid: &Invalid = &|key: &str, message: String| c.invalid(key, message);
-        let _ = f.resolve(invalid);
         let _ = f.plugin(invalid);
     }
+    let _ = c.fsdp_settings();
 }
 
 // ----------------------------------------------------------- plugin manifest

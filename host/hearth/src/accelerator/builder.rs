@@ -47,6 +47,8 @@ pub struct AcceleratorBuilder {
     project: super::ProjectConfiguration,
     ddp: crate::parallel::DdpOptions,
     fsdp: Option<crate::parallel::FsdpPlugin>,
+    /// Resolved settings (`hearth run`'s), over `fsdp` and the environment.
+    fsdp_settings: Option<Option<crate::parallel::FsdpSettings>>,
     plugin_path: Option<hearth_plugins::SearchPath>,
     profile: Option<crate::profiling::ProfileKwargs>,
     log_with: Vec<String>,
@@ -321,6 +323,15 @@ impl AcceleratorBuilder {
         self
     }
 
+    /// Shards with settings already resolved (`None`: DDP), as `hearth
+    /// run` hands over those its config resolved with the environment:
+    /// neither `HEARTH_USE_FSDP` nor any `HEARTH_FSDP_*` variable is read
+    /// again. Wins over [`fsdp`](Self::fsdp).
+    pub fn fsdp_settings(mut self, settings: Option<crate::parallel::FsdpSettings>) -> Self {
+        self.fsdp_settings = Some(settings);
+        self
+    }
+
     /// Where plugins (the FSDP wrap policy) are looked for; default: the
     /// standard search path (`HEARTH_PLUGIN_PATH`, the built-in set).
     pub fn plugin_path(mut self, path: hearth_plugins::SearchPath) -> Self {
@@ -354,16 +365,17 @@ impl AcceleratorBuilder {
     pub fn build(self) -> Result<Accelerator, BuildError> {
         hearth_ops::keep_freed_memory_for_reuse();
         use crate::parallel::FsdpPlugin;
-        let fsdp = match self.fsdp {
-            Some(plugin) => Some(
+        let fsdp = match (self.fsdp_settings, self.fsdp) {
+            (Some(resolved), _) => resolved,
+            (None, Some(plugin)) => Some(
                 plugin
                     .or(FsdpPlugin::from_env()?)
                     .resolve("the FSDP plugin")?,
             ),
-            None if FsdpPlugin::wanted_by_env()? => {
+            (None, None) if FsdpPlugin::wanted_by_env()? => {
                 Some(FsdpPlugin::from_env()?.resolve("the FSDP environment")?)
             }
-            None => None,
+            (None, None) => None,
         };
         let mixed_precision = match self.mixed_precision {
             Some(m) => m,

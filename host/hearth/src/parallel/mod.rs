@@ -22,9 +22,10 @@ pub use ddp::{
     BufferBroadcast, CommHook, CommWrapper, DdpOptions, PowerSgdOptions, FIRST_BUCKET_MB,
 };
 pub use fsdp::{
-    plan_units, policy_modules, policy_name, policy_units, BackwardPrefetch, FsdpError, FsdpPlugin,
-    FsdpSettings, MixedPrecisionPolicy, PolicyDtype, ShardingError, ShardingStrategy,
-    StateDictType, FIELDS as FSDP_FIELDS, NO_WRAP, USE_FSDP_ENV,
+    parse_bool as fsdp_flag, parse_list as fsdp_list, plan_units, policy_modules, policy_name,
+    policy_units, BackwardPrefetch, FsdpError, FsdpPlugin, FsdpSettings, MixedPrecisionPolicy,
+    PolicyDtype, ShardingError, ShardingStrategy, StateDictType, FIELDS as FSDP_FIELDS, NO_WRAP,
+    USE_FSDP_ENV,
 };
 pub(crate) use grad_sync::Round;
 pub use grad_sync::{GradientSync, SyncStats};

@@ -125,16 +125,7 @@ pub fn plan(
     let model = unwritten_model(config)?;
     let tree = model.module_tree();
     let params: Vec<(String, Tensor)> = model.named_parameters();
-    let settings: Option<FsdpSettings> = match &config.fsdp {
-        Some(section) => {
-            let invalid = |key: &str, message: String| config.invalid(key, message);
-            let mut settings = section.resolve(&invalid).map_err(TrainError::Config)?;
-            settings.policy_limits = config.policy_limits(Some(&settings.auto_wrap_policy));
-            settings.policy_pin = config.pin(&settings.auto_wrap_policy);
-            Some(settings)
-        }
-        None => None,
-    };
+    let settings: Option<FsdpSettings> = config.fsdp_settings().cloned();
     let search = setup::search_path(config, options);
     let units: Vec<(String, Vec<String>)> = match &settings {
         Some(s) => crate::accelerator::plan_units(tree, s, &search)

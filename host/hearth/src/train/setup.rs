@@ -11,7 +11,6 @@ use crate::data::documents::{self, DocumentFormat, DocumentsSpec, LoadedTokenize
 use crate::data::{RandomTokens, SortDigits, TextFile, TokenDataset, Tokens, TokensSpec};
 use crate::models::{Gpt, GptConfig, Mlp, MlpConfig, Model, TorchScriptModel};
 use crate::optim::{Adam, Optimizer, Sgd};
-use crate::parallel::FsdpPlugin;
 use hearth_ops::{AdamHyper, SgdHyper};
 use hearth_plugins::{
     load_checkpoint_hook, load_scheduler, load_tracker_with, CheckpointHookPlugin, PluginError,
@@ -93,25 +92,9 @@ fn distributed(
     if let Some(timeout) = config.distributed.timeout() {
         builder = builder.timeout(timeout);
     }
-    let invalid = |key: &str, message: String| config.invalid(key, message);
-    let plugin = match &config.fsdp {
-        Some(section) => Some(section.with_env(&invalid).map_err(TrainError::Config)?),
-        // FSDP turned on by HEARTH_USE_FSDP alone: its policy is pinned too.
-        None if FsdpPlugin::wanted_by_env().map_err(|e| fsdp_env(&invalid, e))? => {
-            Some(FsdpPlugin::from_env().map_err(|e| fsdp_env(&invalid, e))?)
-        }
-        None => None,
-    };
-    if let Some(mut plugin) = plugin {
-        plugin.policy_limits = config.policy_limits(plugin.auto_wrap_policy.as_deref());
-        // Pinned by the section's own key or hearth.lock (the default
-        // policy, no-wrap, is built in and never pinned).
-        plugin.policy_pin = plugin
-            .auto_wrap_policy
-            .as_deref()
-            .and_then(|name| config.pin(name));
-        builder = builder.fsdp(plugin);
-    }
+    // Resolved once, when the config was read: the builder reads no
+    // HEARTH_FSDP_* variable again.
+    builder = builder.fsdp_settings(config.fsdp_settings().cloned());
     Ok(builder)
 }
 
@@ -207,7 +190,7 @@ fn token_cache(
         mine?;
         return Ok(cache);
     };
-    let failed = failed_rank(acc, &mine)?;
+    let failed = super::error::failed_rank(acc, &mine)?;
     mine?;
     if let Some((rank, message)) = failed {
         return Err(crate::data::DataError::Format {
@@ -406,7 +389,7 @@ pub(super) fn pretrained(
         },
         crate::models::Weights::Unmaterialised => Ok(()),
     };
-    if let Some((rank, message)) = failed_rank(acc, &mine)? {
+    if let Some((rank, message)) = super::error::failed_rank(acc, &mine)? {
         mine.map_err(err)?;
         return Err(err(crate::checkpoint::pretrained::InitError::Read(
             crate::checkpoint::CheckpointError::Format {
@@ -421,24 +404,6 @@ pub(super) fn pretrained(
         source.display()
     ));
     Ok(file_names)
-}
-
-/// The first process whose `mine` (each process's own outcome of the
-/// same step) failed, with its message: every process learns it, so all
-/// stop together. `None` when every one worked (or there is one process).
-pub(super) fn failed_rank<T, E: std::fmt::Display>(
-    acc: &Accelerator,
-    mine: &Result<T, E>,
-) -> Result<Option<(usize, String)>, TrainError> {
-    if acc.num_processes() == 1 {
-        return Ok(None);
-    }
-    let said = mine.as_ref().map(|_| ()).map_err(|e| e.to_string());
-    let all = acc.gather_object(&said)?;
-    Ok(all
-        .into_iter()
-        .enumerate()
-        .find_map(|(r, s)| s.err().map(|m| (r, m))))
 }
 
 pub(super) fn optimizer(config: &TrainConfig, model: &dyn Model) -> Box<dyn Optimizer> {
@@ -608,15 +573,4 @@ pub(super) fn eval_entries(e: &Evaluation) -> hearth_plugins::Entries {
         }
         Evaluation::ValidationLoss { loss, .. } => vec![("eval/loss".into(), Value::Float(loss))],
     }
-}
-
-/// A `HEARTH_FSDP_*` variable that cannot be taken, as the config's error.
-fn fsdp_env(
-    invalid: &dyn Fn(&str, String) -> super::config::ConfigError,
-    e: crate::parallel::FsdpError,
-) -> TrainError {
-    TrainError::Config(invalid(
-        "fsdp",
-        format!("cannot take {}: {}", e.key, e.message),
-    ))
 }

@@ -10,5 +10,8 @@ mod wrap;
 pub use kinds::{
     BackwardPrefetch, MixedPrecisionPolicy, PolicyDtype, ShardingStrategy, StateDictType,
 };
-pub use plugin::{policy_name, FsdpError, FsdpPlugin, FsdpSettings, FIELDS, NO_WRAP, USE_FSDP_ENV};
+pub use plugin::{
+    parse_bool, parse_list, policy_name, FsdpError, FsdpPlugin, FsdpSettings, FIELDS, NO_WRAP,
+    USE_FSDP_ENV,
+};
 pub use wrap::{plan_units, policy_modules, policy_units, ShardingError};

@@ -4,10 +4,10 @@
 //! by `hearth run`'s flags) > the environment > the config file > the
 //! default.
 //!
-//! What hearth does not do yet (FULL_SHARD and HYBRID_SHARD, activation
-//! checkpointing, CPU offload, mixed-precision policies, sharded state
-//! dicts, RAM-efficient loading) is refused by [`FsdpPlugin::resolve`]
-//! with a message that says so, never ignored.
+//! What hearth does not do (LOCAL_STATE_DICT, a casting mixed-precision
+//! policy where parameters stay whole, RAM-efficient loading without
+//! `sync-module-states`) is refused by [`FsdpPlugin::resolve`] with a
+//! message that says so, never ignored.
 
 use super::kinds::{BackwardPrefetch, MixedPrecisionPolicy, ShardingStrategy, StateDictType};
 
@@ -35,8 +35,9 @@ pub struct FsdpPlugin {
     /// `min-num-params`: the threshold of `size-based` (default 0, which
     /// wraps nothing but the root, as Accelerate's).
     pub min_num_params: Option<u64>,
-    /// `backward-prefetch` (default BACKWARD_PRE). With SHARD_GRAD_OP and
-    /// NO_SHARD parameters are never freed, so there is nothing to prefetch.
+    /// `backward-prefetch` (default NO_PREFETCH, as Accelerate's `None`).
+    /// With SHARD_GRAD_OP and NO_SHARD parameters are never freed, so
+    /// there is nothing to prefetch.
     pub backward_prefetch: Option<BackwardPrefetch>,
     /// `forward-prefetch` (default false); as `backward-prefetch`.
     pub forward_prefetch: Option<bool>,
@@ -174,7 +175,8 @@ pub struct FsdpSettings {
     pub policy_pin: Option<String>,
 }
 
-fn parse_bool(value: &str) -> Result<bool, String> {
+/// A boolean field's text (`true`, `yes`, `on`, `1`, … in any case).
+pub fn parse_bool(value: &str) -> Result<bool, String> {
     match value.trim().to_ascii_lowercase().as_str() {
         "y" | "yes" | "t" | "true" | "on" | "1" => Ok(true),
         "n" | "no" | "f" | "false" | "off" | "0" => Ok(false),
@@ -182,7 +184,8 @@ fn parse_bool(value: &str) -> Result<bool, String> {
     }
 }
 
-fn parse_list(value: &str) -> Vec<String> {
+/// A list field's text: comma-separated names.
+pub fn parse_list(value: &str) -> Vec<String> {
     value
         .split(',')
         .map(|s| s.trim().to_string())
@@ -265,7 +268,10 @@ impl FsdpPlugin {
 
     /// The fields set by `HEARTH_FSDP_*` variables.
     pub fn from_env() -> Result<Self, FsdpError> {
-        Self::from_vars(|name| std::env::var(name).ok())
+        Self::from_vars(|name| {
+            tracing::debug!("read the environment variable {name}");
+            std::env::var(name).ok()
+        })
     }
 
     /// The fields set by the variables `var` returns.
@@ -286,6 +292,7 @@ impl FsdpPlugin {
     /// True when `HEARTH_USE_FSDP` asks for FSDP; a value that is not
     /// true or false is an error naming it.
     pub fn wanted_by_env() -> Result<bool, FsdpError> {
+        tracing::debug!("read the environment variable {USE_FSDP_ENV}");
         match std::env::var(USE_FSDP_ENV) {
             Ok(v) => parse_bool(&v).map_err(|message| FsdpError {
                 source_name: "environment variable".into(),

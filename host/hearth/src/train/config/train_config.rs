@@ -31,7 +31,12 @@ pub struct TrainConfig {
     /// multi-process run.
     #[serde(default)]
     pub distributed: DistributedSection,
-    /// `[fsdp]`: sharded data parallelism (FSDP); absent, DDP.
+    /// `[fsdp]`: sharded data parallelism (FSDP); absent, DDP. The
+    /// variable `HEARTH_FSDP_<KEY>` wins over each key (cpu-offload's is
+    /// HEARTH_FSDP_OFFLOAD_PARAMS, transformer-cls-names-to-wrap's
+    /// HEARTH_FSDP_TRANSFORMER_CLS_TO_WRAP, fsdp-version's
+    /// HEARTH_FSDP_VERSION), and HEARTH_USE_FSDP=true shards without the
+    /// section.
     #[serde(default)]
     pub fsdp: Option<FsdpSection>,
     /// `[profile]`: record some steps with libtorch's profiler.
@@ -54,6 +59,10 @@ pub struct TrainConfig {
     /// The plugins pinned in `hearth.lock` beside it (empty without one).
     #[serde(skip)]
     pub lock: super::PluginLock,
+    /// `[fsdp]` and the `HEARTH_FSDP_*` variables, resolved once when the
+    /// file is read (see [`Self::fsdp_settings`]).
+    #[serde(skip)]
+    sharding: Option<crate::parallel::FsdpSettings>,
 }
 
 /// The JSON Schema of a training config (`hearth config schema`), from
@@ -87,8 +96,35 @@ impl TrainConfig {
         })?;
         config.source = path.into();
         config.lock = super::PluginLock::read_for(path)?;
+        config.resolve_sharding()?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// The run's FSDP settings: `[fsdp]` under the `HEARTH_FSDP_*`
+    /// variables (or those alone under `HEARTH_USE_FSDP`), defaults filled
+    /// in, with the wrap policy's limits and pin; `None` runs DDP. Resolved
+    /// once, when the file was read.
+    pub fn fsdp_settings(&self) -> Option<&crate::parallel::FsdpSettings> {
+        self.sharding.as_ref()
+    }
+
+    /// Merges `[fsdp]` with the environment, once (see [`Self::fsdp_settings`]).
+    fn resolve_sharding(&mut self) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: String| self.invalid(key, message);
+        let Some(mut settings) = super::fsdp::resolve(self.fsdp.as_ref(), &invalid)? else {
+            return Ok(());
+        };
+        settings.policy_limits = self.policy_limits(Some(&settings.auto_wrap_policy));
+        let policy = settings.auto_wrap_policy.clone();
+        self.sharding = Some(settings);
+        // The pin comes from this section's key (which needs the policy's
+        // name, just resolved) or from hearth.lock.
+        let pin = self.pin(&policy);
+        if let Some(s) = &mut self.sharding {
+            s.policy_pin = pin;
+        }
+        Ok(())
     }
 
     /// An error about `key` of this config file.
@@ -121,8 +157,8 @@ impl TrainConfig {
         if let Some(s) = &self.scheduler {
             s.validate(&invalid)?;
         }
-        if let Some(f) = &self.fsdp {
-            f.validate(&invalid)?;
+        if let (Some(f), Some(s)) = (&self.fsdp, &self.sharding) {
+            super::fsdp::validate_pin(f, s, &invalid)?;
         }
         if let Some(p) = &self.profile {
             p.validate(&invalid, self.run.steps)?;
@@ -173,11 +209,7 @@ impl TrainConfig {
     /// The plugins this run uses: its trackers, checkpoint hooks,
     /// scheduler and (sharded) wrap policy.
     pub fn used_plugins(&self) -> Result<Vec<String>, ConfigError> {
-        let invalid = |key: &str, message: String| self.invalid(key, message);
-        let policy = match &self.fsdp {
-            Some(f) => Some(f.resolve(&invalid)?.auto_wrap_policy),
-            None => None,
-        };
+        let policy = self.sharding.as_ref().map(|s| s.auto_wrap_policy.clone());
         Ok((self.trackers.iter().map(|t| t.name.clone()))
             .chain(self.checkpoint_hooks.iter().map(|h| h.name.clone()))
             .chain(self.scheduler.iter().map(|s| s.name.clone()))
@@ -208,12 +240,10 @@ impl TrainConfig {
                 pins.push(("scheduler.sha256".into(), s.name.clone(), pin.as_str()));
             }
         }
-        if let Some(f) = &self.fsdp {
-            let invalid = |key: &str, message: String| self.invalid(key, message);
-            let policy = f.resolve(&invalid).map(|s| s.auto_wrap_policy);
-            if let (Some(pin), Ok(policy)) = (f.policy_pin(), policy) {
+        if let (Some(f), Some(s)) = (&self.fsdp, &self.sharding) {
+            if let Some(pin) = &f.policy_pin {
                 let key = format!("fsdp.{}", super::fsdp::POLICY_PIN_KEY);
-                pins.push((key, policy, pin));
+                pins.push((key, s.auto_wrap_policy.clone(), pin.as_str()));
             }
         }
         pins
