@@ -17,8 +17,8 @@ pub fn is_out_of_memory(message: &str) -> bool {
 /// Why no batch size worked.
 #[derive(Debug, thiserror::Error)]
 pub enum BatchSizeError<E> {
-    /// Every size down to 1 ran out of memory.
-    #[error("no executable batch size found: reached zero after running out of memory at every size from the starting one down")]
+    /// Every size down to 1 ran out of memory (Accelerate's message).
+    #[error("No executable batch size found, reached zero.")]
     ReachedZero,
     /// The function failed for another reason (not retried).
     #[error(transparent)]
@@ -28,8 +28,11 @@ pub enum BatchSizeError<E> {
 /// Calls `f(batch_size)` from `starting_batch_size`; when it fails with an
 /// out-of-memory error (per [`is_out_of_memory`] on the error's text), frees
 /// cached device memory and tries again with `batch_size × 0.9` (rounded
-/// down), as Accelerate does. Other errors are returned at once; reaching
-/// zero is [`BatchSizeError::ReachedZero`].
+/// down). That is what Accelerate 1.x's code does (`int(batch_size *
+/// 0.9)`), although its docstring still says the size is halved: hearth
+/// follows the code, whose sizes a user sees. Other errors are returned at
+/// once; reaching zero is [`BatchSizeError::ReachedZero`], with
+/// Accelerate's message.
 pub fn find_executable_batch_size<T, E: std::fmt::Display>(
     starting_batch_size: usize,
     mut f: impl FnMut(usize) -> Result<T, E>,
@@ -91,5 +94,10 @@ mod tests {
             Err::<(), _>("DefaultCPUAllocator: can't allocate memory: you tried".to_string())
         });
         assert!(matches!(never, Err(BatchSizeError::ReachedZero)));
+        // Accelerate's RuntimeError text.
+        assert_eq!(
+            never.unwrap_err().to_string(),
+            "No executable batch size found, reached zero."
+        );
     }
 }
