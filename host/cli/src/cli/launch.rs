@@ -21,7 +21,7 @@ pub(super) struct LaunchArgs {
     #[arg(long)]
     cpu: bool,
     /// How processes are started (default: mpirun on CPU, spawn on GPUs).
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = launcher_names())]
     launcher: Option<LaunchMode>,
     /// Machines in the job (spawn mode; torchrun's --nnodes; default 1).
     #[arg(long)]
@@ -149,4 +149,12 @@ pub(super) fn execute(mut args: LaunchArgs) -> Result<(), Failure> {
         code: u8::try_from(e.exit_code()).unwrap_or(super::EXIT_FAILURE),
         error: e.into(),
     })
+}
+
+/// `--launcher`'s values: LaunchMode's names, listed in `--help`.
+fn launcher_names() -> impl clap::builder::TypedValueParser<Value = LaunchMode> {
+    use clap::builder::TypedValueParser;
+    let names: Vec<&'static str> = LaunchMode::ALL.iter().map(|m| m.as_str()).collect();
+    clap::builder::PossibleValuesParser::new(names)
+        .map(|name| name.parse::<LaunchMode>().expect("one of its own names"))
 }

@@ -13,12 +13,19 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 /// How the processes are started.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LaunchMode {
     /// Through Open MPI's `mpirun` (the CPU backend).
     Mpirun,
     /// One process each, with torchrun's variables (the GPU backend).
     Spawn,
+}
+
+hearth_ops::spelled_enum! {
+    LaunchMode: "launcher" {
+        Mpirun = "mpirun",
+        Spawn = "spawn",
+    }
 }
 
 /// What to start, and where this machine stands in the job.
