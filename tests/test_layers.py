@@ -74,6 +74,35 @@ def test_no_module_cycle_or_cross_folder_file_circle():
     assert run.returncode == 0, run.stdout + run.stderr
 
 
+def write_crate(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (root / "src" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / "src" / rel).write_text(text)
+    return root
+
+
+def test_the_checker_follows_a_re_export_into_a_circle_across_folders(tmp_path):
+    """The checker's own test: y names `crate::m::Thing`, which m/mod.rs
+    re-exports from m/x.rs, and x calls y, one folder down. Only following
+    the re-export finds the circle; without x's call there is none."""
+    sys.path.insert(0, str(ROOT / "tests" / "tools"))
+    import import_graph
+
+    files = {
+        "lib.rs": "pub mod m;\n",
+        "m/mod.rs": "mod sub;\nmod x;\npub use x::Thing;\n",
+        "m/x.rs": "pub struct Thing;\npub fn f() {\n    super::sub::y::g();\n}\n",
+        "m/sub/mod.rs": "pub mod y;\n",
+        "m/sub/y.rs": "/// Not an import: crate::m::sub::y.\npub fn g() {\n    let _ = crate::m::Thing;\n}\n",
+    }
+    circle = write_crate(tmp_path / "circle" / "made-up", files)
+    found = import_graph.report(False, [circle])
+    assert found == ["circle/made-up: files in a circle across folders: m::sub::y, m::x"], found
+    files["m/x.rs"] = "pub struct Thing;\n"
+    none = write_crate(tmp_path / "none" / "made-up", files)
+    assert import_graph.report(False, [none]) == []
+
+
 LIBRARY_CRATES = ["hearth-build", "hearth-ops", "hearth-comm", "hearth-plugins", "hearth"]
 
 

@@ -62,7 +62,7 @@ pub(super) fn load(
     let mine = read(&dir, model, &tensors, &lora, prefix(config));
     // Every process learns whether each read worked: one that could not
     // (a folder missing on one machine) stops them all, named.
-    if let Some((rank, message)) = super::setup::failed_rank(acc, &mine)? {
+    if let Some((rank, message)) = super::error::failed_rank(acc, &mine)? {
         mine.map_err(&err)?;
         return Err(err(adapter::AdapterError::Unsupported {
             path: dir,

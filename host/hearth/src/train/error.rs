@@ -148,3 +148,21 @@ pub enum TrainError {
         loss: f64,
     },
 }
+
+/// The first process whose `mine` (each process's own outcome of the
+/// same step) failed, with its message: every process learns it, so all
+/// stop together. `None` when every one worked (or there is one process).
+pub(super) fn failed_rank<T, E: std::fmt::Display>(
+    acc: &crate::accelerator::Accelerator,
+    mine: &Result<T, E>,
+) -> Result<Option<(usize, String)>, TrainError> {
+    if acc.num_processes() == 1 {
+        return Ok(None);
+    }
+    let said = mine.as_ref().map(|_| ()).map_err(|e| e.to_string());
+    let all = acc.gather_object(&said)?;
+    Ok(all
+        .into_iter()
+        .enumerate()
+        .find_map(|(r, s)| s.err().map(|m| (r, m))))
+}

@@ -124,19 +124,20 @@ impl Preemption {
     }
 }
 
-/// The polite stop `[run] save-on-signal` asks for (none for `[]`).
+/// The polite stop `[run] save-on-signal` asks for (none for `[]`), with
+/// `[run] signal-grace-seconds`.
 pub(super) fn from_config(
-    run: &super::config::RunSection,
+    save_on_signal: &[String],
+    grace_seconds: u64,
 ) -> Result<Option<Preemption>, super::TrainError> {
-    let signals: Vec<i32> = run
-        .save_on_signal
+    let signals: Vec<i32> = save_on_signal
         .iter()
         .filter_map(|n| signal_number(n))
         .collect();
     if signals.is_empty() {
         return Ok(None);
     }
-    let grace = Duration::from_secs(run.signal_grace_seconds);
+    let grace = Duration::from_secs(grace_seconds);
     Preemption::install(&signals, grace)
         .map(Some)
         .map_err(|source| super::TrainError::Io {

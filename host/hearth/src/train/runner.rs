@@ -219,7 +219,10 @@ impl Job {
             graphed: None,
             file_names,
             adapter,
-            preemption: super::preempt::from_config(&config.run)?,
+            preemption: super::preempt::from_config(
+                &config.run.save_on_signal,
+                config.run.signal_grace_seconds,
+            )?,
             not_saved: Vec::new(),
             saving: None,
             trainable,
