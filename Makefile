@@ -28,17 +28,29 @@ HEARTH := target/debug/hearth
 # Plugin crates are unit-tested natively (their .wasm is built for wasm32-wasip2).
 HOST_TARGET = $(shell rustc -vV | sed -n 's/host: //p')
 
-.PHONY: run test test-isa cpu-line setup system-packages wasm-target python-env python-test-env build plugins example-plugins bench bench-plugins bench-checkpoint bench-fsdp bench-llama gpu-bundle lint soak fuzz docs
+.PHONY: run test test-clock test-isa cpu-line setup system-packages wasm-target python-env python-test-env build plugins example-plugins bench bench-plugins bench-checkpoint bench-fsdp bench-llama gpu-bundle lint soak fuzz docs
 
 run: build
 	$(HEARTH) run examples/sort-digits.toml
 
-test: cpu-line build example-plugins
-	cargo test
-	cd plugins && cargo test --quiet --target $(HOST_TARGET)
-	cd guest-sdk && cargo test --quiet --target $(HOST_TARGET) --features http
-	$(PY) -m pytest tests -q --timeout 1800
-	tests/isa/levels.sh --others baseline
+# Each part is timed (tests/tools/timed.sh), and the run ends with the table
+# of their times (tests/tools/suite_times.py); target/test-times keeps the
+# logs, and the times so far when a part fails.
+TIMES := target/test-times
+TIMED := TIMES=$(CURDIR)/$(TIMES) $(CURDIR)/tests/tools/timed.sh
+test: test-clock cpu-line build example-plugins
+	@awk -v a=$$(cat $(TIMES)/started) -v b=$$EPOCHREALTIME 'BEGIN { printf "setup and build\t%.1f\t0\n", b - a }' >> $(TIMES)/parts.tsv
+	$(TIMED) "compile the Rust tests" cargo test --no-run --quiet
+	$(TIMED) "Rust tests" cargo test
+	cd plugins && $(TIMED) "plugin crates' tests" cargo test --quiet --target $(HOST_TARGET)
+	cd guest-sdk && $(TIMED) "guest SDK's tests" cargo test --quiet --target $(HOST_TARGET) --features http
+	$(TIMED) pytest $(PY) -m pytest tests -q --timeout 1800 --junitxml=$(TIMES)/pytest.xml
+	$(TIMED) "ISA levels" tests/isa/levels.sh --others baseline
+	@$(PY) tests/tools/suite_times.py $(TIMES)
+
+# Where `make test`'s clock starts: before setup and the build.
+test-clock:
+	@rm -rf $(TIMES) && mkdir -p $(TIMES) && echo $$EPOCHREALTIME > $(TIMES)/started
 
 # The machine a test report comes from: its CPU and vector flags, one line.
 cpu-line:

@@ -73,7 +73,7 @@ def test_every_yes_names_items_that_exist():
             assert re.search(rf"pub (fn {member}\b|{member}:)", src), f"{item}: no public fn or field {member} in the library's source"
 
 
-def tests_of_make_test() -> dict[str, str]:
+def make_test_functions() -> dict[str, str]:
     """Each test `make test` runs, by name, with the text of its file: Rust
     `#[test]` functions under host/ (not the GPU suite, host/hearth/tests/cuda/)
     and pytest's `test_` functions under tests/."""
@@ -102,7 +102,7 @@ def uses(text: str, hearth: str) -> bool:
 
 
 def test_every_yes_names_a_test_that_exercises_it():
-    tests = tests_of_make_test()
+    tests = make_test_functions()
     for item, (hearth, status, tested_by) in table().items():
         names = re.findall(r"`([a-z0-9_]+)`", tested_by)
         if status.startswith("not applicable") or status.startswith("not yet"):
