@@ -25,6 +25,7 @@ mod quota;
 mod registry;
 mod runtime;
 mod sandbox;
+pub use sandbox::DeliveryCounts;
 mod scheduler;
 mod stdio;
 mod tensors;
@@ -43,11 +44,9 @@ pub use manifest::{Granted, LimitOverrides, Limits, Manifest, PermissionGrant, P
 pub use options::{toml_scalar, OptionSpec, OptionType};
 pub use pin::{parse_pin, sha256_hex};
 pub use registry::{Broken, Found, PluginSource, Registry, SearchPath};
-pub use runtime::FaultKind;
+pub use runtime::{linkers_built, FaultKind};
 pub use scheduler::{load_scheduler, SchedulerPlugin};
-pub use tracker::{
-    load_tracker, load_tracker_with, DeliveryCounts, TrackerFault, TrackerHealth, TrackerPlugin,
-};
+pub use tracker::{load_tracker, load_tracker_with, TrackerFault, TrackerHealth, TrackerPlugin};
 pub use usage::{plugin_usage, plugin_usage_since, PluginUsage};
 pub use wrap_policy::{load_wrap_policy, PolicyModule, WrapPolicyPlugin};
 

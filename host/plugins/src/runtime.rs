@@ -103,25 +103,11 @@ impl Prepared {
             asks_network,
         )?;
 
-        let mut linker = Linker::new(engine.engine());
         let runtime = |e: wasmtime::Error| PluginError::Runtime {
             name: name.into(),
             message: format!("{e:#}"),
         };
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(runtime)?;
-        // The filesystem again, over wasmtime-wasi's: the same calls, under
-        // the folder's quota.
-        linker.allow_shadowing(true);
-        wasmtime_wasi::p2::bindings::filesystem::types::add_to_linker::<PluginState, HasQuotaFs>(
-            &mut linker,
-            PluginState::quota_fs,
-        )
-        .map_err(runtime)?;
-        linker.allow_shadowing(false);
-        if asks_network {
-            wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(runtime)?;
-        }
-        add_world(&mut linker).map_err(runtime)?;
+        let linker = linker_for(kind, asks_network, add_world).map_err(runtime)?;
         // WASI's file calls run on the executor's blocking pool. tokio keeps
         // an idle pool thread for 10 s, so calls every few seconds (a
         // checkpoint hook, a tracker) keep every thread a burst ever needed
@@ -367,4 +353,51 @@ impl Prepared {
         };
         format!("trapped: {}", super::stdio::clip(&cause, 400))
     }
+}
+
+/// The linkers built so far, one per world (and per whether it links
+/// `wasi:http`): every plugin of a kind shares its world's, cloned (a
+/// clone shares the definitions).
+static LINKERS: std::sync::Mutex<Vec<(World, Linker<PluginState>)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// A world as a linker sees it: the kind's, with `wasi:http` or without.
+type World = (PluginKind, bool);
+
+/// The linker of `kind`'s world: WASI, the quota-checked filesystem,
+/// `wasi:http` when `network`, and the world's own imports (`add_world`);
+/// built the first time a plugin of the kind loads, then reused.
+fn linker_for(
+    kind: PluginKind,
+    network: bool,
+    add_world: impl FnOnce(&mut Linker<PluginState>) -> wasmtime::Result<()>,
+) -> wasmtime::Result<Linker<PluginState>> {
+    let mut built = LINKERS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, linker)) = built.iter().find(|(k, _)| *k == (kind, network)) {
+        return Ok(linker.clone());
+    }
+    let mut linker = Linker::new(PluginEngine::global().engine());
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    // The filesystem again, over wasmtime-wasi's: the same calls, under
+    // the folder's quota.
+    linker.allow_shadowing(true);
+    wasmtime_wasi::p2::bindings::filesystem::types::add_to_linker::<PluginState, HasQuotaFs>(
+        &mut linker,
+        PluginState::quota_fs,
+    )?;
+    linker.allow_shadowing(false);
+    if network {
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
+    }
+    add_world(&mut linker)?;
+    built.push(((kind, network), linker.clone()));
+    Ok(linker)
+}
+
+/// How many linkers were built for `kind`'s world (with `wasi:http` or
+/// without): at most one each, however many plugins load.
+#[doc(hidden)]
+pub fn linkers_built(kind: PluginKind, network: bool) -> usize {
+    let built = LINKERS.lock().unwrap_or_else(|p| p.into_inner());
+    built.iter().filter(|(k, _)| *k == (kind, network)).count()
 }

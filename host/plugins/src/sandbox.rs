@@ -91,7 +91,7 @@ pub struct PluginState {
     quota: Option<Arc<Quota>>,
     file_io_on_thread: bool,
     /// A tracker's last delivery report (`hearth:plugin/delivery`), not yet taken.
-    pub(crate) delivery: Option<crate::tracker::DeliveryCounts>,
+    pub(crate) delivery: Option<DeliveryCounts>,
 }
 
 impl PluginState {
@@ -204,4 +204,18 @@ impl WasiHttpView for PluginState {
             ctx: &mut self.http,
         }
     }
+}
+
+/// A tracker's own account of the logged values it delivers to a service
+/// (`hearth:plugin/delivery`): totals over the run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DeliveryCounts {
+    /// Values the service took.
+    pub sent: u64,
+    /// Values whose first attempt failed and that were tried again.
+    pub retried: u64,
+    /// Values that waited in the tracker's on-disk spool.
+    pub spooled: u64,
+    /// Values given up (refused, pushed out of a full spool, unsent at the end).
+    pub dropped: u64,
 }

@@ -1,35 +1,15 @@
-//! The host side of the `tensors` interface a checkpoint hook imports:
+//! The resources of the `tensors` interface a checkpoint hook imports:
 //! `tensor-reader` (the snapshot being saved, read by range) and
-//! `tensor-writer` (the tensors a hook restores, written by range), the
-//! resources `bindings` maps the WIT's to.
+//! `tensor-writer` (the tensors a hook restores, written by range), which
+//! `bindings` maps the WIT's to (their host calls are in
+//! `bindings/host/tensors.rs`).
 
-use super::bindings::checkpoint::hearth::plugin::tensors::{self as wit};
-use super::sandbox::PluginState;
 use hearth_ops::tensor::{tensor_bytes, TensorKey};
 use std::collections::HashMap;
 use tch::{Kind, Tensor};
-use wasmtime::component::Resource;
 
 /// Most bytes one `read` may return.
 const MAX_READ: u64 = 64 << 20;
-
-impl From<wit::TensorKey> for TensorKey {
-    fn from(k: wit::TensorKey) -> Self {
-        Self {
-            model: k.model,
-            name: k.name,
-        }
-    }
-}
-
-impl From<&TensorKey> for wit::TensorKey {
-    fn from(k: &TensorKey) -> Self {
-        Self {
-            model: k.model,
-            name: k.name.clone(),
-        }
-    }
-}
 
 /// The host side of `tensor-reader`: the snapshot being saved.
 pub struct TensorReader {
@@ -37,7 +17,7 @@ pub struct TensorReader {
 }
 
 impl TensorReader {
-    fn read(&self, key: TensorKey, offset: u64, length: u64) -> Result<Vec<u8>, String> {
+    pub(crate) fn read(&self, key: TensorKey, offset: u64, length: u64) -> Result<Vec<u8>, String> {
         let tensor = self
             .tensors
             .get(&key)
@@ -74,7 +54,12 @@ pub struct TensorWriter {
 }
 
 impl TensorWriter {
-    fn write(&mut self, key: TensorKey, offset: u64, data: Vec<u8>) -> Result<(), String> {
+    pub(crate) fn write(
+        &mut self,
+        key: TensorKey,
+        offset: u64,
+        data: Vec<u8>,
+    ) -> Result<(), String> {
         let expected = self.expected.get(&key).ok_or_else(|| {
             format!("tensor {key} was not claimed by this hook when the checkpoint was saved")
         })?;
@@ -120,43 +105,5 @@ impl TensorWriter {
             out.push((key.clone(), tensor));
         }
         Ok(out)
-    }
-}
-
-impl wit::Host for PluginState {}
-
-impl wit::HostTensorReader for PluginState {
-    fn read(
-        &mut self,
-        reader: Resource<TensorReader>,
-        key: wit::TensorKey,
-        offset: u64,
-        length: u64,
-    ) -> Result<Vec<u8>, String> {
-        let reader = self.table().get(&reader).map_err(|e| e.to_string())?;
-        reader.read(key.into(), offset, length)
-    }
-
-    fn drop(&mut self, reader: Resource<TensorReader>) -> wasmtime::Result<()> {
-        self.table().delete(reader)?;
-        Ok(())
-    }
-}
-
-impl wit::HostTensorWriter for PluginState {
-    fn write(
-        &mut self,
-        writer: Resource<TensorWriter>,
-        key: wit::TensorKey,
-        offset: u64,
-        data: Vec<u8>,
-    ) -> Result<(), String> {
-        let writer = self.table().get_mut(&writer).map_err(|e| e.to_string())?;
-        writer.write(key.into(), offset, data)
-    }
-
-    fn drop(&mut self, writer: Resource<TensorWriter>) -> wasmtime::Result<()> {
-        self.table().delete(writer)?;
-        Ok(())
     }
 }

@@ -16,6 +16,7 @@ use super::runtime::{FaultKind, Prepared};
 use super::sandbox::PluginState;
 use super::stdio::clip;
 use super::{Entries, Manifest, PluginError, PluginKind, RunInfo};
+use crate::sandbox::DeliveryCounts;
 use std::path::{Path, PathBuf};
 use wasmtime::component::HasSelf;
 use wasmtime::Store;
@@ -71,20 +72,6 @@ pub struct TrackerHealth {
     /// sends to a service through the guest SDK's outbox), if it did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delivery: Option<DeliveryCounts>,
-}
-
-/// A tracker's own account of the logged values it delivers to a service
-/// (`hearth:plugin/delivery`): totals over the run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct DeliveryCounts {
-    /// Values the service took.
-    pub sent: u64,
-    /// Values whose first attempt failed and that were tried again.
-    pub retried: u64,
-    /// Values that waited in the tracker's on-disk spool.
-    pub spooled: u64,
-    /// Values given up (refused, pushed out of a full spool, unsent at the end).
-    pub dropped: u64,
 }
 
 /// One fault of a tracker.

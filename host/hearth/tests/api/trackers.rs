@@ -25,6 +25,10 @@ fn get_tracker_logs_to_that_tracker_alone_and_names_the_ones_there_are() {
         "jsonl is not one of the run's trackers (it has none); trackers are started by init_trackers"
     );
     acc.init_trackers("p", "r", vec![tracker("jsonl"), tracker("csv")], Vec::new());
+    // Both trackers (and every other loaded in this process) share their
+    // world's one linker.
+    let kind = hearth::plugins::PluginKind::Tracker;
+    assert_eq!(hearth::plugins::linkers_built(kind, false), 1);
     let jsonl = acc.get_tracker("jsonl").unwrap();
     assert_eq!(jsonl.name(), "jsonl");
     jsonl.log(vec![("only_jsonl".into(), Logged::Float(1.5))], 3);

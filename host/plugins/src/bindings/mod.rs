@@ -1,7 +1,11 @@
-//! Host bindings generated from `wit/`, one `bindgen!` per world, and the
-//! host side of the imports every world shares (`log`).
+//! hearth's WIT line (`wit/`, `hearth:plugin`): the bindings generated from
+//! it, one `bindgen!` per world, and in `host/` the host side of each
+//! interface a world imports, one file per interface (as wasmtime's
+//! `p2/host/`). A second WIT line (old plugins kept loading beside new
+//! ones) would be a folder beside this one, its own bindings and host
+//! impls, both over the same `PluginState`.
 
-use super::sandbox::PluginState;
+mod host;
 
 /// The `tracker-plugin` world.
 #[allow(missing_docs)]
@@ -57,34 +61,3 @@ pub mod wrap_policy {
 }
 
 pub use tracker::hearth::plugin::types::{RunInfo, Value};
-use tracker::hearth::plugin::{delivery, log, types};
-
-/// Longest log line a plugin may send; the rest is cut.
-const MAX_LOG_LINE: usize = 4096;
-
-impl types::Host for PluginState {}
-
-impl log::Host for PluginState {
-    fn log(&mut self, level: log::Level, message: String) {
-        let message = super::stdio::clip(&message, MAX_LOG_LINE);
-        let name = self.name();
-        match level {
-            log::Level::Debug => tracing::debug!("[plugin {name}] {message}"),
-            log::Level::Info => tracing::info!("[plugin {name}] {message}"),
-            log::Level::Warn => tracing::warn!("[plugin {name}] {message}"),
-            log::Level::Error => tracing::error!("[plugin {name}] {message}"),
-        }
-    }
-}
-
-impl delivery::Host for PluginState {
-    /// Keeps the tracker's latest counts for its health (summary.json).
-    fn report(&mut self, counts: delivery::Counts) {
-        self.delivery = Some(crate::tracker::DeliveryCounts {
-            sent: counts.sent,
-            retried: counts.retried,
-            spooled: counts.spooled,
-            dropped: counts.dropped,
-        });
-    }
-}
