@@ -81,10 +81,11 @@ def write_crate(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
-def test_the_checker_follows_a_re_export_into_a_circle_across_folders(tmp_path):
+def test_the_checker_finds_circles_through_re_exports_and_within_a_folder(tmp_path):
     """The checker's own test: y names `crate::m::Thing`, which m/mod.rs
     re-exports from m/x.rs, and x calls y, one folder down. Only following
-    the re-export finds the circle; without x's call there is none."""
+    the re-export finds the circle; without x's call there is none. Two
+    files of one folder that name each other are one as well."""
     sys.path.insert(0, str(ROOT / "tests" / "tools"))
     import import_graph
 
@@ -101,6 +102,13 @@ def test_the_checker_follows_a_re_export_into_a_circle_across_folders(tmp_path):
     files["m/x.rs"] = "pub struct Thing;\n"
     none = write_crate(tmp_path / "none" / "made-up", files)
     assert import_graph.report(False, [none]) == []
+    # Two files of one folder naming each other are a circle too.
+    files["m/x.rs"] = "pub struct Thing;\npub fn f() {\n    super::w::h();\n}\n"
+    files["m/w.rs"] = "pub fn h() {\n    let _ = super::x::Thing;\n}\n"
+    files["m/mod.rs"] = "mod sub;\nmod w;\nmod x;\npub use x::Thing;\n"
+    within = write_crate(tmp_path / "within" / "made-up", files)
+    found = import_graph.report(False, [within])
+    assert found == ["within/made-up: files in a circle within one folder: m::w, m::x"], found
 
 
 LIBRARY_CRATES = ["hearth-build", "hearth-ops", "hearth-comm", "hearth-plugins", "hearth"]

@@ -8,9 +8,8 @@ back up in it.
 - **Files**: an arrow from each source file to each file it names through a
   `crate::`, `super::` or `self::` path: the longest path that is a
   module's file, then through that module's `pub use` re-exports (globs
-  too) to the file that defines the item. A cycle of files that are not
-  all in one folder is a "file circle outside one folder"; circles within
-  one folder are listed but not yet refused.
+  too) to the file that defines the item. Any cycle of files is a
+  "circle", within one folder or across folders.
 
 `python3 tests/tools/import_graph.py [--edges]` prints every crate's module
 arrows (with `--edges`) and the cycles found; it exits 1 when there is one.
@@ -220,8 +219,8 @@ def cycles(edges: dict) -> list[list]:
 
 def report(show_edges: bool, crates: list[Path] | None = None) -> list[str]:
     """What runs back up in each crate (default: every crate of the
-    workspace): module cycles, and circles of files across folders. Circles
-    within one folder are printed, not counted (they are the next step)."""
+    workspace): module cycles, and circles of files, within one folder or
+    across folders."""
     problems = []
     for crate in crates or CRATES + [ROOT / "fuzz" / "entry"]:
         name = crate.relative_to(crate.parent.parent) if crates else crate.relative_to(ROOT)
@@ -231,19 +230,13 @@ def report(show_edges: bool, crates: list[Path] | None = None) -> list[str]:
             for m in sorted(top):
                 print(f"  {m} -> {' '.join(sorted(top[m])) or '(nothing)'}")
         for c in cycles(top):
-            # Top-level modules that are all single files form a circle in
-            # one folder (src/), which the file check below allows.
-            if not any((crate / "src" / m).is_dir() for m in c):
-                continue
             problems.append(f"{name}: modules in a cycle: {' <-> '.join(c)}")
         for c in cycles(by_file):
             # The folder each file is in (a mod.rs module is its folder's).
             owners = {m if (crate / "src" / Path(*m) / "mod.rs").exists() else m[:-1] for m in c}
             files = ", ".join("::".join(m) or "lib" for m in c)
-            if len(owners) > 1:
-                problems.append(f"{name}: files in a circle across folders: {files}")
-            elif show_edges or crates is None:
-                print(f"{name}: files in a circle within one folder (allowed for now): {files}")
+            where = "across folders" if len(owners) > 1 else "within one folder"
+            problems.append(f"{name}: files in a circle {where}: {files}")
     return problems
 
 

@@ -6,115 +6,11 @@
 //! whose, and mpirun itself stops the job when a process fails); GPU jobs
 //! are spawned one process per device with torchrun's variables.
 
-use std::ffi::OsString;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use super::process::{descendants, describe, threads_per_process, write_line};
+use super::spec::{restart_env, LaunchError, LaunchMode, LaunchSpec, Restart};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-
-/// How the processes are started.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LaunchMode {
-    /// Through Open MPI's `mpirun` (the CPU backend).
-    Mpirun,
-    /// One process each, with torchrun's variables (the GPU backend).
-    Spawn,
-}
-
-hearth_ops::spelled_enum! {
-    LaunchMode: "launcher" {
-        Mpirun = "mpirun",
-        Spawn = "spawn",
-    }
-}
-
-/// What to start, and where this machine stands in the job.
-#[derive(Debug, Clone)]
-pub struct LaunchSpec {
-    /// Processes on this machine.
-    pub processes: usize,
-    /// How they are started.
-    pub mode: LaunchMode,
-    /// The program and its arguments, run by every process.
-    pub program: Vec<OsString>,
-    /// Machines in the job (spawn mode).
-    pub nnodes: usize,
-    /// This machine's index among them (spawn mode).
-    pub node_rank: usize,
-    /// The rendezvous host (spawn mode).
-    pub master_addr: String,
-    /// The rendezvous port (spawn mode).
-    pub master_port: u16,
-    /// An Open MPI hostfile for a job over several machines (mpirun mode).
-    pub hostfile: Option<PathBuf>,
-    /// How many times every process is started again when one fails
-    /// (torchrun's `--max-restarts`; default 0).
-    pub max_restarts: usize,
-}
-
-pub use hearth_comm::{launch_id, restart_count, LAUNCH_ID_VAR, RESTART_COUNT_VAR};
-
-/// Why a launched job did not succeed.
-#[derive(Debug, thiserror::Error)]
-pub enum LaunchError {
-    /// The launcher or program could not be started.
-    #[error("cannot start {program}: {source}; {hint}")]
-    Start {
-        /// What was started.
-        program: String,
-        /// Why not.
-        source: std::io::Error,
-        /// What to do.
-        hint: &'static str,
-    },
-    /// A process failed; the others were stopped.
-    #[error("rank {rank} {status}; the other processes were stopped")]
-    RankFailed {
-        /// The first process that failed.
-        rank: usize,
-        /// How it ended ("exited with status 3", "was killed by signal 9").
-        status: String,
-        /// Its exit code, when it exited.
-        code: Option<i32>,
-    },
-    /// Every process stopped politely for a signal, its checkpoint saved
-    /// (exit status 75: resume me).
-    #[error("the job was stopped by a signal after saving a checkpoint; it resumes from it with --resume (or a restart)")]
-    Preempted,
-    /// mpirun failed without naming a process.
-    #[error("mpirun {0}")]
-    Mpirun(String),
-}
-
-impl LaunchError {
-    /// The exit code `hearth launch` ends with.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            LaunchError::RankFailed { code: Some(c), .. } if *c != 0 => *c,
-            LaunchError::Preempted => crate::train::PREEMPTED_EXIT,
-            _ => 1,
-        }
-    }
-}
-
-pub(super) fn describe(status: ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(code), _) => format!("exited with status {code}"),
-        (None, Some(signal)) => format!("was killed by signal {signal}"),
-        _ => format!("ended: {status}"),
-    }
-}
-
-/// Writes `text` as one line to stdout or stderr.
-pub(super) fn write_line(to_stderr: bool, text: &str) {
-    // A closed terminal is not worth a panic in the launcher.
-    let _ = if to_stderr {
-        writeln!(std::io::stderr().lock(), "{text}")
-    } else {
-        writeln!(std::io::stdout().lock(), "{text}")
-    };
-}
 
 /// Copies `stream` line by line to stdout or stderr, each line through `tag`.
 fn forward(
@@ -129,16 +25,6 @@ fn forward(
             }
         }
     })
-}
-
-/// Threads each process's libtorch uses when `OMP_NUM_THREADS` is not set:
-/// this machine's cores shared between its processes (torchrun sets 1).
-pub(super) fn threads_per_process(processes: usize) -> Option<String> {
-    if std::env::var_os("OMP_NUM_THREADS").is_some() {
-        return None;
-    }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    Some((cores / processes.max(1)).max(1).to_string())
 }
 
 /// Runs the job to its end.
@@ -188,29 +74,6 @@ pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
             other => return other,
         }
     }
-}
-
-/// Which start of a launch this is.
-pub(super) struct Restart<'a> {
-    count: usize,
-    max: usize,
-    launch_id: &'a str,
-}
-
-/// The variables a process of one start gets.
-pub(super) const RESTART_VARS: [&str; 4] = [
-    RESTART_COUNT_VAR,
-    LAUNCH_ID_VAR,
-    "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS",
-];
-
-/// Sets the restart variables on a process of start `run`.
-pub(super) fn restart_env(cmd: &mut Command, run: &Restart) {
-    cmd.env(RESTART_COUNT_VAR, run.count.to_string())
-        .env(LAUNCH_ID_VAR, run.launch_id)
-        .env("TORCHELASTIC_RESTART_COUNT", run.count.to_string())
-        .env("TORCHELASTIC_MAX_RESTARTS", run.max.to_string());
 }
 
 /// The token the ranks present to the rendezvous store: the one in
@@ -337,27 +200,6 @@ fn launch_spawn(spec: &LaunchSpec, run: &Restart) -> Result<(), LaunchError> {
         let _ = f.join();
     }
     outcome
-}
-
-/// The processes `pid` started, and theirs, from Linux's
-/// `/proc/<pid>/task/<tid>/children`.
-pub(super) fn descendants(pid: u32) -> Vec<u32> {
-    let mut found = Vec::new();
-    let mut pending = vec![pid];
-    while let Some(p) = pending.pop() {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
-            continue;
-        };
-        for task in tasks.flatten() {
-            let children =
-                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-            for c in children.split_whitespace().filter_map(|c| c.parse().ok()) {
-                found.push(c);
-                pending.push(c);
-            }
-        }
-    }
-    found
 }
 
 fn signal(pid: u32, sig: libc::c_int) {

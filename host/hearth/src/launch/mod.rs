@@ -6,13 +6,15 @@
 mod config;
 mod launcher;
 mod mpirun;
+mod process;
 mod signals;
+mod spec;
 
 pub use config::{
     basic_config, default_launch_config_path, read_launch_config, write_basic_config, LaunchConfig,
     LaunchConfigError,
 };
-pub use launcher::{
-    launch, launch_id, restart_count, LaunchError, LaunchMode, LaunchSpec, LAUNCH_ID_VAR,
-    RESTART_COUNT_VAR,
+pub use launcher::launch;
+pub use spec::{
+    launch_id, restart_count, LaunchError, LaunchMode, LaunchSpec, LAUNCH_ID_VAR, RESTART_COUNT_VAR,
 };

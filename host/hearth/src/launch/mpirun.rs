@@ -2,10 +2,8 @@
 //! its `--tag-output` lines put back together per process and shown as
 //! `[rank k]`, and its closing message read for which rank failed and how.
 
-use super::launcher::{
-    describe, restart_env, threads_per_process, write_line, LaunchError, LaunchSpec, Restart,
-    RESTART_VARS,
-};
+use super::process::{describe, threads_per_process, write_line};
+use super::spec::{restart_env, LaunchError, LaunchSpec, Restart, RESTART_VARS};
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};

@@ -47,7 +47,7 @@ impl Forwarding {
                             // would take a SIGTERM as a reason to kill them).
                             if let Some(mpirun) = *passed.mpirun.lock().unwrap_or_else(|p| p.into_inner()) {
                                 children.extend(
-                                    super::launcher::descendants(mpirun).into_iter().filter(|&p| is_rank(p)),
+                                    super::process::descendants(mpirun).into_iter().filter(|&p| is_rank(p)),
                                 );
                             }
                             eprintln!(

@@ -3,26 +3,12 @@
 //! ([`crate::models::Model::materialize`]), one FSDP unit at a time for a
 //! model it shards.
 
-use super::model::{cannot_load, first_line, Fusing, TorchScriptError, TorchScriptModel};
+use super::model::{cannot_load, first_line, Fusing, TorchScriptError, TorchScriptModel, Unread};
 use crate::checkpoint::pretrained::InitPlan;
 use crate::models::{Model, Weights};
 use hearth_ops::ScriptModule;
 use std::path::Path;
 use tch::{Device, Tensor};
-
-/// A lazily loaded model's weights not read yet: in the file, or in an
-/// `init-from` plan that covers some of them.
-pub(super) struct Unread {
-    pub(super) file: hearth_ops::LazyWeights,
-    /// The `init-from` plan over `named_state`, and the names it covers.
-    pub(super) init: std::cell::RefCell<Option<(InitPlan, std::collections::HashSet<String>)>>,
-    /// The parameters are never read here: rank 0's arrive when the model
-    /// is prepared (cpu-ram-efficient-loading's other processes).
-    pub(super) receives: bool,
-    /// The tensors read already (each is read once: a sharded one is
-    /// released once it is sharded).
-    pub(super) read: std::cell::RefCell<std::collections::HashSet<String>>,
-}
 
 impl TorchScriptModel {
     /// [`load_with`](Self::load_with) on the CPU without reading the

@@ -1,8 +1,6 @@
 //! The TorchScript model: loading it, running its whole forward pass, and
 //! what it is to the rest of hearth ([`Model`]).
 
-use super::lazy::Unread;
-use super::pieces::Piece;
 use crate::checkpoint::pretrained::InitPlan;
 use crate::models::{Model, ModuleTree, Unit};
 use hearth_ops::{CutForward, Fused, ScriptModule};
@@ -54,6 +52,37 @@ impl Loaded {
 
 pub(super) fn lock(loaded: &Mutex<Loaded>) -> MutexGuard<'_, Loaded> {
     loaded.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A lazily loaded model's weights not read yet: in the file, or in an
+/// `init-from` plan that covers some of them.
+pub(super) struct Unread {
+    pub(super) file: hearth_ops::LazyWeights,
+    /// The `init-from` plan over `named_state`, and the names it covers.
+    pub(super) init: std::cell::RefCell<Option<(InitPlan, std::collections::HashSet<String>)>>,
+    /// The parameters are never read here: rank 0's arrive when the model
+    /// is prepared (cpu-ram-efficient-loading's other processes).
+    pub(super) receives: bool,
+    /// The tensors read already (each is read once: a sharded one is
+    /// released once it is sharded).
+    pub(super) read: std::cell::RefCell<std::collections::HashSet<String>>,
+}
+
+/// One piece of a cut TorchScript model: a unit's call, or the code
+/// between two.
+pub(super) struct Piece {
+    pub(super) loaded: Arc<Mutex<Loaded>>,
+    pub(super) index: usize,
+    /// The first piece of a loss model: its one input is the ids stacked
+    /// on the labels ([`pack_labels`]), the module takes them apart.
+    pub(super) unpack_labels: bool,
+    /// The parameters and buffers it computes with (their names in the
+    /// module tree).
+    pub(super) tensors: Vec<String>,
+    /// Handles to those parameters (their kind tells a mixed-precision
+    /// policy's 16-bit gather).
+    pub(super) weights: Vec<Tensor>,
+    pub(super) path: PathBuf,
 }
 
 /// What a TorchScript model's `forward` returns (`[model] output`).

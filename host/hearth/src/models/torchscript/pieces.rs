@@ -2,29 +2,10 @@
 //! per unit call and one per stretch of code between them
 //! ([`hearth_ops::CutForward`]), each a [`Unit`] passing its tensors on.
 
-use super::model::{first_line, lock, Loaded, ModelOutput, TorchScriptModel};
+use super::model::{first_line, lock, ModelOutput, Piece, TorchScriptModel};
 use crate::models::Unit;
 use hearth_ops::AutocastGuard;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use tch::{Device, Kind, TchError, Tensor};
-
-/// One piece of a cut TorchScript model: a unit's call, or the code
-/// between two.
-pub(super) struct Piece {
-    pub(super) loaded: Arc<Mutex<Loaded>>,
-    pub(super) index: usize,
-    /// The first piece of a loss model: its one input is the ids stacked
-    /// on the labels ([`pack_labels`]), the module takes them apart.
-    pub(super) unpack_labels: bool,
-    /// The parameters and buffers it computes with (their names in the
-    /// module tree).
-    pub(super) tensors: Vec<String>,
-    /// Handles to those parameters (their kind tells a mixed-precision
-    /// policy's 16-bit gather).
-    pub(super) weights: Vec<Tensor>,
-    pub(super) path: PathBuf,
-}
 
 impl Unit for Piece {
     fn modules(&self) -> Vec<&str> {
