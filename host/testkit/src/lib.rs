@@ -100,10 +100,16 @@ pub const OUT: &str = "HEARTH_MPI_OUT";
 /// refuses otherwise). The program and its arguments are the caller's.
 pub fn mpirun_base(n: usize) -> Command {
     let mut cmd = Command::new("mpirun");
-    cmd.args(["--oversubscribe", "-n", &n.to_string()])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    cmd.args(["--oversubscribe", "-n", &n.to_string()]);
+    open_mpi_as_root(&mut cmd);
     cmd
+}
+
+/// Lets Open MPI run `cmd` (mpirun, or hearth, which starts mpirun) as
+/// root, as the tests do; Open MPI refuses otherwise.
+pub fn open_mpi_as_root(cmd: &mut Command) -> &mut Command {
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
 }
 
 /// libtest's name for test function `name` of module `module` (a

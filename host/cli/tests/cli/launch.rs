@@ -69,10 +69,8 @@ fn every_launcher_gives_the_same_ranks() {
     assert_eq!(ranks_only(&spawned), want);
     assert!(spawned.iter().all(|p| p.4 == "torchrun"));
     // mpirun directly.
-    let out = Command::new("mpirun")
-        .args(["--oversubscribe", "-n", "3", HEARTH, "env", "--json"])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    let out = hearth_testkit::mpirun_base(3)
+        .args([HEARTH, "env", "--json"])
         .run()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));

@@ -16,9 +16,7 @@ const HEARTH: &str = env!("CARGO_BIN_EXE_hearth");
 /// config of the user's, mpirun allowed as root.
 fn hearth(args: &[&str]) -> Command {
     let mut cmd = Command::new(HEARTH);
-    cmd.args(args)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    hearth_testkit::open_mpi_as_root(cmd.args(args))
         // No default launch config of the user's (hearth config --launch).
         .env("HEARTH_CONFIG_DIR", "/nonexistent/hearth-tests");
     for var in ["OMPI_COMM_WORLD_SIZE", "WORLD_SIZE", "RANK", "SLURM_NTASKS"] {
