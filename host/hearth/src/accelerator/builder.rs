@@ -323,12 +323,14 @@ impl AcceleratorBuilder {
         self
     }
 
-    /// Shards with settings already resolved (`None`: DDP), as `hearth
-    /// run` hands over those its config resolved with the environment:
-    /// neither `HEARTH_USE_FSDP` nor any `HEARTH_FSDP_*` variable is read
-    /// again. Wins over [`fsdp`](Self::fsdp).
-    pub fn fsdp_settings(mut self, settings: Option<crate::parallel::FsdpSettings>) -> Self {
-        self.fsdp_settings = Some(settings);
+    /// The whole parallelism at once, resolved: its DDP options and its
+    /// FSDP settings (`None`: DDP), as `hearth run` hands over what its
+    /// config resolved with the environment. Neither `HEARTH_USE_FSDP` nor
+    /// any `HEARTH_FSDP_*` variable is read again; wins over
+    /// [`ddp`](Self::ddp) and [`fsdp`](Self::fsdp).
+    pub fn strategy(mut self, strategy: crate::parallel::Strategy) -> Self {
+        self.ddp = strategy.ddp;
+        self.fsdp_settings = Some(strategy.fsdp);
         self
     }
 

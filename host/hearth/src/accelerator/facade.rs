@@ -124,8 +124,10 @@ impl Accelerator {
             unagreed_save: false,
             snapshot_buffers: Default::default(),
             data_parallel: crate::parallel::data_parallel::DataParallel::new(
-                s.ddp,
-                s.fsdp,
+                crate::parallel::Strategy {
+                    ddp: s.ddp,
+                    fsdp: s.fsdp,
+                },
                 s.plugin_path,
             ),
             trigger: Default::default(),

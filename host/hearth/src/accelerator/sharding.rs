@@ -53,6 +53,11 @@ impl super::Accelerator {
         }
     }
 
+    /// The parallelism this accelerator runs its prepared models under.
+    pub fn strategy(&self) -> &crate::parallel::Strategy {
+        self.data_parallel.strategy()
+    }
+
     /// The FSDP settings this accelerator shards with, if any.
     pub fn fsdp_settings(&self) -> Option<&FsdpSettings> {
         self.data_parallel.fsdp()

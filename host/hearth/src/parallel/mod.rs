@@ -15,6 +15,7 @@ mod ddp;
 mod fsdp;
 mod grad_sync;
 pub mod sharded;
+mod strategy;
 mod unitwise;
 
 pub use data_parallel::BackwardError;
@@ -29,4 +30,5 @@ pub use fsdp::{
 };
 pub(crate) use grad_sync::Round;
 pub use grad_sync::{GradientSync, SyncStats};
+pub use strategy::Strategy;
 pub use unitwise::{FullShard, FullShardOptions, Prefetch, ReadWeights, Unitwise, UnitwiseError};

@@ -82,7 +82,9 @@ fn distributed(
     mut builder: AcceleratorBuilder,
     config: &TrainConfig,
 ) -> Result<AcceleratorBuilder, TrainError> {
-    builder = builder.ddp(config.distributed.ddp());
+    // The parallelism, resolved once when the config was read (no
+    // HEARTH_FSDP_* variable is read again).
+    builder = builder.strategy(config.strategy());
     if let Some(method) = config.distributed.init_method() {
         builder = builder.init_method(method);
     }
@@ -92,9 +94,6 @@ fn distributed(
     if let Some(timeout) = config.distributed.timeout() {
         builder = builder.timeout(timeout);
     }
-    // Resolved once, when the config was read: the builder reads no
-    // HEARTH_FSDP_* variable again.
-    builder = builder.fsdp_settings(config.fsdp_settings().cloned());
     Ok(builder)
 }
 

@@ -58,7 +58,7 @@ impl DataParallel {
         device: tch::Device,
         read: ReadWeights<'_>,
     ) -> Result<ModelSharding, ShardingError> {
-        let Some(settings) = &self.fsdp else {
+        let Some(settings) = &self.strategy.fsdp else {
             self.register(group, parameters)?;
             return Ok(ModelSharding::default());
         };
@@ -370,10 +370,7 @@ impl DataParallel {
         held: &[Tensor],
         parameters: &[(String, Tensor)],
     ) -> Result<(), ShardingError> {
-        let sharding = self
-            .fsdp
-            .as_ref()
-            .is_some_and(|s| s.sharding_strategy.shards());
+        let sharding = self.fsdp().is_some_and(|s| s.sharding_strategy.shards());
         let ptrs: std::collections::HashSet<usize> =
             held.iter().map(|t| t.data_ptr() as usize).collect();
         match parameters.iter().find(|(_, p)| ptrs.contains(&(p.data_ptr() as usize))) {

@@ -3,7 +3,7 @@
 use super::join;
 use super::sharded::Hybrid;
 use crate::parallel::sharded::UnitShard;
-use crate::parallel::{DdpOptions, FsdpSettings, GradientSync, Round, Unitwise};
+use crate::parallel::{FsdpSettings, GradientSync, Round, Strategy, Unitwise};
 use hearth_comm::{DistError, ProcessGroup};
 use hearth_plugins::SearchPath;
 use std::cell::{Cell, RefCell};
@@ -66,8 +66,8 @@ pub(crate) fn names_list(names: &[String]) -> String {
 /// Its fields are visible inside `parallel/` only (the compiler checks
 /// it): the accelerator goes through its methods.
 pub(crate) struct DataParallel {
-    pub(in crate::parallel) options: DdpOptions,
-    pub(in crate::parallel) fsdp: Option<FsdpSettings>,
+    /// The run's parallelism: DDP's options and FSDP's settings.
+    pub(in crate::parallel) strategy: Strategy,
     pub(super) plugin_path: SearchPath,
     pub(in crate::parallel) models: RefCell<Vec<GradientSync>>,
     /// The units of every model sharded SHARD_GRAD_OP (handles), for the
@@ -91,14 +91,9 @@ pub(crate) struct DataParallel {
 }
 
 impl DataParallel {
-    pub(crate) fn new(
-        options: DdpOptions,
-        fsdp: Option<FsdpSettings>,
-        plugin_path: SearchPath,
-    ) -> Self {
+    pub(crate) fn new(strategy: Strategy, plugin_path: SearchPath) -> Self {
         Self {
-            options,
-            fsdp,
+            strategy,
             plugin_path,
             models: RefCell::default(),
             units: RefCell::default(),
@@ -113,7 +108,12 @@ impl DataParallel {
 
     /// The FSDP settings models are sharded with; `None` under DDP.
     pub(crate) fn fsdp(&self) -> Option<&FsdpSettings> {
-        self.fsdp.as_ref()
+        self.strategy.fsdp.as_ref()
+    }
+
+    /// The run's parallelism.
+    pub(crate) fn strategy(&self) -> &Strategy {
+        &self.strategy
     }
 
     /// Runs `f` without averaging gradients in its backward passes
@@ -172,9 +172,9 @@ impl DataParallel {
         if group.num_processes() == 1 || buffers.is_empty() {
             return Ok(None);
         }
-        let (once, every_forward) = match &self.fsdp {
+        let (once, every_forward) = match &self.strategy.fsdp {
             Some(fsdp) => (fsdp.sync_module_states, false),
-            None => (true, self.options.broadcast_buffers),
+            None => (true, self.strategy.ddp.broadcast_buffers),
         };
         if !once {
             return Ok(None);
@@ -236,7 +236,7 @@ impl DataParallel {
         if parameters.iter().all(|(_, p)| known(p)) {
             return Ok(());
         }
-        let sync = GradientSync::new(group, parameters, self.options)?;
+        let sync = GradientSync::new(group, parameters, self.strategy.ddp)?;
         // A model with every parameter frozen was broadcast; nothing to average.
         if !sync.parameters().is_empty() {
             models.push(sync);

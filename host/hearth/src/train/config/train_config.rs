@@ -109,6 +109,15 @@ impl TrainConfig {
         self.sharding.as_ref()
     }
 
+    /// The run's parallelism as one value: `[distributed]`'s DDP options
+    /// and [`Self::fsdp_settings`].
+    pub fn strategy(&self) -> crate::parallel::Strategy {
+        crate::parallel::Strategy {
+            ddp: self.distributed.ddp(),
+            fsdp: self.sharding.clone(),
+        }
+    }
+
     /// Merges `[fsdp]` with the environment, once (see [`Self::fsdp_settings`]).
     fn resolve_sharding(&mut self) -> Result<(), ConfigError> {
         let invalid = |key: &str, message: String| self.invalid(key, message);
@@ -421,6 +430,22 @@ lr = 0.01
         assert_eq!(c.optimizer.kind, OptimizerKind::Adamw);
         assert_eq!(c.optimizer.weight_decay(), 0.01);
         assert_eq!(c.run.output_dir, PathBuf::from("runs"));
+    }
+
+    #[test]
+    fn the_strategy_is_the_ddp_options_and_the_resolved_fsdp_settings() {
+        let ddp = parse(&format!("{GOOD}[distributed]\nbucket-cap-mb = 4\n")).unwrap();
+        let strategy = ddp.strategy();
+        assert_eq!((strategy.shards(), strategy.name()), (false, "DDP".into()));
+        assert_eq!(strategy.ddp.bucket_cap_mb, 4.0);
+        let sharded = parse(&format!(
+            "{GOOD}[distributed]\nbucket-cap-mb = 4\n[fsdp]\nsharding-strategy = 2\n"
+        ))
+        .unwrap();
+        let strategy = sharded.strategy();
+        assert_eq!(strategy.name(), "FSDP (SHARD_GRAD_OP)");
+        assert_eq!(strategy.ddp.bucket_cap_mb, 4.0);
+        assert_eq!(strategy.fsdp.as_ref(), sharded.fsdp_settings());
     }
 
     #[test]
