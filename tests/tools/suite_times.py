@@ -65,14 +65,14 @@ def pytest_files(xml: Path) -> list[tuple[str, float]]:
 def table(folder: Path) -> str:
     lines = ["", "make test, part by part (min:s):", ""]
     rows = parts(folder)
-    width = max([len(n) for n, _, _ in rows] + [30])
+    binaries = {name: [(b, t) for b, t in binary_times(folder / f"{name}.log") if t >= 1.0]
+                for name, _, _ in rows if (folder / f"{name}.log").exists()}
+    width = max([len(n) for n, _, _ in rows] + [len(b) + 2 for bs in binaries.values() for b, _ in bs] + [30])
     for name, seconds, status in rows:
         mark = "" if status == "0" else f"   (exit {status})"
         lines.append(f"  {name:<{width}} {minutes(seconds):>8}{mark}")
-        log = folder / f"{name}.log"
-        for binary, took in binary_times(log) if log.exists() else []:
-            if took >= 1.0:
-                lines.append(f"    {binary:<{width - 2}} {minutes(took):>8}")
+        for binary, took in binaries.get(name, []):
+            lines.append(f"    {binary:<{width - 2}} {minutes(took):>8}")
     xml = folder / "pytest.xml"
     if xml.exists():
         files = pytest_files(xml)
