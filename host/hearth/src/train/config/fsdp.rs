@@ -27,7 +27,10 @@ pub const POLICY_PIN_KEY: &str = "auto-wrap-policy-sha256";
 
 /// A choice Accelerate spells by name or by number (`"FULL_SHARD"` or `1`).
 #[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected a name (\"FULL_SHARD\") or Accelerate's number (1)"
+)]
 pub enum NameOrNumber {
     /// The name, in any case.
     Name(String),
@@ -47,7 +50,10 @@ impl NameOrNumber {
 /// A boolean, or one of its spellings as text (`"yes"`, `"off"`), as
 /// Accelerate's config files and environment variables write them.
 #[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected true or false (or \"yes\", \"no\", \"on\", \"off\")"
+)]
 pub enum Flag {
     /// `true` or `false`.
     Bool(bool),
@@ -67,7 +73,10 @@ impl Flag {
 /// Names: a list, or one comma-separated string (as in Accelerate's
 /// environment variables).
 #[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected a list of names ([\"Block\"]) or one comma-separated string"
+)]
 pub enum Names {
     /// `["Block", "Layer"]`.
     List(Vec<String>),

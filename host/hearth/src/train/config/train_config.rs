@@ -449,6 +449,26 @@ lr = 0.01
     }
 
     #[test]
+    fn an_fsdp_value_of_the_wrong_type_says_what_the_key_takes() {
+        for (line, says) in [
+            ("ignored-modules = 5", "expected a list of names"),
+            ("cpu-offload = 3", "expected true or false"),
+            (
+                "sharding-strategy = true",
+                "expected a name (\"FULL_SHARD\") or Accelerate's number",
+            ),
+        ] {
+            let err = parse(&format!("{GOOD}[fsdp]\n{line}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("job.toml") && err.contains(line) && err.contains(says),
+                "{line}: {err}"
+            );
+        }
+    }
+
+    #[test]
     fn the_distributed_section_sets_backend_timeout_and_ddp() {
         let c = parse(GOOD).unwrap();
         assert_eq!(c.distributed.ddp(), crate::parallel::DdpOptions::default());
