@@ -128,8 +128,11 @@ impl TrainConfig {
         let policy = settings.auto_wrap_policy.clone();
         self.sharding = Some(settings);
         // The pin comes from this section's key (which needs the policy's
-        // name, just resolved) or from hearth.lock.
-        let pin = self.pin(&policy);
+        // name, just resolved) or from hearth.lock; the default policy,
+        // no-wrap, is built in and never pinned.
+        let pin = (policy != crate::parallel::NO_WRAP)
+            .then(|| self.pin(&policy))
+            .flatten();
         if let Some(s) = &mut self.sharding {
             s.policy_pin = pin;
         }
