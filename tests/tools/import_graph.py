@@ -115,9 +115,10 @@ class Crate:
         if re.search(DEFINES.format(name=re.escape(rest[0])), self.text[best]):
             return best
         table = self.exports.get(best, {})
+        # A named re-export leads to the item under its own name (`pub use
+        # x::Foo as Bar`: Bar is x::Foo).
         for base, rel in table.get(rest[0], []):
-            target = rel[:-1] + rest if rel and rel[-1] != "*" else rel + rest
-            hit = self.resolve(base, target, seen)
+            hit = self.resolve(base, rel + rest[1:], seen)
             if hit is not None:
                 return hit
         for base, rel in table.get("*", []):
@@ -127,19 +128,6 @@ class Crate:
             ):
                 return hit
         return best
-
-
-def resolve(start: tuple[str, ...], segments: list[str], files) -> tuple[str, ...] | None:
-    """The longest prefix of `start + segments` that is a module with a file."""
-    path = list(start)
-    best = None
-    for s in segments:
-        path.append(s)
-        if tuple(path) in files:
-            best = tuple(path)
-        else:
-            break
-    return best
 
 
 def references(text: str, here: tuple[str, ...]):
