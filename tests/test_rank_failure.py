@@ -58,8 +58,8 @@ def test_a_lost_rank_under_sharding_is_named_and_the_restarted_run_ends_with_the
         else:
             os.kill(victim, signal.SIGSTOP)
             # Rank 0 waits out the collective timeout, calls the roll (at
-            # most half the timeout) and stops: 15 s here, every time. One
-            # CI run of 30-odd saw 25.0 s, a second timeout's worth, on
+            # most half the timeout) and stops: 15 s here, every time. A
+            # CI run saw 25.0 s once, a second timeout's worth, on
             # HYBRID_SHARD; not reproduced since (the path is an open
             # problem, noted under issue 62). The bound allows that second
             # wait and still fails a rank that waits a third time or hangs.
